@@ -1,0 +1,208 @@
+"""`hearth chat`: stream a reply, or an interactive chat that keeps its KV cache between turns."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from app.cli import Subparsers
+from app.cli.common import add_model_flags, progress_to_stderr, settings_from_args
+from app.core.errors import HearthError
+from app.core.events import DoneEvent, Event, ReplyStats, StatsEvent, TokenEvent, event_to_json
+from app.core.sampling import SamplingParams
+from app.core.settings import CONTEXT_POLICIES, Settings
+
+
+def register(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser("chat", help="chat with a model (one prompt, or interactive)")
+    parser.add_argument("prompt", nargs="?", help="the question; without it, an interactive chat")
+    add_model_flags(parser)
+    parser.add_argument("--system", help="system prompt (default: from settings)")
+    sampling = parser.add_argument_group("sampling")
+    sampling.add_argument("--temperature", "-t", type=float, help="0 = greedy (deterministic)")
+    sampling.add_argument("--top-p", type=float)
+    sampling.add_argument("--top-k", type=int, help="0 = off")
+    sampling.add_argument("--min-p", type=float, help="0 = off")
+    sampling.add_argument("--repeat-penalty", type=float, help="1 = off")
+    sampling.add_argument("--max-tokens", type=int, help="most new tokens per reply")
+    sampling.add_argument("--seed", type=int, help="same seed + same prompt = same reply")
+    parser.add_argument(
+        "--context-policy",
+        choices=CONTEXT_POLICIES,
+        help="when the chat outgrows the context: error (default) or drop-oldest turns",
+    )
+    parser.add_argument(
+        "--no-response-cache", action="store_true", help="always generate, never replay a cached greedy reply"
+    )
+    parser.add_argument(
+        "--stats",
+        action="store_true",
+        help="print TTFT, prefill/decode speed, cached tokens and memory after each reply",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="events as JSON lines (see README); with no PROMPT, each stdin line is a turn",
+    )
+    parser.set_defaults(handler=run)
+
+
+def sampling_from_args(args: argparse.Namespace, base: SamplingParams) -> SamplingParams:
+    changes = {
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repeat_penalty,
+        "max_new_tokens": args.max_tokens,
+        "seed": args.seed,
+    }
+    merged = base.to_dict() | {k: v for k, v in changes.items() if v is not None}
+    return SamplingParams.from_dict(merged)
+
+
+class CancelOnInterrupt:
+    """Ctrl+C while a reply streams stops the reply, not the program; at the prompt it quits."""
+
+    def __init__(self) -> None:
+        self.cancel = threading.Event()
+        self.generating = False
+        self._previous: Any = None
+
+    def __enter__(self) -> CancelOnInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.generating:
+            self.cancel.set()
+        else:
+            raise KeyboardInterrupt
+
+
+def format_stats(stats: ReplyStats) -> str:
+    if stats.from_response_cache:
+        return f"[replayed from the response cache in {stats.ttft_s * 1000:.0f} ms · {stats.generated_tokens} tokens]"
+    parts = [
+        f"TTFT {stats.ttft_s * 1000:.0f} ms",
+        f"prompt {stats.prompt_tokens} tok ({stats.cached_tokens} cached, {stats.new_prompt_tokens} new)",
+        f"prefill {stats.prefill_tokens_per_s:.1f} tok/s",
+        f"decode {stats.decode_tokens_per_s:.1f} tok/s",
+        f"{stats.generated_tokens} generated",
+        f"peak {stats.peak_memory_bytes / 2**20:.0f} MiB ({stats.memory_device})",
+        f"path {stats.decode_path}",
+    ]
+    if stats.dropped_turns:
+        parts.append(f"dropped {stats.dropped_turns} old messages to fit")
+    if stats.decode_path_note:
+        parts.append(stats.decode_path_note)
+    return "[" + " · ".join(parts) + "]"
+
+
+def emit(events: Iterator[Event], *, as_json: bool, show_stats: bool) -> DoneEvent | None:
+    done: DoneEvent | None = None
+    for event in events:
+        if as_json:
+            print(json.dumps(event_to_json(event), ensure_ascii=False), flush=True)
+        elif isinstance(event, TokenEvent):
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif isinstance(event, StatsEvent) and show_stats:
+            print(file=sys.stdout)
+            print(format_stats(event.stats), file=sys.stderr, flush=True)
+        if isinstance(event, DoneEvent):
+            done = event
+    if not as_json:
+        if not show_stats:
+            print()
+        if done is not None and done.finish_reason == "cancelled":
+            print("[stopped]", file=sys.stderr)
+        elif done is not None and done.finish_reason == "length":
+            print("[stopped at the length limit: raise --max-tokens for longer replies]", file=sys.stderr)
+        elif done is not None and done.finish_reason == "error":
+            print(f"hearth: the reply failed: {done.error}", file=sys.stderr)
+    return done
+
+
+def open_session(settings: Settings, args: argparse.Namespace) -> Any:
+    from app.core.engine import Engine
+    from app.core.loader import load_model
+    from app.core.response_cache import ResponseCache
+    from app.core.session import ChatSession
+
+    loaded = load_model(
+        settings.model,
+        quantization=settings.quantization,
+        device=settings.device,
+        context_length=settings.context_length,
+        allow_pickle=settings.allow_pickle,
+        trust_remote_code=settings.trust_remote_code,
+        progress=progress_to_stderr,
+    )
+    for notice in loaded.notices:
+        print(f"hearth: note: {notice}", file=sys.stderr)
+    cache = ResponseCache() if settings.response_cache and not args.no_response_cache else None
+    engine = Engine(loaded, response_cache=cache)
+    return ChatSession(
+        engine,
+        system_prompt=args.system if args.system is not None else settings.system_prompt,
+        params=sampling_from_args(args, settings.sampling),
+        context_policy=args.context_policy or settings.context_policy,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    sampling_from_args(args, settings.sampling)  # validate flags before a slow load
+    session = open_session(settings, args)
+    with CancelOnInterrupt() as interrupt:
+
+        def turn(text: str) -> DoneEvent | None:
+            interrupt.cancel.clear()
+            interrupt.generating = True
+            try:
+                return emit(session.ask(text, cancel=interrupt.cancel), as_json=args.json, show_stats=args.stats)
+            finally:
+                interrupt.generating = False
+
+        if args.prompt is not None:
+            if not args.prompt.strip():
+                raise HearthError("The prompt is empty.")
+            done = turn(args.prompt)
+            return 0 if done is not None and done.finish_reason != "error" else 1
+        interactive = sys.stdin.isatty() and not args.json
+        if interactive:
+            name = session.engine.loaded.display_name
+            hint = "Ctrl+C stops a reply; Ctrl+D or /quit exits; /reset starts over."
+            print(f"Chatting with {name}. {hint}", file=sys.stderr)
+        while True:
+            try:
+                line = input("you> " if interactive else "")
+            except EOFError:
+                return 0
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/quit", "/exit"):
+                return 0
+            if text == "/reset":
+                session.reset()
+                continue
+            try:
+                turn(text)
+            except HearthError as exc:  # e.g. the context is full: say so, keep the chat going
+                if args.json:
+                    print(json.dumps({"type": "error", "message": str(exc)}), flush=True)
+                else:
+                    print(f"hearth: {exc}", file=sys.stderr)

@@ -1,0 +1,51 @@
+"""Flags shared by commands that load a model, turned into the one Settings object."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.core.settings import DEVICES, QUANTIZATIONS, Settings, load_settings
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model",
+        "-m",
+        help="folder, .gguf file or Hub repo id in the local cache (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    group.add_argument("--quant", choices=QUANTIZATIONS, help="weights precision (default: auto = nf4)")
+    group.add_argument("--device", choices=DEVICES, help="where to run (default: auto = CUDA, then MPS, then CPU)")
+    group.add_argument("--context", type=int, metavar="TOKENS", help="context window (default: the model's maximum)")
+    group.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        default=None,
+        help="allow pickle (.bin) weights: only for sources you trust",
+    )
+    group.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        default=None,
+        help="run the model's own Python code: only for sources you trust",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Saved settings, overridden by whatever flags were given."""
+    settings = load_settings()
+    changes = {
+        "model": args.model,
+        "quantization": args.quant,
+        "device": args.device,
+        "context_length": args.context,
+        "allow_pickle": args.allow_pickle,
+        "trust_remote_code": args.trust_remote_code,
+    }
+    return settings.with_changes(**{k: v for k, v in changes.items() if v is not None})
+
+
+def progress_to_stderr(message: str, fraction: float | None) -> None:
+    del fraction  # the command line shows the stage, not a bar
+    print(f"· {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,87 @@
+"""Typed events the engine yields: the one stream every front end consumes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A decoded piece of text; never splits a multi-byte character."""
+
+    text: str
+    token_count: int = 1
+    type: Literal["token"] = "token"
+
+
+@dataclass(frozen=True)
+class ReplyStats:
+    ttft_s: float
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens whose KV was reused, not prefilled again
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    generated_tokens: int
+    prefill_s: float
+    decode_s: float
+    peak_memory_bytes: int
+    memory_device: str
+    from_response_cache: bool = False
+    dropped_turns: int = 0
+    decode_path: str = "eager"
+    decode_path_note: str = ""
+    context_window: int = 0
+
+    @property
+    def new_prompt_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReplyStats:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class StatsEvent:
+    stats: ReplyStats
+    type: Literal["stats"] = "stats"
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    finish_reason: FinishReason
+    text: str  # the whole reply, also when cancelled (the partial reply is kept)
+    error: str | None = None
+    type: Literal["done"] = "done"
+
+
+Event = TokenEvent | StatsEvent | DoneEvent
+
+
+def event_to_json(event: Event) -> dict[str, Any]:
+    """The public `--json` schema (documented in the README)."""
+    if isinstance(event, TokenEvent):
+        return {"type": "token", "text": event.text}
+    if isinstance(event, StatsEvent):
+        return {"type": "stats", **event.stats.to_dict()}
+    data: dict[str, Any] = {"type": "done", "finish_reason": event.finish_reason}
+    if event.error:
+        data["error"] = event.error
+    return data
+
+
+@dataclass
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    content: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_template_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
