@@ -6,6 +6,7 @@ threading.Event checked before every forward pass, so it takes effect within one
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -120,6 +121,9 @@ class Engine:
         self.decode_path = "eager"
         self.decode_path_note = ""
         self._process = psutil.Process()
+        # transformers 5.2x renamed forward's `past_key_values` to `cache` (the old name warns, then goes in 5.40).
+        forward_params = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
 
     # -- prompts ---------------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
@@ -255,7 +259,8 @@ class Engine:
         if kv.cache is None:
             kv.cache = DynamicCache(config=self.model.config)
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, past_key_values=kv.cache, use_cache=True, logits_to_keep=logits_to_keep)
+        kwargs = {self._cache_kwarg: kv.cache}
+        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep, **kwargs)
         kv.ids.extend(ids)
         return out.logits[:, -1, :].float()
 

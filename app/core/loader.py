@@ -116,7 +116,10 @@ def resolve_quantization(choice: str, device: str) -> str:
         return choice
     if device == "mps":
         return "fp16"
-    # nf4 is the default on CUDA (the brief) and measured fastest on the CPU too (bench/engine.py).
+    if device == "cpu":
+        # bitsandbytes 0.50's CPU gemm_4bit dequantizes the whole weight on every call: SmolLM2-135M decodes
+        # at ~4 tok/s in nf4 vs ~16 in bf16 and ~9 in fp32 on the 2-core CI machine (bench/engine.py).
+        return "bf16"
     return "nf4"
 
 
