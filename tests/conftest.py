@@ -55,10 +55,10 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def default_loaded() -> Iterator[object]:
-    """The embedded SmolLM2-135M-Instruct in NF4 on the CPU, loaded once for the whole run."""
+    """The embedded SmolLM2-135M-Instruct in bf16 on the CPU (the CPU default), loaded once for the whole run."""
     from app.core.loader import load_model
 
-    yield load_model(None, quantization="nf4", device="cpu")
+    yield load_model(None, quantization="bf16", device="cpu")
 
 
 @pytest.fixture(scope="session")
