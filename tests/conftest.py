@@ -62,6 +62,18 @@ def default_loaded() -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
+def default_loaded_fp32() -> Iterator[object]:
+    """The default model in fp32, for greedy-equality tests.
+
+    In bf16 a token's KV computed in a one-token decode step and in a many-token prefill round differently
+    (different kernels), which can flip a near-tie in greedy decoding; in fp32 both paths agree.
+    """
+    from app.core.loader import load_model
+
+    yield load_model(None, quantization="fp32", device="cpu")
+
+
+@pytest.fixture(scope="session")
 def default_folder(default_loaded: object) -> Path:
     """The converted (safetensors) folder of the default model: source of the tokenizer for tiny models."""
     return default_loaded.folder  # type: ignore[attr-defined,no-any-return]

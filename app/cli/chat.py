@@ -12,6 +12,7 @@ from types import FrameType
 from typing import Any
 
 from app.cli import Subparsers
+from app.cli.attach import add_attach_flags, message_with_documents, read_attachments
 from app.cli.common import add_model_flags, progress_to_stderr, settings_from_args
 from app.core.errors import HearthError
 from app.core.events import DoneEvent, Event, ReplyStats, StatsEvent, TokenEvent, event_to_json
@@ -50,6 +51,7 @@ def register(subparsers: Subparsers) -> None:
         action="store_true",
         help="events as JSON lines (see README); with no PROMPT, each stdin line is a turn",
     )
+    add_attach_flags(parser)
     parser.set_defaults(handler=run)
 
 
@@ -165,10 +167,16 @@ def open_session(settings: Settings, args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     sampling_from_args(args, settings.sampling)  # validate flags before a slow load
+    if args.prompt is not None and not args.prompt.strip():
+        raise HearthError("The prompt is empty.")
+    documents = read_attachments(args)  # bad files fail before the slow load too
     session = open_session(settings, args)
     with CancelOnInterrupt() as interrupt:
 
         def turn(text: str) -> DoneEvent | None:
+            if documents:  # they go with the first question, ahead of it
+                text = message_with_documents(session, text, documents, args.fit)
+                documents.clear()
             interrupt.cancel.clear()
             interrupt.generating = True
             try:
@@ -177,8 +185,6 @@ def run(args: argparse.Namespace) -> int:
                 interrupt.generating = False
 
         if args.prompt is not None:
-            if not args.prompt.strip():
-                raise HearthError("The prompt is empty.")
             done = turn(args.prompt)
             return 0 if done is not None and done.finish_reason != "error" else 1
         interactive = sys.stdin.isatty() and not args.json

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from app.core import gguf_cache
@@ -171,7 +172,11 @@ def load_model(
     trust_remote_code: bool = False,
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
+    ignore_fit: bool = False,
+    free_bytes: int | None = None,
 ) -> LoadedModel:
+    """Load a model; refused with ModelTooLargeError when the memory planner says it will not fit (unless
+    ignore_fit). free_bytes states the device's free memory instead of measuring it."""
     started = time.perf_counter()
 
     def step(message: str, fraction: float | None = None) -> None:
@@ -201,6 +206,10 @@ def load_model(
         ) from exc
     if quant in ("nf4", "nf4-nodq") and torch_device == "cpu":
         _check_cpu_4bit_shapes(config)
+    fit_window = None
+    if not ignore_fit:
+        step("Checking memory…", 0.25)
+        fit_window = _check_memory(source, config, quant, torch_device, context_length, free_bytes, notices)
     step(f"Loading weights ({quant} on {torch_device})…", 0.3)
     kwargs = quantization_kwargs(quant, torch_device)
     try:
@@ -218,7 +227,7 @@ def load_model(
         if "Unrecognized configuration" in message or "model type" in message:
             raise UnsupportedModelError(f"{folder}: {message}") from exc
         raise CorruptModelError(f"{folder}: the weights could not be loaded ({message}).") from exc
-    except (OSError, RuntimeError, KeyError) as exc:
+    except (OSError, RuntimeError, KeyError, SafetensorError) as exc:
         raise CorruptModelError(
             f"{folder}: the weights could not be loaded ({type(exc).__name__}: {exc}). "
             "The files may be corrupt or incomplete."
@@ -231,6 +240,8 @@ def load_model(
     window = int(getattr(config, "max_position_embeddings", 0) or 2048)
     if context_length:
         window = min(window, context_length)
+    if fit_window:
+        window = min(window, fit_window)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -243,6 +254,48 @@ def load_model(
         placements=placements,
         notices=notices,
     )
+
+
+# Without --context, a model whose full context does not fit gets a shorter window if at least this much fits.
+MIN_AUTO_CONTEXT = 2048
+
+
+def _check_memory(
+    source: ModelSource,
+    config: Any,
+    quant: str,
+    device: str,
+    context_length: int | None,
+    free_bytes: int | None,
+    notices: list[str],
+) -> int | None:
+    """Refuse a model the planner says will not fit; returns a shorter context window when only that fits."""
+    from app.core.memory.planner import check_fit, plan_memory
+    from app.core.memory.types import format_bytes
+
+    try:
+        plan = plan_memory(
+            config,
+            quantization=quant,
+            context=context_length,
+            device=device,
+            free_bytes=free_bytes,
+            name=source.display_name,
+        )
+    except (HearthError, ValueError, RuntimeError, AttributeError, TypeError) as exc:
+        # The planner cannot model this architecture: load without the check rather than refuse a working model.
+        log.warning("memory check skipped: %s", exc)
+        notices.append(f"The memory check was skipped ({exc}).")
+        return None
+    log.info("memory plan: %s", plan.to_json_dict())
+    if plan.fits != "yes" and context_length is None and plan.max_context >= min(MIN_AUTO_CONTEXT, plan.context):
+        notices.append(
+            f"The context window is limited to {plan.max_context:,} tokens (the model allows {plan.context:,}) so "
+            f"that its KV cache fits in the {format_bytes(plan.free_bytes)} free on {device}."
+        )
+        return plan.max_context
+    check_fit(plan)
+    return None
 
 
 def _check_remote_code(folder: Path, config: dict[str, object], trust_remote_code: bool) -> None:

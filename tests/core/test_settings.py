@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.core.errors import InvalidSettingError
+from app.core.sampling import SamplingParams
+from app.core.settings import Settings, load_settings, save_settings, settings_path
+
+
+def test_defaults_round_trip_through_disk() -> None:
+    settings = Settings(model="/models/x", quantization="int8", sampling=SamplingParams(temperature=0, seed=3))
+    save_settings(settings)
+    assert load_settings() == settings
+    assert settings_path().is_file()
+
+
+def test_missing_file_gives_defaults() -> None:
+    assert load_settings() == Settings()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"quantization": "q9"}, "quantization must be one of"),
+        ({"device": "tpu"}, "device must be one of"),
+        ({"theme": "neon"}, "theme must be one of"),
+        ({"context_length": 4}, "at least 16 tokens"),
+    ],
+)
+def test_bad_values_are_named(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidSettingError, match=message):
+        Settings(**changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top-p"),
+        ({"top_k": -2}, "top-k"),
+        ({"min_p": 1.5}, "min-p"),
+        ({"repetition_penalty": 0}, "repetition penalty"),
+        ({"max_new_tokens": 0}, "max new tokens"),
+    ],
+)
+def test_bad_sampling_values_are_named(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidSettingError, match=message):
+        SamplingParams(**changes)  # type: ignore[arg-type]
+
+
+def test_broken_settings_file_is_reported_not_overwritten(hearth_home: Path) -> None:
+    path = settings_path()
+    path.write_text("{not json")
+    with pytest.raises(InvalidSettingError, match="unreadable"):
+        load_settings()
+    assert path.read_text() == "{not json"
+    path.write_text('{"quantization": "q9"}')
+    with pytest.raises(InvalidSettingError, match="quantization"):
+        load_settings()
+
+
+def test_a_failed_write_leaves_the_old_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    save_settings(Settings(system_prompt="old"))
+    import json
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(json, "dump", boom)
+        with pytest.raises(OSError, match="disk full"):
+            save_settings(Settings(system_prompt="new"))
+    assert load_settings().system_prompt == "old"
+    assert [p.name for p in settings_path().parent.iterdir()] == ["settings.json"]
