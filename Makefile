@@ -41,8 +41,25 @@ test: lint
 test-quick: lint
 	$(BIN)/python -m pytest -m "not slow"
 
+# The one-folder bundle (dist/hearth, packaging/hearth.spec) and the installer for this OS: the .deb on Linux
+# (dpkg-deb, from Debian's dpkg), the .dmg on macOS. PyInstaller and Pillow come from the dev extras in .venv.
+# The torch in .venv decides the flavour (see README, Packaging): a CPU torch gives the lean CPU bundle.
+package: $(STAMP)
+	$(BIN)/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller packaging/hearth.spec
+	@if [ "$$(uname -s)" = Darwin ]; then packaging/macos/build-dmg.sh; \
+	elif command -v dpkg-deb >/dev/null; then packaging/linux/build-deb.sh dist/hearth dist; \
+	else echo "make package: dpkg-deb is missing (Debian/Ubuntu: apt-get install dpkg); the bundle is in dist/hearth"; exit 1; fi
+
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
+
+# Optional: Hearth vs llama.cpp side by side. llama-cpp-python is no project dependency: it is built once (~6 min
+# of compiling) into its own venv under .cache/ and reused.
+PEER_VENV := .cache/peer-venv
+bench-peer: $(STAMP)
+	@test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
+	@$(PEER_VENV)/bin/python -c "import llama_cpp" 2>/dev/null || $(PEER_VENV)/bin/python -m pip install -q "llama-cpp-python==0.3.36" numpy
+	$(BIN)/python bench/peer.py --peer-python $(PEER_VENV)/bin/python
 
 clean:
 	rm -rf $(VENV) .cache build dist *.egg-info

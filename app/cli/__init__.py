@@ -10,7 +10,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, Protocol, cast
+from typing import NoReturn, Protocol, TypeAlias, cast
 
 from app import __version__
 from app.core.errors import HearthError
@@ -19,6 +19,10 @@ from app.core.errors import HearthError
 COMMANDS: tuple[str, ...] = (
     "app.cli.chat",
     "app.cli.models",
+    "app.cli.plan",
+    "app.cli.pull",
+    "app.cli.rm",
+    "app.cli.token",
 )
 
 EXIT_USER_ERROR = 2
@@ -31,7 +35,8 @@ class HearthArgumentParser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"hearth: error: {message}\n")
 
 
-Subparsers = argparse._SubParsersAction[HearthArgumentParser]
+# A string: argparse._SubParsersAction is generic only to type checkers, not at run time on Python 3.11.
+Subparsers: TypeAlias = "argparse._SubParsersAction[HearthArgumentParser]"
 
 
 class CommandModule(Protocol):
@@ -44,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"hearth {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and library warnings")
+    parser.add_argument(
+        "--self-test", action="store_true", help="check this install offline: load the default model, answer, exit"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=HearthArgumentParser)
     for name in COMMANDS:
         cast(CommandModule, importlib.import_module(name)).register(subparsers)
@@ -72,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if args.self_test:
+        from app.cli import selftest
+
+        handler = selftest.run
     if handler is None:
         # No subcommand: the interactive chat, until the window is the default (`hearth-gui`).
         args = parser.parse_args(["chat", *(argv or sys.argv[1:])])

@@ -151,6 +151,7 @@ def open_session(settings: Settings, args: argparse.Namespace) -> Any:
         allow_pickle=settings.allow_pickle,
         trust_remote_code=settings.trust_remote_code,
         progress=progress_to_stderr,
+        ignore_fit=bool(getattr(args, "ignore_fit", False)),
     )
     for notice in loaded.notices:
         print(f"hearth: note: {notice}", file=sys.stderr)

@@ -30,6 +30,11 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="run the model's own Python code: only for sources you trust",
     )
+    group.add_argument(
+        "--ignore-fit",
+        action="store_true",
+        help="load even when the memory planner says the model will not fit (see `hearth plan`)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -1,27 +1,82 @@
-"""`hearth models`: what can be loaded without a download."""
+"""`hearth models`: the models on this machine (or the curated list) with the memory planner's verdicts."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from app.cli import Subparsers
-from app.core.local_models import list_local_models
+from app.core.settings import DEVICES, QUANTIZATIONS, load_settings
 
 
 def register(subparsers: Subparsers) -> None:
-    parser = subparsers.add_parser("models", help="list the models on this machine")
+    parser = subparsers.add_parser("models", help="list the models on this machine, with whether each one fits")
     parser.add_argument("--json", action="store_true", help="one JSON object per model")
+    parser.add_argument("--recommended", action="store_true", help="list the curated chat models instead")
+    parser.add_argument("--add", metavar="PATH", type=Path, help="add a model folder or .gguf file kept elsewhere")
+    parser.add_argument("--quant", choices=QUANTIZATIONS, help="quantization the verdict is for (default: settings)")
+    parser.add_argument("--device", choices=DEVICES, help="device the verdict is for (default: settings)")
+    parser.add_argument("--no-verdict", action="store_true", help="skip the memory planner (faster)")
     parser.set_defaults(handler=run)
 
 
+def _count(parameters: int | None) -> str:
+    if not parameters:
+        return "?"
+    return f"{parameters / 1e9:.1f}B" if parameters >= 1e9 else f"{parameters / 1e6:.0f}M"
+
+
+def _verdict(verdict: object) -> str:
+    from app.core.hub import format_bytes
+    from app.core.library import Verdict
+
+    assert isinstance(verdict, Verdict)
+    return f"{verdict.label} ({format_bytes(verdict.total_bytes)})" if verdict.total_bytes else verdict.label
+
+
 def run(args: argparse.Namespace) -> int:
-    models = list_local_models()
+    from app.core import library
+
+    settings = load_settings()
+    quant = args.quant or settings.quantization
+    device = args.device or settings.device
+    if args.add is not None:
+        added = library.add_path(args.add)
+        print(f"Added {added.name} ({added.path}); load it with --model {added.spec}")
+        return 0
+
+    def verdict_for(source: Path | dict[str, object] | None) -> library.Verdict:
+        if args.no_verdict:
+            return library.Verdict("unknown", note="not planned (--no-verdict)")
+        return library.model_verdict(source, quantization=quant, device=device)
+
+    if args.recommended:
+        return _print_recommended(args, verdict_for)
+    models = library.list_models()
+    rows = []
+    for model in models:
+        verdict = verdict_for(model.config if model.config is not None else None)
+        rows.append((model, verdict))
     if args.json:
-        for model in models:
+        for model, verdict in rows:
             print(
                 json.dumps(
-                    {"name": model.name, "kind": model.kind, "path": str(model.path), "size_bytes": model.size_bytes}
+                    {
+                        "name": model.name,
+                        "kind": model.kind,
+                        "spec": model.spec,
+                        "path": str(model.path),
+                        "size_bytes": model.size_bytes,
+                        "architecture": model.architecture,
+                        "parameters": model.parameters or verdict.parameters,
+                        "context_length": model.context_length,
+                        "complete": model.complete,
+                        "fits": verdict.fits,
+                        "needs_bytes": verdict.total_bytes,
+                        "quantization": quant,
+                        "device": device,
+                    }
                 )
             )
         return 0
@@ -29,7 +84,55 @@ def run(args: argparse.Namespace) -> int:
         print("No models found. Name a folder or .gguf file with --model, or `hearth pull REPO`.")
         return 0
     width = max(len(m.name) for m in models)
-    print(f"{'NAME':<{width}}  {'KIND':<9}  {'SIZE':>9}  PATH")
-    for model in models:
-        print(f"{model.name:<{width}}  {model.kind:<9}  {model.size_bytes / 2**20:>7.0f}MB  {model.path}")
+    print(
+        f"{'NAME':<{width}}  {'KIND':<9}  {'SIZE':>8}  {'ARCH':<12} {'PARAMS':>6}  {'CONTEXT':>7}  "
+        f"FITS ({quant}, {device})"
+    )
+    for model, verdict in rows:
+        label = _verdict(verdict) if model.complete else "incomplete download"
+        print(
+            f"{model.name:<{width}}  {model.kind:<9}  {model.size_bytes / 1e9:>6.2f}GB  "
+            f"{model.architecture or '?':<12} "
+            f"{_count(model.parameters or verdict.parameters):>6}  {model.context_length or 0:>7}  {label}"
+        )
+    from app.core.hub import pending_downloads
+
+    for pending in pending_downloads():
+        file_flag = f" --file {pending.file}" if pending.file else ""
+        print(f"Paused download: {pending.repo_id} (resume with `hearth pull {pending.repo_id}{file_flag}`)")
+    return 0
+
+
+def _print_recommended(args: argparse.Namespace, verdict_for: object) -> int:
+    from app.core import library
+
+    assert callable(verdict_for)
+    entries = library.recommended_models()
+    if args.json:
+        for entry in entries:
+            verdict = verdict_for(entry.config)
+            print(
+                json.dumps(
+                    {
+                        "repo_id": entry.repo_id,
+                        "size_class": entry.size_class,
+                        "parameters": entry.parameters,
+                        "licence": entry.licence,
+                        "gated": entry.gated,
+                        "gguf": f"{entry.gguf_repo}/{entry.gguf_file}" if entry.gguf_repo else None,
+                        "fits": verdict.fits,
+                        "needs_bytes": verdict.total_bytes,
+                    }
+                )
+            )
+        return 0
+    width = max(len(e.repo_id) for e in entries)
+    print(f"{'REPO':<{width}}  {'PARAMS':>6}  {'LICENCE':<38} {'GATED':<5}  FITS")
+    for entry in entries:
+        verdict = verdict_for(entry.config)
+        print(
+            f"{entry.repo_id:<{width}}  {_count(entry.parameters):>6}  {entry.licence:<38} "
+            f"{'yes' if entry.gated else 'no':<5}  {_verdict(verdict)}"
+        )
+    print("\nDownload one with `hearth pull REPO`; gated models need `hearth token set` first.")
     return 0

@@ -30,6 +30,7 @@ from app.core.chat_format import FALLBACK_NOTICE, format_prompt
 from app.core.detok import IncrementalDetokenizer
 from app.core.errors import ContextOverflowError
 from app.core.events import ChatMessage, DoneEvent, Event, FinishReason, ReplyStats, StatsEvent, TokenEvent
+from app.core.fastpath import DecodePathChoice, apply_decode_path
 from app.core.loader import LoadedModel
 from app.core.response_cache import CachedReply, ResponseCache, cache_key
 from app.core.sampling import SamplingParams
@@ -108,9 +109,15 @@ class PreparedPrompt:
 
 
 class Engine:
-    """Owns a loaded model; `generate` yields TokenEvent…, StatsEvent, DoneEvent."""
+    """Owns a loaded model; `generate` yields TokenEvent…, StatsEvent, DoneEvent.
 
-    def __init__(self, loaded: LoadedModel, response_cache: ResponseCache | None = None) -> None:
+    `decode_path` picks how single-token steps run (app.core.fastpath): "auto" (the fastest measured for the
+    device and weights), "eager" (the plain model), or a named fast path; the stats say which ran and why.
+    """
+
+    def __init__(
+        self, loaded: LoadedModel, response_cache: ResponseCache | None = None, *, decode_path: str = "auto"
+    ) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -118,8 +125,9 @@ class Engine:
         self.context_window = loaded.context_window
         self.device = torch.device(loaded.device)
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
-        self.decode_path = "eager"
-        self.decode_path_note = ""
+        self.path: DecodePathChoice = apply_decode_path(self.model, loaded.device, loaded.quantization, decode_path)
+        self.decode_path = self.path.name
+        self.decode_path_note = self.path.note
         self._process = psutil.Process()
         # transformers 5.2x renamed forward's `past_key_values` to `cache` (the old name warns, then goes in 5.40).
         forward_params = inspect.signature(self.model.forward).parameters
@@ -328,7 +336,8 @@ class Engine:
                     break
                 if params.repetition_penalty != 1.0:
                     seen = torch.cat([seen, torch.tensor([[token]], device=self.device)], dim=1)
-                logits = self._forward([token], kv)
+                with self.path.step():
+                    logits = self._forward([token], kv)
                 if not cuda and generated % MEMORY_SAMPLE_EVERY == 0:
                     peak = max(peak, self._memory_now())
         tail = detok.flush()

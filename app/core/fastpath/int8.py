@@ -1,0 +1,140 @@
+"""Weight-only int8 for single-token steps: torch's own `_weight_int8pack_mm` CPU kernel (AVX2/AVX-512 vectorized).
+
+Each linear layer gets a per-output-channel symmetric int8 copy of its weight (scale = max|w| / 127). The layer's
+forward is patched on the instance: one row in -> the int8 kernel with bf16 activations; more rows (prefill) -> the
+original weights, unchanged. `remove` restores the class forward and frees the copies.
+
+The patch is inert unless the calling thread is inside `active()`: the engine turns it on around its own decode
+steps, so anything else that runs the same model (a reference `generate`, another engine with the plain path) gets
+the original weights.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KERNEL_DTYPE = torch.bfloat16  # the kernel's fp32-activation variant is ~8x slower on AVX2 (measured)
+KERNEL_NAME = "_weight_int8pack_mm"
+PATCH_ATTR = "_hearth_decode_patch"
+_state = threading.local()
+
+
+@contextmanager
+def active() -> Iterator[None]:
+    """Run patched layers' single-token calls through the int8 kernel in this thread, for the block's duration."""
+    previous = getattr(_state, "on", False)
+    _state.on = True
+    try:
+        yield
+    finally:
+        _state.on = previous
+
+
+class PackedInt8:
+    """An int8 weight [N, K] and its per-row scales, ready for `_weight_int8pack_mm`."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        full = weight.detach().float()
+        scale = full.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+        self.qweight = torch.round(full / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+        self.scale = scale.to(KERNEL_DTYPE).contiguous()
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).to(KERNEL_DTYPE)
+        out = getattr(torch.ops.aten, KERNEL_NAME)(rows, self.qweight, self.scale)
+        return out.reshape(*x.shape[:-1], self.qweight.shape[0])
+
+    def dequantized(self) -> torch.Tensor:
+        return self.qweight.float() * self.scale.float()[:, None]
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.numel() + self.scale.numel() * self.scale.element_size()
+
+
+def int8_kernel_available() -> str:
+    """Empty when the kernel runs and agrees with F.linear on a probe matrix, else the reason it can't be used."""
+    if getattr(torch.ops.aten, KERNEL_NAME, None) is None:
+        return f"torch {torch.__version__} has no {KERNEL_NAME} kernel"
+    try:
+        generator = torch.Generator().manual_seed(0)
+        weight = torch.randn(64, 96, generator=generator)
+        x = torch.randn(1, 96, generator=generator)
+        packed = PackedInt8(weight)
+        got = packed.matmul(x).float()
+        want = F.linear(x, packed.dequantized())
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        return f"the int8 kernel failed on a probe ({type(exc).__name__}: {exc})"
+    error = float((got - want).abs().max() / want.abs().max())
+    if error > 0.05:
+        return f"the int8 kernel disagrees with F.linear on a probe (relative error {error:.3f})"
+    return ""
+
+
+def _dense_weight(module: nn.Module) -> torch.Tensor | None:
+    """The module's weight as a dense float tensor: plain Linear, or bitsandbytes 4-bit dequantized once."""
+    weight = getattr(module, "weight", None)
+    if type(module) is nn.Linear and isinstance(weight, torch.Tensor) and weight.is_floating_point():
+        return weight
+    quant_state = getattr(weight, "quant_state", None)
+    if quant_state is not None and isinstance(module, nn.Linear) and isinstance(weight, torch.Tensor):
+        import bitsandbytes.functional as bnb_functional
+
+        dense: torch.Tensor = bnb_functional.dequantize_4bit(weight.data, quant_state)
+        return dense
+    return None
+
+
+def patch_linears(model: nn.Module, skip: set[int]) -> tuple[int, int]:
+    """Patch every eligible linear layer not in `skip` (module ids); return (layers patched, bytes added)."""
+    patched = 0
+    added = 0
+    for module in model.modules():
+        if id(module) in skip:
+            continue
+        if hasattr(module, PATCH_ATTR):  # another engine on the same model packed it already
+            patched += 1
+            continue
+        weight = _dense_weight(module)
+        if weight is None or weight.device.type != "cpu" or weight.dim() != 2:
+            continue
+        packed = PackedInt8(weight)
+        setattr(module, PATCH_ATTR, packed)
+        module.forward = types.MethodType(_make_forward(type(module).forward), module)
+        patched += 1
+        added += packed.nbytes
+    return patched, added
+
+
+def unpatch_linears(model: nn.Module) -> int:
+    restored = 0
+    for module in model.modules():
+        if hasattr(module, PATCH_ATTR):
+            delattr(module, PATCH_ATTR)
+            if "forward" in module.__dict__:
+                del module.__dict__["forward"]
+            restored += 1
+    return restored
+
+
+def _make_forward(plain_forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        packed: PackedInt8 | None = getattr(self, PATCH_ATTR, None)
+        # Prefill, or a caller outside the engine's decode steps: the plain weights, exactly as before.
+        if packed is None or x.numel() != x.shape[-1] or not getattr(_state, "on", False):
+            return plain_forward(self, x)
+        out = packed.matmul(x)
+        bias = getattr(self, "bias", None)
+        if bias is not None:
+            out = out + bias.to(out.dtype)
+        return out.to(x.dtype)
+
+    return forward

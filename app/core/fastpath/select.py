@@ -1,0 +1,80 @@
+"""Pick the decode path for a loaded model and apply it; never raise: a failure is the plain path plus a reason."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from app.core.fastpath import int8
+
+log = logging.getLogger(__name__)
+
+# "auto" picks the fastest measured path for the device and weights; the others force one (bench, tests).
+DECODE_PATHS = ("auto", "eager", "int8-decode")
+ENV_OVERRIDE = "HEARTH_DECODE_PATH"
+# Weights "auto" repacks to int8 on the CPU. fp32 stays exact (a user who picks fp32 asks for precision; the tests
+# that compare reused-cache runs with fresh ones rely on it); bnb int8 (LLM.int8) already is int8; fp16 matmuls are
+# slow on CPUs in any form. Forcing "int8-decode" also repacks fp32 and fp16.
+AUTO_INT8_SOURCES = ("bf16", "nf4", "nf4-nodq")
+FORCED_INT8_SOURCES = (*AUTO_INT8_SOURCES, "fp32", "fp16")
+
+
+@dataclass(frozen=True)
+class DecodePathChoice:
+    name: str  # what runs single-token steps: "eager" or "int8-decode"
+    note: str = ""  # why this path (and why not a faster one), shown with the reply's stats
+    patched_layers: int = 0
+    added_bytes: int = 0  # memory the path adds (the int8 copies) on top of the loaded weights
+    prepare_seconds: float = 0.0
+
+    def step(self) -> AbstractContextManager[None]:
+        """Wrap one single-token forward pass: the fast path is active only inside it."""
+        return int8.active() if self.name == "int8-decode" else nullcontext()
+
+
+def apply_decode_path(model: Any, device: str, quantization: str, requested: str = "auto") -> DecodePathChoice:
+    """Apply the requested (or the best) decode path to `model` in place."""
+    requested = os.environ.get(ENV_OVERRIDE, "") or requested
+    if requested not in DECODE_PATHS:
+        return DecodePathChoice("eager", f"unknown decode path {requested!r} (use {', '.join(DECODE_PATHS)})")
+    if requested == "eager":
+        return DecodePathChoice("eager", "plain path requested")
+    if not str(device).startswith("cpu"):
+        return DecodePathChoice("eager", "GPU: the model's own kernels (bitsandbytes for nf4)")
+    allowed = AUTO_INT8_SOURCES if requested == "auto" else FORCED_INT8_SOURCES
+    if quantization not in allowed:
+        why = "exact path for fp32" if quantization == "fp32" else f"no faster CPU decode path for {quantization}"
+        return DecodePathChoice("eager", why)
+    reason = int8.int8_kernel_available()
+    if reason:
+        return DecodePathChoice("eager", reason)
+    started = time.perf_counter()
+    try:
+        skip = _output_embedding_ids(model)
+        patched, added = int8.patch_linears(model, skip)
+    except Exception as exc:  # a model we can't repack still runs, on the plain path
+        log.exception("int8 decode path failed")
+        int8.unpatch_linears(model)
+        return DecodePathChoice("eager", f"int8 repacking failed ({type(exc).__name__}: {exc})")
+    if patched == 0:
+        return DecodePathChoice("eager", "no linear layers the int8 decode path can run")
+    seconds = time.perf_counter() - started
+    note = f"weight-only int8 decode ({patched} layers, packed in {seconds:.1f} s); prefill and lm_head: {quantization}"
+    return DecodePathChoice("int8-decode", note, patched, added, seconds)
+
+
+def remove_decode_path(model: Any) -> None:
+    int8.unpatch_linears(model)
+
+
+def _output_embedding_ids(model: Any) -> set[int]:
+    """The lm_head stays as loaded: int8 is no faster for it (measured), and the logits keep full precision."""
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    return {id(head)} if isinstance(head, nn.Module) else set()

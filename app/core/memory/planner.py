@@ -1,0 +1,563 @@
+"""The memory planner: what a model will need, before any weight is loaded.
+
+Weights come from the model built on the meta device (accelerate's init_empty_weights: shapes, no memory), with
+the bytes bitsandbytes really stores for each quantized nn.Linear (packed data + quant_state); everything bnb leaves
+alone (embeddings, norms, lm_head, tied weights, biases, buffers) is counted at its real dtype. The KV cache follows
+the layer layout transformers' DynamicCache builds from the config (GQA heads, sliding windows capped at
+`window - 1` tokens). Overhead constants are measured, see app.core.memory.calibration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from app.core import gguf_cache
+from app.core.errors import (
+    CorruptModelError,
+    DeviceUnavailableError,
+    ModelNotFoundError,
+    ModelTooLargeError,
+    UnsupportedModelError,
+)
+from app.core.memory import calibration
+from app.core.memory.types import Fit, MemoryPlan, format_bytes
+from app.core.model_source import ModelSource, resolve_model
+
+PREFILL_CHUNK = 512  # app.core.engine.PREFILL_CHUNK (not imported: the engine pulls in the sampling stack)
+NF4_BLOCKSIZE = 64  # bitsandbytes' 4-bit blocksize: one absmax per 64 weights
+NF4_CODE_BYTES = 16 * 4  # the 16-entry fp32 NF4 code book, one per layer
+DQ_BLOCKSIZE = 256  # double quant: absmax quantized to 8 bits in blocks of 256, one fp32 absmax each
+DQ_CODE_BYTES = 256 * 4  # the 8-bit dynamic code book (fp32), one per layer
+DQ_OFFSET_BYTES = 4  # the fp32 mean subtracted from the absmax before quantizing it
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True)
+class KVLayer:
+    bytes_per_token: int
+    window: int | None  # sliding window: the layer keeps at most window - 1 tokens
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    layers: tuple[KVLayer, ...]
+    dtype_bytes: int
+    unmodelled: tuple[str, ...] = ()  # layer types with constant-size state (recurrent, conv) not counted
+
+    def bytes_at(self, tokens: int) -> int:
+        return sum(
+            layer.bytes_per_token * (min(tokens, layer.window - 1) if layer.window else tokens) for layer in self.layers
+        )
+
+    @property
+    def bytes_per_token(self) -> int:
+        return sum(layer.bytes_per_token for layer in self.layers)
+
+    @property
+    def bytes_per_token_long(self) -> int:
+        return sum(layer.bytes_per_token for layer in self.layers if not layer.window)
+
+    def largest_layer_at(self, tokens: int) -> int:
+        return max(
+            (
+                layer.bytes_per_token * (min(tokens, layer.window - 1) if layer.window else tokens)
+                for layer in self.layers
+            ),
+            default=0,
+        )
+
+    def tokens_until(self, start_tokens: int, budget_bytes: int) -> int | None:
+        """The token count at which the cache, growing from start_tokens, has used budget_bytes more (None: never)."""
+        if self.bytes_per_token_long == 0:
+            # Every layer is windowed: the cache stops growing at the largest window.
+            cap = max((layer.window or 0) for layer in self.layers) if self.layers else 0
+            if self.bytes_at(cap) - self.bytes_at(start_tokens) <= budget_bytes:
+                return None
+        base = self.bytes_at(start_tokens)
+        low, high = start_tokens, max(start_tokens + 1, start_tokens * 2)
+        while self.bytes_at(high) - base <= budget_bytes:
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.bytes_at(middle) - base <= budget_bytes:
+                low = middle
+            else:
+                high = middle
+        return low
+
+
+@dataclass(frozen=True)
+class WeightsEstimate:
+    parameters: int
+    quantized_parameters: int
+    total_bytes: int
+    other_bytes: int  # embeddings, final norm, lm_head, buffers: never offloaded
+    layer_bytes: tuple[int, ...]  # each decoder layer as stored on the device
+    layer_bytes_unquantized: tuple[int, ...]  # each decoder layer at the compute dtype (bnb's CPU offload)
+    largest_quantized_linear: int  # elements of the biggest quantized weight (its dequantized copy is a transient)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    config: Any  # transformers PretrainedConfig
+    name: str
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    max_context: int
+
+
+# -- model configs ---------------------------------------------------------------------------------------------
+def load_config(source: str | Path | ModelSource | Mapping[str, Any] | None) -> tuple[Any, str]:
+    """A transformers config and a display name, from a spec, folder, config.json, .gguf, ModelSource or dict."""
+    from transformers import PretrainedConfig
+
+    if isinstance(source, PretrainedConfig):
+        return source, str(getattr(source, "name_or_path", "") or source.model_type)
+    if isinstance(source, Mapping):
+        return _config_from_dict(dict(source), "config"), str(source.get("_name_or_path") or source.get("model_type"))
+    if isinstance(source, str | Path) and Path(source).expanduser().name == "config.json":
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise ModelNotFoundError(f"No model config at {path}: the file does not exist.")
+        return _config_from_folder(path.parent), path.parent.name
+    model = source if isinstance(source, ModelSource) else resolve_model(None if source is None else str(source))
+    if model.kind == "gguf":
+        converted = gguf_cache.converted_folder_for(model.path)
+        if gguf_cache.is_converted(converted):
+            return _config_from_folder(converted), model.display_name
+        return config_from_gguf(model.path), model.display_name
+    ggufs = sorted(model.path.glob("*.gguf")) if not (model.path / "config.json").is_file() else []
+    if ggufs:
+        return config_from_gguf(ggufs[0]), model.display_name
+    return _config_from_folder(model.path), model.display_name
+
+
+def _config_from_folder(folder: Path) -> Any:
+    from app.core.model_source import read_config
+
+    data = read_config(folder)  # clear errors for a missing or broken config.json
+    return _config_from_dict(data, str(folder / "config.json"))
+
+
+def _config_from_dict(data: dict[str, Any], where: str) -> Any:
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise CorruptModelError(f"{where} has no model_type: it is not a transformers model config.")
+    if model_type not in CONFIG_MAPPING:
+        raise UnsupportedModelError(
+            f"{where}: model type {model_type!r} is not supported by this transformers version "
+            "(models that need their own Python code are not planned)."
+        )
+    values = {k: v for k, v in data.items() if k != "model_type"}
+    try:
+        return AutoConfig.for_model(model_type, **values)
+    except (TypeError, ValueError) as exc:
+        raise CorruptModelError(f"{where} is not a valid {model_type} config: {exc}") from exc
+
+
+def config_from_gguf(path: Path) -> Any:
+    """The model config from a GGUF file's header (metadata only: no tensor is read or dequantized)."""
+    from app.core.memory.gguf_header import config_dict_from_gguf
+
+    return _config_from_dict(config_dict_from_gguf(path), str(path))
+
+
+def model_shape(config: Any, name: str) -> ModelShape:
+    text = config.get_text_config(decoder=True)
+    hidden = int(getattr(text, "hidden_size", 0) or 0)
+    return ModelShape(
+        config=config,
+        name=name,
+        hidden_size=hidden,
+        intermediate_size=int(getattr(text, "intermediate_size", 0) or 4 * hidden),
+        vocab_size=int(getattr(text, "vocab_size", 0) or 0),
+        max_context=int(getattr(text, "max_position_embeddings", 0) or 2048),
+    )
+
+
+# -- KV cache --------------------------------------------------------------------------------------------------
+def kv_layout(config: Any, dtype_bytes: int) -> KVLayout:
+    """Per layer KV bytes per token, as DynamicCache(config=...) lays the cache out."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    text = config.get_text_config(decoder=True)
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(text)
+    per_layer = list(getattr(text, "per_layer_config", None) or [text] * len(layer_types))
+    layers: list[KVLayer] = []
+    unmodelled: list[str] = []
+    for layer_type, kwargs, layer_config in zip(layer_types, layer_kwargs, per_layer, strict=False):
+        if layer_type == "dummy":
+            continue
+        if layer_type not in ("full_attention", "sliding_attention", "chunked_attention"):
+            unmodelled.append(layer_type)
+            continue
+        heads = int(getattr(layer_config, "num_attention_heads", 0) or 0)
+        kv_heads = int(getattr(layer_config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(layer_config, "head_dim", None) or (int(layer_config.hidden_size) // heads))
+        window = kwargs.get("sliding_window")
+        layers.append(KVLayer(bytes_per_token=2 * kv_heads * head_dim * dtype_bytes, window=window or None))
+    return KVLayout(tuple(layers), dtype_bytes, tuple(sorted(set(unmodelled))))
+
+
+# -- weights ---------------------------------------------------------------------------------------------------
+def nf4_weight_bytes(elements: int, double_quant: bool) -> int:
+    """Bytes bitsandbytes holds for one NF4 weight: packed 4-bit data + its quant_state (absmax, code book...)."""
+    blocks = math.ceil(elements / NF4_BLOCKSIZE)
+    size = math.ceil(elements / 2) + NF4_CODE_BYTES
+    if double_quant:
+        return size + blocks + math.ceil(blocks / DQ_BLOCKSIZE) * 4 + DQ_CODE_BYTES + DQ_OFFSET_BYTES
+    return size + blocks * 4
+
+
+def int8_weight_bytes(out_features: int, in_features: int) -> int:
+    """LLM.int8: one int8 per weight plus one fp32 scale (SCB) per output row."""
+    return out_features * in_features + out_features * 4
+
+
+def meta_model(config: Any, dtype: torch.dtype) -> Any:
+    """The model with every tensor on the meta device: shapes and dtypes, no memory, no weight files."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with init_empty_weights(include_buffers=True):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedModelError(
+            f"{config.model_type}: transformers cannot build this model as a causal LM ({exc})."
+        ) from exc
+    except (AssertionError, TypeError, RuntimeError) as exc:
+        raise CorruptModelError(f"The {config.model_type} config describes an impossible model ({exc}).") from exc
+
+
+def estimate_weights(model: Any, quantization: str, skip_modules: list[str], dtype: torch.dtype) -> WeightsEstimate:
+    """Bytes per decoder layer and for the rest, for a meta-device model loaded as `quantization`."""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import HfQuantizer
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    quantized = quantization in ("nf4", "nf4-nodq", "int8")
+    keep_fp32 = list(getattr(model, "_keep_in_fp32_modules", None) or []) + list(
+        getattr(model, "_keep_in_fp32_modules_strict", None) or []
+    )
+    not_converted = HfQuantizer.get_modules_to_not_convert(model, skip_modules, keep_fp32) if quantized else []
+    layer_names = _decoder_layer_names(model)
+    layer_index = {name: i for i, name in enumerate(layer_names)}
+    stored = [0] * len(layer_names)
+    unquantized = [0] * len(layer_names)
+    other = 0
+    parameters = quantized_parameters = largest = 0
+    seen: set[int] = set()
+    compute_bytes = torch.tensor([], dtype=dtype).element_size()
+
+    for module_name, module in model.named_modules():
+        group = _group_of(module_name, layer_index)
+        quantize_here = (
+            quantized
+            and (type(module) is nn.Linear or isinstance(module, Conv1D))
+            and should_convert_module(module_name, not_converted)
+        )
+        tensors = [(n, t, True) for n, t in module.named_parameters(recurse=False)]
+        tensors += [(n, t, False) for n, t in module.named_buffers(recurse=False)]
+        for tensor_name, tensor, is_parameter in tensors:
+            if id(tensor) in seen:
+                continue  # tied weights live once
+            seen.add(id(tensor))
+            elements = tensor.numel()
+            plain = elements * tensor.element_size()
+            if is_parameter:
+                parameters += elements
+                if any(_matches(f"{module_name}.{tensor_name}", key) for key in keep_fp32):
+                    plain = elements * 4
+            size = plain
+            if quantize_here and is_parameter and tensor_name == "weight":
+                quantized_parameters += elements
+                largest = max(largest, elements)
+                if quantization == "int8":
+                    out_features = tensor.shape[1] if isinstance(module, Conv1D) else tensor.shape[0]
+                    size = int8_weight_bytes(out_features, elements // out_features)
+                else:
+                    size = nf4_weight_bytes(elements, double_quant=quantization == "nf4")
+                plain = elements * compute_bytes
+            if group is None:
+                other += size
+            else:
+                stored[group] += size
+                unquantized[group] += plain
+    return WeightsEstimate(
+        parameters=parameters,
+        quantized_parameters=quantized_parameters,
+        total_bytes=other + sum(stored),
+        other_bytes=other,
+        layer_bytes=tuple(stored),
+        layer_bytes_unquantized=tuple(unquantized),
+        largest_quantized_linear=largest,
+    )
+
+
+def _matches(name: str, key: str) -> bool:
+    return name == key or name.startswith(key + ".") or f".{key}." in f".{name}."
+
+
+def _decoder_layer_names(model: Any) -> list[str]:
+    """The repeated blocks accelerate places whole on one device (the model's _no_split_modules)."""
+    classes = set(getattr(model, "_no_split_modules", None) or [])
+    names = [name for name, module in model.named_modules() if type(module).__name__ in classes]
+    # Keep outermost blocks only (a no-split class may nest inside another).
+    return [name for name in names if not any(name.startswith(other + ".") for other in names if other != name)]
+
+
+def _group_of(module_name: str, layer_index: dict[str, int]) -> int | None:
+    parts = module_name.split(".")
+    for end in range(len(parts), 0, -1):
+        found = layer_index.get(".".join(parts[:end]))
+        if found is not None:
+            return found
+    return None
+
+
+# -- devices ---------------------------------------------------------------------------------------------------
+def normalize_device(device: str) -> str:
+    """A torch device string for planning; `auto` picks what the loader would (CUDA, then MPS, then the CPU)."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda:0"
+        mps = getattr(torch.backends, "mps", None)
+        return "mps" if mps is not None and mps.is_available() else "cpu"
+    if device == "cuda":
+        return "cuda:0"
+    if device in ("cpu", "mps") or (device.startswith("cuda:") and device[5:].isdigit()):
+        return device
+    raise DeviceUnavailableError(f"Unknown device {device!r}: use auto, cuda, cpu or mps.")
+
+
+def device_free_bytes(device: str) -> tuple[int, int]:
+    """(free, total) bytes on the device now: torch.cuda.mem_get_info on CUDA, psutil's available RAM otherwise."""
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceUnavailableError(
+                "No CUDA GPU here to measure free memory on: state it with --free (e.g. --free 24GiB)."
+            )
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free), int(total)
+    memory = psutil.virtual_memory()
+    return int(memory.available), int(memory.total)
+
+
+# -- overhead --------------------------------------------------------------------------------------------------
+def overhead_parts(
+    shape: ModelShape,
+    kv: KVLayout,
+    weights: WeightsEstimate,
+    *,
+    context: int,
+    device: str,
+    compute_bytes: int,
+    free_stated: bool,
+    resident_bytes: int,
+) -> dict[str, int]:
+    """Memory beyond weights and KV cache: the prefill peak, bnb's dequantized copy, logits and the runtime."""
+    chunk = max(1, min(PREFILL_CHUNK, context))
+    activations = (
+        chunk
+        * compute_bytes
+        * int(
+            calibration.ACTIVATION_HIDDEN_COPIES * shape.hidden_size
+            + calibration.ACTIVATION_INTERMEDIATE_COPIES * shape.intermediate_size
+        )
+        + calibration.ACTIVATION_FLOOR_BYTES
+    )
+    parts = {
+        "prefill_activations": activations,
+        # torch.cat in DynamicLayer.update copies one layer's keys and values while the old ones are still alive.
+        "kv_append": kv.largest_layer_at(context),
+        # logits_to_keep=1: one row of logits, in the compute dtype, then as fp32.
+        "logits": shape.vocab_size * (compute_bytes + 4),
+        # bnb dequantizes a whole 4/8-bit weight to the compute dtype for a prefill matmul (and on the CPU always).
+        "dequantized_weight": weights.largest_quantized_linear * compute_bytes,
+    }
+    if device.startswith("cuda"):
+        parts["allocator_slack"] = max(
+            calibration.CUDA_ALLOCATOR_SLACK_MIN_BYTES,
+            int(calibration.CUDA_ALLOCATOR_SLACK_FRACTION * resident_bytes),
+        )
+        if free_stated:
+            parts["cuda_context"] = calibration.CUDA_CONTEXT_BYTES
+    else:
+        parts["runtime"] = calibration.CPU_RUNTIME_BYTES
+    return parts
+
+
+# -- the plan --------------------------------------------------------------------------------------------------
+def plan_memory(
+    source: str | Path | ModelSource | Mapping[str, Any] | None,
+    *,
+    quantization: str,
+    context: int | None = None,
+    device: str = "auto",
+    free_bytes: int | None = None,
+    cpu_free_bytes: int | None = None,
+    name: str | None = None,
+) -> MemoryPlan:
+    """Estimate what loading `source` as `quantization` and filling `context` tokens of KV cache needs on `device`.
+
+    `free_bytes`: the device's free memory to plan against (default: measured now). `cpu_free_bytes`: the host's
+    available memory for CPU offload on CUDA (default: measured now).
+    """
+    from app.core.loader import quantization_kwargs, resolve_quantization
+
+    torch_device = normalize_device(device)
+    config, found_name = load_config(source)
+    name = name or found_name
+    quant = resolve_quantization(quantization, torch_device)
+    kwargs = quantization_kwargs(quant, torch_device)
+    dtype: torch.dtype = kwargs["dtype"]
+    bnb_config = kwargs.get("quantization_config")
+    skip = list(getattr(bnb_config, "llm_int8_skip_modules", None) or [])
+    compute_bytes = torch.tensor([], dtype=dtype).element_size()
+
+    shape = model_shape(config, name)
+    tokens = int(context) if context else shape.max_context
+    if tokens < 1:
+        raise ValueError("context must be at least one token")
+    weights = estimate_weights(meta_model(config, dtype), quant, skip, dtype)
+    kv = kv_layout(config, compute_bytes)
+
+    stated = free_bytes is not None
+    if free_bytes is None:
+        free_bytes, _ = device_free_bytes(torch_device)
+    notes: list[str] = []
+    if kv.unmodelled:
+        notes.append(f"Layers of type {', '.join(kv.unmodelled)} keep a fixed-size state that is not counted.")
+    if tokens > shape.max_context:
+        notes.append(f"The context {tokens:,} is beyond the model's maximum of {shape.max_context:,} tokens.")
+
+    def overhead(at: int, resident: int) -> dict[str, int]:
+        return overhead_parts(
+            shape,
+            kv,
+            weights,
+            context=at,
+            device=torch_device,
+            compute_bytes=compute_bytes,
+            free_stated=stated,
+            resident_bytes=resident,
+        )
+
+    def need_on_device(at: int, weights_on_device: int) -> tuple[int, dict[str, int]]:
+        kv_at = kv.bytes_at(at)
+        parts = overhead(at, weights_on_device + kv_at)
+        return weights_on_device + kv_at + sum(parts.values()), parts
+
+    total, parts = need_on_device(tokens, weights.total_bytes)
+    fits: Fit = "yes" if total <= free_bytes else "no"
+    weights_by_device = {torch_device: weights.total_bytes}
+    all_weights = weights.total_bytes
+    host_free: int | None = None
+    if fits == "no" and torch_device.startswith("cuda"):
+        host_free = cpu_free_bytes if cpu_free_bytes is not None else device_free_bytes("cpu")[0]
+        placed = _offload(weights, lambda w: need_on_device(tokens, w)[0], free_bytes, host_free)
+        if placed is not None:
+            on_gpu, on_cpu = placed
+            fits = "offload"
+            weights_by_device = {torch_device: on_gpu, "cpu": on_cpu}
+            all_weights = on_gpu + on_cpu
+            total, parts = need_on_device(tokens, on_gpu)
+            notes.append(
+                f"{format_bytes(on_cpu)} of layers would run from the CPU (kept 16-bit there by bitsandbytes): "
+                "much slower. Hearth loads whole models onto one device today, so this is refused on load."
+            )
+
+    # max_context: with the whole model on the device (what the loader does), never with offloading.
+    max_context = _largest_fitting(lambda at: need_on_device(at, weights.total_bytes)[0], free_bytes, shape.max_context)
+    if not kv.layers:
+        notes.append("No attention layers found: the KV cache is not modelled.")
+    return MemoryPlan(
+        model=name,
+        model_type=str(config.model_type),
+        quantization=quant,
+        device=torch_device,
+        context=tokens,
+        model_max_context=shape.max_context,
+        parameters=weights.parameters,
+        quantized_parameters=weights.quantized_parameters,
+        weights_bytes=all_weights,
+        weights_by_device=weights_by_device,
+        kv_bytes_per_token=kv.bytes_per_token,
+        kv_bytes_per_token_long=kv.bytes_per_token_long,
+        kv_bytes=kv.bytes_at(tokens),
+        kv_dtype=DTYPE_NAMES.get(dtype, str(dtype)),
+        kv_layers=len(kv.layers),
+        kv_sliding_layers=sum(1 for layer in kv.layers if layer.window),
+        overhead_bytes=sum(parts.values()),
+        overhead=parts,
+        total_bytes=total,
+        free_bytes=int(free_bytes),
+        free_source="stated" if stated else "measured",
+        free_after_bytes=int(free_bytes) - total,
+        fits=fits,
+        max_context=max_context,
+        cpu_free_bytes=host_free,
+        notes=tuple(notes),
+    )
+
+
+def _offload(weights: WeightsEstimate, need: Any, gpu_free: int, cpu_free: int) -> tuple[int, int] | None:
+    """Keep as many decoder layers on the GPU as fit (the rest on the CPU at 16 bits); None if even that fails."""
+    on_gpu = weights.total_bytes
+    on_cpu = 0
+    for index in range(len(weights.layer_bytes) - 1, -1, -1):
+        if need(on_gpu) <= gpu_free:
+            break
+        on_gpu -= weights.layer_bytes[index]
+        on_cpu += weights.layer_bytes_unquantized[index]
+    if need(on_gpu) > gpu_free or on_cpu > cpu_free or on_cpu == 0:
+        return None
+    return on_gpu, on_cpu
+
+
+def _largest_fitting(need: Any, free: int, limit: int) -> int:
+    """The largest context in [1, limit] whose need fits in free (0 if none); need grows with the context."""
+    if need(1) > free:
+        return 0
+    if need(limit) <= free:
+        return limit
+    low, high = 1, limit
+    while high - low > 1:
+        middle = (low + high) // 2
+        if need(middle) <= free:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def check_fit(plan: MemoryPlan) -> None:
+    """Raise ModelTooLargeError, with the numbers, unless the plan fits on its device."""
+    if plan.fits == "yes":
+        return
+    where = "the CPU (available RAM)" if plan.device == "cpu" else plan.device
+    message = (
+        f"{plan.model} ({plan.quantization}) needs {format_bytes(plan.total_bytes)} at {plan.context:,} tokens of "
+        f"context but only {format_bytes(plan.free_bytes)} is free on {where}."
+    )
+    if plan.fits == "offload":
+        message += " It would fit only by offloading layers to the CPU, which Hearth does not do."
+    if 0 < plan.max_context < plan.context:
+        message += f" Up to {plan.max_context:,} tokens of context would fit (--context {plan.max_context})."
+    else:
+        message += " Try a smaller quantization (--quant nf4)." if plan.quantization != "nf4" else ""
+    message += " To load it anyway, use --ignore-fit."
+    raise ModelTooLargeError(message, needed_bytes=plan.total_bytes, free_bytes=plan.free_bytes)

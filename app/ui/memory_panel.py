@@ -1,0 +1,282 @@
+"""The memory panel: a stacked bar per device, the context gauge, the KV forecast and the planner's verdict.
+
+Drawn with QPainter; hovering a segment shows its numbers. Takes plain data (MemoryReading, ContextUsage,
+the planner's MemoryPlan) and never asks the worker for anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import QEvent, QPoint, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QFontMetrics, QHelpEvent, QPainter, QPainterPath
+from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
+
+from app.core.backend import ContextUsage, MemoryReading
+from app.ui.theme import Palette
+
+
+def format_bytes(value: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.1f} {unit}" if value / size < 100 else f"{value / size:.0f} {unit}"
+    return f"{int(value)} B"
+
+
+def format_tokens(value: float) -> str:
+    return f"{int(value):,} tok"
+
+
+@dataclass(frozen=True)
+class Segment:
+    label: str
+    value: float
+    colour: str
+
+
+class StackedBar(QWidget):
+    """A horizontal bar split into segments, with a legend; tooltips give each segment's numbers."""
+
+    BAR_HEIGHT = 14
+
+    def __init__(self, title: str, formatter: Callable[[float], str], palette: Palette) -> None:
+        super().__init__()
+        self.title = title
+        self.formatter = formatter
+        self.palette_ = palette
+        self.segments: list[Segment] = []
+        self.total: float = 0.0
+        self.caption = ""
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setMouseTracking(True)
+
+    def sizeHint(self) -> QSize:
+        line = QFontMetrics(self.font()).height()
+        return QSize(240, line * 3 + self.BAR_HEIGHT + 16)
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(160, self.sizeHint().height())
+
+    def set_segments(self, segments: list[Segment], total: float | None = None, caption: str = "") -> None:
+        self.segments = segments
+        self.total = total if total is not None else sum(s.value for s in segments)
+        self.caption = caption
+        self._fit_height()
+        self.update()
+
+    def _legend_lines(self, width: int) -> int:
+        metrics = QFontMetrics(self.font())
+        lines, x = 1, 0.0
+        for segment in self.segments:
+            item = 24 + metrics.horizontalAdvance(f"{segment.label} {self.formatter(segment.value)}")
+            if x + item > width and x > 0:
+                lines, x = lines + 1, 0.0
+            x += item
+        return lines
+
+    def _fit_height(self) -> None:
+        """Title line, bar, and as many legend lines as the width needs (never changed while painting)."""
+        line = QFontMetrics(self.font()).height()
+        needed = line + 4 + self.BAR_HEIGHT + 6 + self._legend_lines(self.width()) * line + 4
+        if needed != self.height():
+            self.setFixedHeight(needed)
+
+    def resizeEvent(self, event: Any) -> None:
+        super().resizeEvent(event)
+        self._fit_height()
+
+    def _bar_rect(self) -> QRectF:
+        line = QFontMetrics(self.font()).height()
+        return QRectF(0.5, line + 4.5, self.width() - 1.0, self.BAR_HEIGHT)
+
+    def _segment_rects(self) -> list[tuple[Segment, QRectF]]:
+        bar = self._bar_rect()
+        if self.total <= 0:
+            return []
+        rects: list[tuple[Segment, QRectF]] = []
+        x = bar.left()
+        for segment in self.segments:
+            width = bar.width() * max(segment.value, 0.0) / self.total
+            rects.append((segment, QRectF(x, bar.top(), width, bar.height())))
+            x += width
+        return rects
+
+    def paintEvent(self, event: Any) -> None:
+        p = self.palette_
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        metrics = QFontMetrics(self.font())
+        line = metrics.height()
+        painter.setPen(QColor(p.text))
+        painter.drawText(QRectF(0, 0, self.width(), line), Qt.AlignmentFlag.AlignLeft, self.title)
+        painter.setPen(QColor(p.muted))
+        painter.drawText(QRectF(0, 0, self.width(), line), Qt.AlignmentFlag.AlignRight, self.caption)
+
+        bar = self._bar_rect()
+        clip = QPainterPath()
+        clip.addRoundedRect(bar, 5, 5)
+        painter.setClipPath(clip)
+        painter.fillRect(bar, QColor(p.free))
+        for segment, rect in self._segment_rects():
+            painter.fillRect(rect, QColor(segment.colour))
+        painter.setClipping(False)
+
+        # Legend: coloured dot + label, wrapping to a second line if needed.
+        x, y = 0.0, bar.bottom() + 6
+        for segment in self.segments:
+            text = f"{segment.label} {self.formatter(segment.value)}"
+            width = 12 + metrics.horizontalAdvance(text) + 12
+            if x + width > self.width() and x > 0:
+                x, y = 0.0, y + line
+            painter.setPen(QColor(p.muted) if segment.colour == p.free else Qt.PenStyle.NoPen)
+            painter.setBrush(QColor(segment.colour))
+            painter.drawEllipse(QRectF(x + 0.5, y + line / 2 - 4, 8, 8))
+            painter.setPen(QColor(p.muted))
+            painter.drawText(QRectF(x + 12, y, width, line), Qt.AlignmentFlag.AlignLeft, text)
+            x += width
+        painter.end()
+
+    def segment_at(self, point: QPoint) -> Segment | None:
+        for segment, rect in self._segment_rects():
+            if rect.adjusted(0, -4, 0, 4).contains(point.toPointF()):
+                return segment
+        return None
+
+    def tooltip_for(self, segment: Segment) -> str:
+        share = 100.0 * segment.value / self.total if self.total else 0.0
+        return f"{segment.label}: {self.formatter(segment.value)} ({share:.1f}% of {self.formatter(self.total)})"
+
+    def event(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.ToolTip and isinstance(event, QHelpEvent):
+            segment = self.segment_at(event.pos())
+            if segment is not None:
+                QToolTip.showText(event.globalPos(), self.tooltip_for(segment), self)
+            else:
+                QToolTip.hideText()
+                event.ignore()
+            return True
+        return super().event(event)
+
+
+class MemoryPanel(QWidget):
+    def __init__(self, palette: Palette, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.palette_ = palette
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(16, 14, 16, 14)
+        self._layout.setSpacing(8)
+
+        self._layout.addWidget(self._title("MEMORY"))
+        self._bars_box = QVBoxLayout()
+        self._bars_box.setSpacing(10)
+        self._layout.addLayout(self._bars_box)
+        self.device_bars: dict[str, StackedBar] = {}
+        self.no_model = QLabel("No model loaded.")
+        self.no_model.setObjectName("Muted")
+        self._bars_box.addWidget(self.no_model)
+        self.forecast_label = QLabel()
+        self.forecast_label.setObjectName("Muted")
+        self.forecast_label.setWordWrap(True)
+        self._layout.addWidget(self.forecast_label)
+
+        self._layout.addSpacing(8)
+        self._layout.addWidget(self._title("CONTEXT"))
+        self.context_bar = StackedBar("Tokens", format_tokens, palette)
+        self._layout.addWidget(self.context_bar)
+
+        self._layout.addSpacing(8)
+        self._layout.addWidget(self._title("BEFORE LOADING"))
+        self.plan_label = QLabel("Choose a model to see whether it fits.")
+        self.plan_label.setObjectName("Muted")
+        self.plan_label.setWordWrap(True)
+        self._layout.addWidget(self.plan_label)
+        self._layout.addStretch(1)
+        self.reading: MemoryReading | None = None
+        self.usage: ContextUsage | None = None
+        self.set_context(None)
+
+    def _title(self, text: str) -> QLabel:
+        label = QLabel(text)
+        label.setObjectName("SectionTitle")
+        return label
+
+    def set_palette(self, palette: Palette) -> None:
+        self.palette_ = palette
+        for bar in [*self.device_bars.values(), self.context_bar]:
+            bar.palette_ = palette
+        if self.reading is not None:
+            self.set_memory(self.reading)
+        self.set_context(self.usage)
+
+    def set_memory(self, reading: MemoryReading | None) -> None:
+        self.reading = reading
+        p = self.palette_
+        devices = reading.devices if reading is not None else ()
+        wanted = [d.device for d in devices]
+        if list(self.device_bars) != wanted:
+            for bar in self.device_bars.values():
+                self._bars_box.removeWidget(bar)
+                bar.deleteLater()
+            self.device_bars = {}
+            for name in wanted:
+                bar = StackedBar(name.upper() if name == "cpu" else name, format_bytes, p)
+                self.device_bars[name] = bar
+                self._bars_box.addWidget(bar)
+        self.no_model.setVisible(not devices)
+        for device in devices:
+            self.device_bars[device.device].set_segments(
+                [
+                    Segment("Weights", device.weights_bytes, p.weights),
+                    Segment("KV cache", device.kv_bytes, p.kv),
+                    Segment("Overhead", device.overhead_bytes, p.overhead),
+                    Segment("Free", device.free_bytes, p.free),
+                ],
+                caption=f"{format_bytes(device.total_bytes - device.free_bytes)} used",
+            )
+        if reading is not None and reading.forecast_kv_full_at_tokens:
+            per_token = f" ({format_bytes(reading.kv_bytes_per_token)} per token)" if reading.kv_bytes_per_token else ""
+            self.forecast_label.setText(
+                f"KV cache fills memory at {reading.forecast_kv_full_at_tokens:,} tokens{per_token}."
+            )
+        else:
+            self.forecast_label.setText("")
+        self.forecast_label.setVisible(bool(self.forecast_label.text()))
+
+    def set_context(self, usage: ContextUsage | None) -> None:
+        self.usage = usage
+        p = self.palette_
+        if usage is None:
+            self.context_bar.set_segments([], total=1, caption="")
+            return
+        self.context_bar.set_segments(
+            [
+                Segment("System", usage.system, p.system),
+                Segment("History", usage.history, p.history),
+                Segment("Prompt", usage.current, p.current),
+                Segment("Reply", usage.reply, p.reply),
+            ],
+            total=max(usage.window, usage.used, 1),
+            caption=f"{usage.used:,} / {usage.window:,}",
+        )
+
+    def set_plan(self, plan: Any) -> None:
+        """The planner's MemoryPlan (fits yes/offload/no, total bytes, free bytes, largest context)."""
+        fits = str(getattr(plan, "fits", "?"))
+        verdict = {"yes": "Fits in memory", "offload": "Fits with part offloaded to the CPU", "no": "Does not fit"}
+        lines = [f"<b>{verdict.get(fits, fits)}</b>"]
+        total = getattr(plan, "total_bytes", None)
+        free = getattr(plan, "free_bytes", None)
+        if total is not None and free is not None:
+            lines.append(f"needs {format_bytes(total)} of {format_bytes(free)} free")
+        weights = getattr(plan, "weights_bytes", None)
+        if weights is not None:
+            lines.append(f"weights {format_bytes(weights)}")
+        max_context = getattr(plan, "max_context", None)
+        if max_context:
+            lines.append(f"largest context that fits: {int(max_context):,} tokens")
+        self.plan_label.setText("<br>".join(lines))
+
+    def set_plan_message(self, text: str) -> None:
+        self.plan_label.setText(text)

@@ -1,0 +1,119 @@
+"""Settings: sampling, system prompt, default model, theme. Edits the one typed Settings object."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.core.errors import InvalidSettingError
+from app.core.sampling import SamplingParams
+from app.core.settings import CONTEXT_POLICIES, THEMES, Settings
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, settings: Settings, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.setMinimumWidth(460)
+        self.original = settings
+        self.result_settings: Settings | None = None
+        layout = QVBoxLayout(self)
+        form = QFormLayout()
+        form.setVerticalSpacing(8)
+        layout.addLayout(form)
+
+        self.system_prompt = QPlainTextEdit(settings.system_prompt)
+        self.system_prompt.setFixedHeight(80)
+        form.addRow("System prompt", self.system_prompt)
+        self.model = QLineEdit(settings.model or "")
+        self.model.setPlaceholderText("empty = the built-in SmolLM2-135M-Instruct")
+        form.addRow("Default model", self.model)
+        self.theme = QComboBox()
+        self.theme.addItems(list(THEMES))
+        self.theme.setCurrentText(settings.theme)
+        form.addRow("Theme", self.theme)
+        self.context_policy = QComboBox()
+        self.context_policy.addItems(list(CONTEXT_POLICIES))
+        self.context_policy.setCurrentText(settings.context_policy)
+        form.addRow("When the context is full", self.context_policy)
+
+        s = settings.sampling
+        self.temperature = self._double(s.temperature, 0.0, 5.0, 0.05)
+        form.addRow("Temperature (0 = greedy)", self.temperature)
+        self.top_p = self._double(s.top_p, 0.01, 1.0, 0.01)
+        form.addRow("Top-p", self.top_p)
+        self.top_k = QSpinBox()
+        self.top_k.setRange(0, 1000)
+        self.top_k.setValue(s.top_k)
+        form.addRow("Top-k (0 = off)", self.top_k)
+        self.min_p = self._double(s.min_p, 0.0, 0.99, 0.01)
+        form.addRow("Min-p (0 = off)", self.min_p)
+        self.repetition_penalty = self._double(s.repetition_penalty, 0.5, 3.0, 0.05)
+        form.addRow("Repetition penalty", self.repetition_penalty)
+        self.max_new_tokens = QSpinBox()
+        self.max_new_tokens.setRange(1, 131_072)
+        self.max_new_tokens.setValue(s.max_new_tokens)
+        form.addRow("Max new tokens", self.max_new_tokens)
+        self.seed = QSpinBox()
+        self.seed.setRange(-1, 2**31 - 1)
+        self.seed.setSpecialValueText("random")
+        self.seed.setValue(-1 if s.seed is None else s.seed)
+        form.addRow("Seed", self.seed)
+
+        self.error = QLabel()
+        self.error.setObjectName("ErrorText")
+        self.error.setWordWrap(True)
+        self.error.setVisible(False)
+        layout.addWidget(self.error)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+
+    @staticmethod
+    def _double(value: float, low: float, high: float, step: float) -> QDoubleSpinBox:
+        box = QDoubleSpinBox()
+        box.setDecimals(2)
+        box.setRange(low, high)
+        box.setSingleStep(step)
+        box.setValue(value)
+        return box
+
+    def build(self) -> Settings:
+        """The edited settings; raises InvalidSettingError with the setting's own message."""
+        sampling = SamplingParams(
+            temperature=self.temperature.value(),
+            top_p=self.top_p.value(),
+            top_k=self.top_k.value(),
+            min_p=self.min_p.value(),
+            repetition_penalty=self.repetition_penalty.value(),
+            max_new_tokens=self.max_new_tokens.value(),
+            seed=None if self.seed.value() < 0 else self.seed.value(),
+        )
+        return self.original.with_changes(
+            system_prompt=self.system_prompt.toPlainText(),
+            model=self.model.text().strip() or None,
+            theme=self.theme.currentText(),
+            context_policy=self.context_policy.currentText(),
+            sampling=sampling,
+        )
+
+    def accept(self) -> None:
+        try:
+            self.result_settings = self.build()
+        except InvalidSettingError as exc:
+            self.error.setText(str(exc))
+            self.error.setVisible(True)
+            return
+        super().accept()

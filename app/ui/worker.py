@@ -1,0 +1,338 @@
+"""One long-lived QThread owns the model; the window talks to it only through queued signals.
+
+The worker emits plain data (strings, ints, frozen dataclasses) and never touches widgets or Qt models. Each
+request carries its own threading.Event for cancel: the GUI sets it directly (an Event is thread-safe), and the
+backend checks it before every token, so Stop and quitting act within one token.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+
+from app.core.backend import BackendFactory, ChatBackend, ContextUsage, LoadRequest
+from app.core.crash import user_message
+from app.core.errors import HearthError
+from app.core.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
+from app.core.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+MEMORY_EVERY_S = 0.25  # live memory readings while streaming: a few per second
+TOKENS_EVERY_S = 0.015  # tokens go to the GUI in small batches: fewer wake-ups of the GUI thread than one per token
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    request_id: int
+    conversation_id: int
+    messages: tuple[ChatMessage, ...]
+    params: SamplingParams
+    assistant_prefix: str = ""
+    context_policy: str = "error"
+    use_response_cache: bool = True
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    request: LoadRequest
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+def default_backend_factory() -> BackendFactory:
+    """The real engine, imported inside the worker thread on first load (torch is never imported before)."""
+
+    def load(request: LoadRequest, progress: Any, cancel: threading.Event) -> ChatBackend:
+        from app.core.engine_backend import load_engine_backend
+
+        return load_engine_backend(request, progress, cancel)
+
+    return load
+
+
+Planner = Callable[[LoadRequest], Any]  # returns the planner's MemoryPlan; raises HearthError for user errors
+
+
+def default_planner(request: LoadRequest) -> Any:
+    """The memory issue's planner (imports torch: only ever called in the worker thread)."""
+    from app.core.memory.planner import plan_memory
+    from app.core.model_source import resolve_model
+
+    return plan_memory(
+        resolve_model(request.model),
+        quantization=request.quantization,
+        context=request.context_length,
+        device=request.device,
+    )
+
+
+class InferenceWorker(QObject):
+    """Lives in the worker thread. Slots run there, one at a time; signals carry plain data back."""
+
+    load_progress = Signal(str, float)  # message, fraction (-1 = unknown)
+    model_loaded = Signal(object)  # ModelInfo
+    load_failed = Signal(str)
+    model_unloaded = Signal()
+    plan_ready = Signal(object)  # the planner's MemoryPlan
+    plan_failed = Signal(str)
+    token = Signal(int, str, int)  # request id, text of one or more tokens, how many tokens
+    stats = Signal(int, object)  # request id, ReplyStats
+    context = Signal(int, object)  # request id, ContextUsage
+    finished = Signal(int, str, str, str)  # request id, finish reason, whole reply text, error ("" if none)
+    failed = Signal(int, str)  # request id, message: nothing was generated
+    memory = Signal(object)  # MemoryReading
+    stopped = Signal()
+
+    def __init__(self, factory: BackendFactory, planner: Planner | None = None) -> None:
+        super().__init__()
+        self._factory = factory
+        self._planner = planner or default_planner
+        self._backend: ChatBackend | None = None
+
+    @Slot(object)
+    def load(self, job: LoadJob) -> None:
+        self._close_backend()
+        if job.cancel.is_set():
+            self.load_failed.emit("Loading was cancelled.")
+            return
+
+        def progress(message: str, fraction: float | None) -> None:
+            self.load_progress.emit(message, -1.0 if fraction is None else float(fraction))
+
+        try:
+            backend = self._factory(job.request, progress, job.cancel)
+        except HearthError as exc:
+            self.load_failed.emit(str(exc))
+            return
+        except Exception as exc:
+            log.exception("model load failed")
+            self.load_failed.emit(user_message(exc))
+            return
+        if job.cancel.is_set():  # cancelled during the last, uninterruptible step: honour it anyway
+            backend.close()
+            self.load_failed.emit("Loading was cancelled.")
+            return
+        self._backend = backend
+        self.model_loaded.emit(backend.info)
+        self._emit_memory()
+
+    @Slot()
+    def unload(self) -> None:
+        self._close_backend()
+        self.model_unloaded.emit()
+
+    @Slot(object)
+    def plan(self, request: LoadRequest) -> None:
+        """The memory planner's verdict before loading (torch-free, but may read a big file header)."""
+        try:
+            result = self._planner(request)
+        except ImportError:
+            self.plan_failed.emit("The memory planner is not available in this build.")
+            return
+        except HearthError as exc:
+            self.plan_failed.emit(str(exc))
+            return
+        except Exception as exc:
+            log.exception("memory plan failed")
+            self.plan_failed.emit(user_message(exc))
+            return
+        self.plan_ready.emit(result)
+
+    @Slot(int)
+    def forget(self, conversation_id: int) -> None:
+        if self._backend is not None:
+            self._backend.forget(conversation_id)
+
+    @Slot(object)
+    def generate(self, request: GenerateRequest) -> None:
+        backend = self._backend
+        rid = request.request_id
+        if backend is None:
+            self.failed.emit(rid, "No model is loaded: load one from the model bar first.")
+            return
+        pieces: list[str] = []
+        try:
+            usage = self._estimate_context(backend, request.messages, request.assistant_prefix)
+            self.context.emit(rid, usage)
+            events = backend.generate(
+                request.conversation_id,
+                request.messages,
+                request.params,
+                cancel=request.cancel,
+                assistant_prefix=request.assistant_prefix,
+                context_policy=request.context_policy,
+                use_response_cache=request.use_response_cache,
+            )
+            done: DoneEvent | None = None
+            last_memory = last_tokens = time.monotonic()
+            pending: list[str] = []
+            pending_count = 0
+            for event in events:
+                if isinstance(event, TokenEvent):
+                    pieces.append(event.text)
+                    pending.append(event.text)
+                    pending_count += event.token_count
+                    now = time.monotonic()
+                    if now - last_tokens >= TOKENS_EVERY_S:
+                        last_tokens = now
+                        self.token.emit(rid, "".join(pending), pending_count)
+                        pending.clear()
+                        pending_count = 0
+                    if now - last_memory >= MEMORY_EVERY_S:
+                        last_memory = now
+                        self._emit_memory()
+                    continue
+                if pending:
+                    self.token.emit(rid, "".join(pending), pending_count)
+                    pending.clear()
+                    pending_count = 0
+                if isinstance(event, StatsEvent):
+                    self.stats.emit(rid, event.stats)
+                    prompt = event.stats.prompt_tokens
+                    history = max(prompt - usage.system - usage.current, 0)
+                    self.context.emit(
+                        rid,
+                        ContextUsage(usage.system, history, usage.current, event.stats.generated_tokens, usage.window),
+                    )
+                elif isinstance(event, DoneEvent):
+                    done = event
+            if pending:
+                self.token.emit(rid, "".join(pending), pending_count)
+        except HearthError as exc:
+            self._finish_failure(rid, pieces, str(exc))
+            return
+        except Exception as exc:
+            log.exception("generation failed")
+            self._finish_failure(rid, pieces, user_message(exc))
+            return
+        if done is None:
+            done = DoneEvent("error", "".join(pieces), error="The model stopped without finishing the reply.")
+        self.finished.emit(rid, done.finish_reason, done.text, done.error or "")
+        self._emit_memory()
+
+    def _finish_failure(self, rid: int, pieces: list[str], message: str) -> None:
+        if pieces:  # part of a reply exists: keep it, marked as failed
+            self.finished.emit(rid, "error", "".join(pieces), message)
+        else:
+            self.failed.emit(rid, message)
+
+    @staticmethod
+    def _estimate_context(backend: ChatBackend, messages: Sequence[ChatMessage], prefix: str) -> ContextUsage:
+        system = sum(backend.count_tokens(m.content) for m in messages if m.role == "system")
+        last_user = next((m for m in reversed(messages) if m.role == "user"), None)
+        current = backend.count_tokens(last_user.content) if last_user else 0
+        others = sum(backend.count_tokens(m.content) for m in messages if m.role != "system") - current
+        return ContextUsage(system, others, current, backend.count_tokens(prefix), backend.info.context_window)
+
+    def _emit_memory(self) -> None:
+        if self._backend is None:
+            return
+        try:
+            self.memory.emit(self._backend.memory())
+        except Exception:  # a failed reading must not end a reply
+            log.exception("memory reading failed")
+
+    def _close_backend(self) -> None:
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            try:
+                backend.close()
+            except Exception:
+                log.exception("closing the model failed")
+
+    @Slot()
+    def shutdown(self) -> None:
+        """Runs in the worker thread: release the model, then end this thread's event loop."""
+        self._close_backend()
+        self.stopped.emit()
+        thread = QThread.currentThread()
+        if thread is not None:
+            thread.quit()
+
+
+class WorkerHost(QObject):
+    """Lives in the GUI thread: starts the worker thread, forwards requests as queued signals, stops it cleanly."""
+
+    _load_requested = Signal(object)
+    _unload_requested = Signal()
+    _plan_requested = Signal(object)
+    _generate_requested = Signal(object)
+    _forget_requested = Signal(int)
+    _shutdown_requested = Signal()
+
+    def __init__(
+        self, factory: BackendFactory | None = None, planner: Planner | None = None, parent: QObject | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.worker_thread = QThread()
+        self.worker_thread.setObjectName("hearth-inference")
+        self.worker = InferenceWorker(factory or default_backend_factory(), planner)
+        self.worker.moveToThread(self.worker_thread)
+        queued = Qt.ConnectionType.QueuedConnection
+        self._load_requested.connect(self.worker.load, queued)
+        self._unload_requested.connect(self.worker.unload, queued)
+        self._plan_requested.connect(self.worker.plan, queued)
+        self._generate_requested.connect(self.worker.generate, queued)
+        self._forget_requested.connect(self.worker.forget, queued)
+        self._shutdown_requested.connect(self.worker.shutdown, queued)
+        self._load_job: LoadJob | None = None
+        self._generation: GenerateRequest | None = None
+        self._next_request_id = 1
+        self.worker_thread.start()
+
+    def next_request_id(self) -> int:
+        rid = self._next_request_id
+        self._next_request_id += 1
+        return rid
+
+    def load(self, request: LoadRequest) -> LoadJob:
+        self.cancel_load()
+        self.cancel_generation()
+        job = LoadJob(request)
+        self._load_job = job
+        self._load_requested.emit(job)
+        return job
+
+    def cancel_load(self) -> None:
+        if self._load_job is not None:
+            self._load_job.cancel.set()
+            self._load_job = None
+
+    def unload(self) -> None:
+        self.cancel_load()
+        self.cancel_generation()
+        self._unload_requested.emit()
+
+    def plan(self, request: LoadRequest) -> None:
+        self._plan_requested.emit(request)
+
+    def generate(self, request: GenerateRequest) -> None:
+        self._generation = request
+        self._generate_requested.emit(request)
+
+    def cancel_generation(self) -> None:
+        if self._generation is not None:
+            self._generation.cancel.set()
+            self._generation = None
+
+    def forget(self, conversation_id: int) -> None:
+        self._forget_requested.emit(conversation_id)
+
+    def shutdown(self, timeout_ms: int = 30_000) -> bool:
+        """Stop generation, then the thread; returns whether the thread ended within the timeout."""
+        if not self.worker_thread.isRunning():
+            return True
+        self.cancel_load()
+        self.cancel_generation()
+        self._shutdown_requested.emit()
+        ended = self.worker_thread.wait(timeout_ms)
+        if not ended:
+            log.error("the inference thread did not stop within %d ms", timeout_ms)
+        return bool(ended)

@@ -1,0 +1,258 @@
+"""Hearth vs llama.cpp on the same model, prompts and token ids: decode, short and long prefill, roofline fractions.
+
+    make bench-peer                       # builds llama-cpp-python into .cache/peer-venv once (~6 min), then runs this
+    python bench/peer.py [--trials 8] [--threads 2] [--tokens 128] [--peer-python .cache/peer-venv/bin/python]
+
+Each measurement is one fresh process (`--worker ...`), engines interleaved per trial, with a memory-bandwidth
+probe (numpy copy, read+write) in the same rotation. llama.cpp runs the default model's GGUF as shipped (Q4_1) with
+flash attention on; Hearth runs the same GGUF converted to bf16 with its default CPU decode path. Both get the
+same token ids (Hearth's tokenizer and chat template) and greedy decoding. Printed: medians, per-trial paired
+ratios (Hearth / llama.cpp), and each one's fraction of the bandwidth roofline (tok/s x bytes read per token /
+bandwidth). Rates are wall-clock; the CPU-time rates beside them are steadier on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PEER_PYTHON = ROOT / ".cache" / "peer-venv" / "bin" / "python"
+SHORT_QUESTION = "Write a long story about a dragon who learns to bake bread. Give every character a name."
+LONG_PARAGRAPH = (
+    "The river town kept its records in a stone house by the bridge, and every spring the clerks copied the old "
+    "ledgers onto fresh paper so that the floods would not take the only copy. "
+)
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# -- workers (each runs in its own fresh process) ---------------------------------------------------------------
+def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from app.core.engine import Engine, KVState
+    from app.core.events import StatsEvent
+    from app.core.loader import load_model
+    from app.core.sampling import SamplingParams
+
+    torch.set_num_threads(int(spec["threads"]))  # type: ignore[call-overload]
+    loaded = load_model(None, quantization=str(spec["quant"]), device="cpu")
+    engine = Engine(loaded)
+    result: dict[str, object] = {"decode_path": engine.decode_path, "note": engine.decode_path_note}
+    for name, ids, tokens in (("short", spec["short_ids"], spec["tokens"]), ("long", spec["long_ids"], 1)):
+        cpu = _cpu_seconds()
+        params = SamplingParams(temperature=0.0, max_new_tokens=int(tokens))  # type: ignore[call-overload]
+        for event in engine.generate_from_ids(list(ids), params, kv=KVState(), use_response_cache=False):  # type: ignore[call-overload]
+            if isinstance(event, StatsEvent):
+                stats = event.stats
+        result[f"{name}_prefill_s"] = stats.prefill_s
+        if name == "short":
+            result["decode_tok_s"] = stats.decode_tokens_per_s
+            result["generated"] = stats.generated_tokens
+            result["decode_cpu_tok_s"] = (stats.generated_tokens - 1) / max(
+                _cpu_seconds() - cpu - stats.prefill_s, 1e-9
+            )
+    result["bytes_per_token"] = _hearth_bytes_per_token(engine)
+    return result
+
+
+def _hearth_bytes_per_token(engine: object) -> int:
+    """Weights a decode step reads: int8 copies where the fast path packed them, the rest at their own size."""
+    from app.core.fastpath import int8
+
+    model = engine.model  # type: ignore[attr-defined]
+    embedding = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    total = 0
+    counted: set[int] = set()
+    for module in model.modules():
+        packed = getattr(module, int8.PATCH_ATTR, None)
+        if packed is not None and engine.decode_path == "int8-decode":  # type: ignore[attr-defined]
+            total += packed.nbytes
+            counted.add(id(module.weight))
+    for param in model.parameters():
+        if id(param) in counted or (param is embedding.weight and head is not None and head.weight is not param):
+            continue
+        total += param.numel() * param.element_size()
+    return total
+
+
+def worker_llama(spec: dict[str, object]) -> dict[str, object]:
+    from llama_cpp import Llama
+
+    llm = Llama(
+        model_path=str(spec["gguf"]),
+        n_ctx=4096,
+        n_threads=int(spec["threads"]),  # type: ignore[call-overload]
+        n_batch=512,
+        flash_attn=True,
+        verbose=False,
+    )
+    result: dict[str, object] = {"decode_path": "llama.cpp", "note": "flash attention on"}
+    for name, ids in (("short", spec["short_ids"]), ("long", spec["long_ids"])):
+        llm.reset()
+        started = time.perf_counter()
+        llm.eval(list(ids))  # type: ignore[call-overload]
+        result[f"{name}_prefill_s"] = time.perf_counter() - started
+    llm.reset()
+    count = 0
+    tokens = int(spec["tokens"])  # type: ignore[call-overload]
+    first_at = 0.0
+    cpu_first = 0.0
+    for _ in llm.generate(list(spec["short_ids"]), temp=0.0, top_k=1, reset=True):  # type: ignore[call-overload]
+        count += 1
+        if count == 1:
+            first_at, cpu_first = time.perf_counter(), _cpu_seconds()
+        if count >= tokens:
+            break
+    elapsed = time.perf_counter() - first_at
+    result["decode_tok_s"] = (count - 1) / elapsed
+    result["decode_cpu_tok_s"] = (count - 1) / max(_cpu_seconds() - cpu_first, 1e-9)
+    result["generated"] = count
+    result["bytes_per_token"] = Path(str(spec["gguf"])).stat().st_size
+    return result
+
+
+def worker_bandwidth(spec: dict[str, object]) -> dict[str, object]:
+    import numpy as np
+
+    size = 256 << 20
+    src = np.ones(size // 8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(8):
+        started = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - started)
+    return {"bandwidth_bytes_s": 2 * size / best}
+
+
+WORKERS = {"hearth": worker_hearth, "llama": worker_llama, "bandwidth": worker_bandwidth}
+
+
+# -- the orchestrator ---------------------------------------------------------------------------------------------
+def prompts(tokens_long: int) -> tuple[list[int], list[int], Path]:
+    sys.path.insert(0, str(ROOT))
+    from app.core.events import ChatMessage
+    from app.core.loader import prepare_folder
+    from app.core.model_source import resolve_model
+
+    source = resolve_model(None)
+    folder = prepare_folder(source)
+    from transformers import AutoTokenizer
+
+    from app.core.chat_format import format_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    short = format_prompt(tokenizer, [ChatMessage("user", SHORT_QUESTION)], "").ids
+    text = LONG_PARAGRAPH
+    while len(tokenizer(text)["input_ids"]) < tokens_long:
+        text += LONG_PARAGRAPH
+    long = format_prompt(tokenizer, [ChatMessage("user", text + "\nSummarize this.")], "").ids
+    return short, long, source.path
+
+
+def run_worker(python: str, kind: str, spec: dict[str, object]) -> dict[str, object]:
+    proc = subprocess.run(
+        [python, str(Path(__file__).resolve()), "--worker", kind],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "TQDM_DISABLE": "1", "TRANSFORMERS_VERBOSITY": "error"},
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"peer: the {kind} worker failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", choices=sorted(WORKERS))
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--long-tokens", type=int, default=1471)
+    parser.add_argument("--quant", default="bf16", help="Hearth's weights (default bf16: the CPU default)")
+    parser.add_argument("--peer-python", default=str(DEFAULT_PEER_PYTHON))
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(WORKERS[args.worker](json.loads(sys.stdin.read()))))
+        return 0
+    if not Path(args.peer_python).exists():
+        print(
+            f"peer: {args.peer_python} not found; run `make bench-peer` to build llama-cpp-python once", file=sys.stderr
+        )
+        return 2
+    short, long, gguf = prompts(args.long_tokens)
+    spec: dict[str, object] = {
+        "short_ids": short,
+        "long_ids": long,
+        "tokens": args.tokens,
+        "threads": args.threads,
+        "quant": args.quant,
+        "gguf": str(gguf),
+    }
+    print(f"prompts: {len(short)} and {len(long)} tokens; {args.tokens} new tokens; {args.threads} threads")
+    runs: dict[str, list[dict[str, object]]] = {"hearth": [], "llama": [], "bandwidth": []}
+    pythons = {"hearth": sys.executable, "llama": args.peer_python, "bandwidth": sys.executable}
+    for trial in range(args.trials):
+        order = ["hearth", "llama", "bandwidth"] if trial % 2 == 0 else ["llama", "hearth", "bandwidth"]
+        for kind in order:
+            runs[kind].append(run_worker(pythons[kind], kind, spec))
+        h, p = runs["hearth"][-1], runs["llama"][-1]
+        print(
+            f"trial {trial + 1}: decode hearth {h['decode_tok_s']:.1f} / llama.cpp {p['decode_tok_s']:.1f} tok/s, "
+            f"long prefill {h['long_prefill_s']:.2f} / {p['long_prefill_s']:.2f} s",
+            flush=True,
+        )
+    report(runs, len(short), len(long))
+    return 0
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def report(runs: dict[str, list[dict[str, object]]], short_len: int, long_len: int) -> None:
+    bandwidth = _median([float(r["bandwidth_bytes_s"]) for r in runs["bandwidth"]])  # type: ignore[arg-type]
+    hearth, peer = runs["hearth"], runs["llama"]
+    print(f"\nbandwidth (numpy copy, read+write, median): {bandwidth / 1e9:.1f} GB/s")
+    print(hearth[0]["decode_path"], "-", hearth[0]["note"])
+    header = f"{'engine':<12}{'decode tok/s':>14}{'(cpu-time)':>12}{'prefill ' + str(short_len):>14}"
+    print(header + f"{'prefill ' + str(long_len):>16}{'roofline':>10}")
+    for name, rows in (("hearth", hearth), ("llama.cpp", peer)):
+        decode = _median([float(r["decode_tok_s"]) for r in rows])  # type: ignore[arg-type]
+        cpu = _median([float(r["decode_cpu_tok_s"]) for r in rows])  # type: ignore[arg-type]
+        short = _median([float(r["short_prefill_s"]) for r in rows])  # type: ignore[arg-type]
+        long = _median([float(r["long_prefill_s"]) for r in rows])  # type: ignore[arg-type]
+        roof = decode * float(rows[0]["bytes_per_token"]) / bandwidth  # type: ignore[arg-type]
+        print(f"{name:<12}{decode:>14.1f}{cpu:>12.1f}{short:>13.2f}s{long:>15.2f}s{roof:>10.0%}")
+    for key, label, higher_is_better in (
+        ("decode_tok_s", "decode", True),
+        ("decode_cpu_tok_s", "decode (cpu-time)", True),
+        ("short_prefill_s", "short prefill speed", False),
+        ("long_prefill_s", "long prefill speed", False),
+    ):
+        ratios = []
+        for h, p in zip(hearth, peer, strict=True):
+            a, b = float(h[key]), float(p[key])  # type: ignore[arg-type]
+            ratios.append(a / b if higher_is_better else b / a)
+        shown = " ".join(f"{r:.2f}" for r in ratios)
+        print(f"hearth / llama.cpp, {label}: median {_median(ratios):.2f}x  [{shown}]")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

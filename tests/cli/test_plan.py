@@ -1,0 +1,87 @@
+"""`hearth plan`: the table, the --json object, size parsing and its errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from app.core.memory.types import format_bytes, parse_size
+
+JSON_FIELDS = {
+    "parameters",
+    "weights_bytes",
+    "kv_bytes_per_token",
+    "kv_bytes",
+    "overhead_bytes",
+    "total_bytes",
+    "free_bytes",
+    "fits",
+    "max_context",
+}
+
+
+def test_plan_json_has_the_documented_fields(tiny_model_dir, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tiny_model_dir("llama")
+    code = main(
+        ["plan", str(folder), "--quant", "nf4", "--context", "256", "--device", "cpu", "--free", "1GiB", "--json"]
+    )
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) >= JSON_FIELDS
+    assert data["fits"] == "yes" and data["free_bytes"] == 2**30 and data["free_source"] == "stated"
+    assert data["max_context"] == 512 and data["quantization"] == "nf4" and data["context"] == 256
+    assert data["total_bytes"] == data["weights_bytes"] + data["kv_bytes"] + data["overhead_bytes"]
+
+
+def test_plan_table_for_a_folder_holding_only_config_json(
+    tiny_model_dir, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = tmp_path / "just-config"
+    bare.mkdir()
+    (bare / "config.json").write_text((tiny_model_dir("gemma3") / "config.json").read_text())
+    assert main(["plan", str(bare), "--quant", "bf16", "--device", "cpu", "--free", "8M"]) == 0
+    out = capsys.readouterr().out
+    assert "just-config · bf16 · cpu · 512 tokens of context" in out
+    assert "1 capped by a sliding window" in out
+    assert "verdict" in out and "does not fit" in out  # 8 MiB cannot hold even the overhead
+    assert "largest context        0 tokens" in out
+
+
+def test_plan_cuda_with_stated_free_memory(tiny_model_dir, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tiny_model_dir("llama")
+    assert main(["plan", str(folder), "--device", "cuda", "--free", "24GiB", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["device"] == "cuda:0" and data["quantization"] == "nf4"  # auto on CUDA is nf4
+    assert data["overhead"]["cuda_context"] > 0
+
+
+@pytest.mark.parametrize("bad", ["12XB", "GiB", "-3G", "1.2.3G", "0"])
+def test_bad_sizes_are_refused_with_a_clear_message(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--device", "cpu", f"--free={bad}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hearth: --free:") and "is not a memory size" in err
+
+
+def test_missing_model_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(tmp_path / "nope"), "--device", "cpu"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_bad_context_is_a_user_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--context", "0", "--device", "cpu"]) == 2
+    assert "--context must be at least 1" in capsys.readouterr().err
+
+
+def test_parse_and_format_sizes() -> None:
+    assert parse_size("24GiB") == 24 * 2**30
+    assert parse_size("8G") == 8 * 2**30
+    assert parse_size("8GB") == 8 * 10**9
+    assert parse_size("512MiB") == 512 * 2**20
+    assert parse_size("1.5g") == int(1.5 * 2**30)
+    assert parse_size("1048576") == 2**20
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536 * 2**20) == "1.50 GiB"
+    assert format_bytes(-200 * 2**20) == "-200.0 MiB"

@@ -1,0 +1,230 @@
+"""Fast decode paths against the plain path: agreement, prefill untouched, fallbacks, and the engine's behaviour.
+
+Agreement bound (int8 weight-only changes precision, so exact equality is not the bar): teacher-forced on the plain
+path's greedy tokens, the fast path's argmax matches on >= 90 % of steps on the default model, and its decode-step
+logits stay within 5 % (max abs difference / max abs logit) on tiny random models.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from app.core import fastpath
+from app.core.engine import Engine, KVState
+from app.core.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
+from app.core.fastpath import int8
+from app.core.sampling import SamplingParams
+from app.core.session import ChatSession
+
+GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
+AGREEMENT_BOUND = 0.90
+LOGIT_ERROR_BOUND = 0.05
+
+
+def run(events: Any) -> tuple[str, Any, DoneEvent]:
+    collected = list(events)
+    text = "".join(e.text for e in collected if isinstance(e, TokenEvent))
+    stats = next(e.stats for e in collected if isinstance(e, StatsEvent))
+    done = collected[-1]
+    assert isinstance(done, DoneEvent)
+    return text, stats, done
+
+
+def greedy_reference(engine: Engine, ids: list[int], steps: int) -> list[int]:
+    kv = KVState()
+    tokens: list[int] = []
+    with torch.inference_mode():
+        logits = engine._forward(ids, kv)
+        for _ in range(steps):
+            tokens.append(int(torch.argmax(logits, dim=-1)))
+            logits = engine._forward([tokens[-1]], kv)
+    return tokens
+
+
+def teacher_forced(engine: Engine, ids: list[int], tokens: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+    """Feed `tokens` one by one through the engine's decode path; return its argmax and logits at each step."""
+    kv = KVState()
+    picks: list[int] = []
+    all_logits: list[torch.Tensor] = []
+    with torch.inference_mode():
+        logits = engine._forward(ids, kv)
+        for token in tokens:
+            picks.append(int(torch.argmax(logits, dim=-1)))
+            all_logits.append(logits)
+            with engine.path.step():
+                logits = engine._forward([token], kv)
+    return picks, all_logits
+
+
+@pytest.fixture(scope="module")
+def plain(default_loaded: Any) -> Engine:
+    return Engine(default_loaded, decode_path="eager")
+
+
+@pytest.fixture(scope="module")
+def fast(default_loaded: Any) -> Engine:
+    return Engine(default_loaded, decode_path="int8-decode")
+
+
+def test_auto_picks_int8_decode_for_bf16_on_the_cpu_and_says_so_in_the_stats(default_loaded: Any) -> None:
+    engine = Engine(default_loaded)
+    assert engine.decode_path == "int8-decode"
+    text, stats, done = run(engine.generate([ChatMessage("user", "What is the capital of France?")], GREEDY))
+    assert "Paris" in text and done.finish_reason in ("stop", "length")
+    assert stats.decode_path == "int8-decode"
+    assert "int8" in stats.decode_path_note and "bf16" in stats.decode_path_note
+
+
+def test_int8_decode_agrees_with_the_plain_path_on_the_default_model(plain: Engine, fast: Engine) -> None:
+    ids = plain.prepare_prompt([ChatMessage("user", "Tell me about the history of bread.")]).ids
+    reference = greedy_reference(plain, ids, 32)
+    picks, _ = teacher_forced(fast, ids, reference)
+    agreement = sum(a == b for a, b in zip(picks, reference, strict=True)) / len(reference)
+    assert agreement >= AGREEMENT_BOUND
+    assert picks[0] == reference[0]  # the first token comes from prefill, which the fast path never touches
+
+
+def test_prefill_and_calls_outside_decode_steps_use_the_original_weights(default_loaded: Any, fast: Engine) -> None:
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 30]])
+    with torch.inference_mode():
+        before = default_loaded.model(input_ids=ids).logits
+        with fast.path.step():
+            prefill = default_loaded.model(input_ids=ids).logits  # six rows: the plain weights
+        single_outside = default_loaded.model(input_ids=ids[:, :1]).logits
+        with fast.path.step():
+            single_inside = default_loaded.model(input_ids=ids[:, :1]).logits
+    assert torch.equal(before, prefill)
+    assert torch.equal(before[:, :1], single_outside)  # the patch is inert outside the engine's decode steps
+    assert not torch.equal(single_outside, single_inside)  # ...and really on inside them
+
+
+@pytest.mark.parametrize("arch", ["llama-untied", "qwen2", "gemma2", "phi3"])
+def test_int8_decode_logits_stay_within_the_bound_on_tiny_models(arch: str, tiny_model_dir: Any) -> None:
+    from app.core.loader import load_model
+
+    loaded = load_model(str(tiny_model_dir(arch)), quantization="bf16", device="cpu")
+    plain_engine = Engine(loaded, decode_path="eager")
+    fast_engine = Engine(loaded, decode_path="int8-decode")
+    assert fast_engine.decode_path == "int8-decode" and fast_engine.path.patched_layers > 0
+    ids = plain_engine.prepare_prompt([ChatMessage("user", "hello there")]).ids
+    reference = greedy_reference(plain_engine, ids, 8)
+    _, plain_logits = teacher_forced(plain_engine, ids, reference)
+    _, fast_logits = teacher_forced(fast_engine, ids, reference)
+    for want, got in zip(plain_logits[1:], fast_logits[1:], strict=True):
+        error = float((got - want).abs().max() / want.abs().max())
+        assert error < LOGIT_ERROR_BOUND
+    assert torch.equal(plain_logits[0], fast_logits[0])  # prefill: identical
+
+
+def test_nf4_on_the_cpu_decodes_through_int8_and_agrees(tiny_model_dir: Any) -> None:
+    from app.core.loader import load_model
+
+    loaded = load_model(str(tiny_model_dir("llama")), quantization="nf4", device="cpu")
+    plain_engine = Engine(loaded, decode_path="eager")
+    fast_engine = Engine(loaded)
+    assert fast_engine.decode_path == "int8-decode"
+    ids = plain_engine.prepare_prompt([ChatMessage("user", "hi")]).ids
+    reference = greedy_reference(plain_engine, ids, 8)
+    _, plain_logits = teacher_forced(plain_engine, ids, reference)
+    _, fast_logits = teacher_forced(fast_engine, ids, reference)
+    for want, got in zip(plain_logits[1:], fast_logits[1:], strict=True):
+        assert float((got - want).abs().max() / want.abs().max()) < LOGIT_ERROR_BOUND
+    _, stats, done = run(fast_engine.generate([ChatMessage("user", "hi")], SamplingParams(max_new_tokens=5, seed=1)))
+    assert stats.decode_path == "int8-decode" and done.finish_reason in ("stop", "length")
+
+
+def test_regenerate_and_edit_with_the_fast_path_give_identical_replies(fast: Engine) -> None:
+    session = ChatSession(fast, params=GREEDY, use_response_cache=False)
+    first, first_stats, _ = run(session.ask("What is 2 + 2?"))
+    again, again_stats, _ = run(session.regenerate())
+    assert again == first
+    assert again_stats.cached_tokens == first_stats.prompt_tokens - 1
+    edited, edited_stats, _ = run(session.edit(0, "What is 3 + 3?"))
+    assert 0 < edited_stats.cached_tokens < edited_stats.prompt_tokens
+    fresh, _, _ = run(fast.generate([ChatMessage("user", "What is 3 + 3?")], GREEDY))
+    assert edited == fresh  # the reused prefix came from prefill, which the fast path leaves exact
+
+
+def test_next_turn_reuses_the_cache_with_the_fast_path(fast: Engine) -> None:
+    session = ChatSession(fast, system_prompt="You are concise.", params=GREEDY, use_response_cache=False)
+    run(session.ask("Name a fruit."))
+    text, stats, done = run(session.ask("Name a colour."))
+    assert stats.cached_tokens > 10 and stats.decode_path == "int8-decode"
+    assert text and done.finish_reason in ("stop", "length")
+
+
+def test_cancel_stops_within_one_token_on_the_fast_path(fast: Engine) -> None:
+    cancel = threading.Event()
+    tokens_after_cancel = 0
+    events = fast.generate(
+        [ChatMessage("user", "Count from 1 to 100.")], SamplingParams(temperature=0, max_new_tokens=200), cancel=cancel
+    )
+    done = None
+    for event in events:
+        if isinstance(event, TokenEvent):
+            if cancel.is_set():
+                tokens_after_cancel += 1
+            cancel.set()
+        elif isinstance(event, DoneEvent):
+            done = event
+    assert done is not None and done.finish_reason == "cancelled"
+    assert tokens_after_cancel <= 1
+
+
+def test_missing_kernel_falls_back_to_the_plain_path_with_the_reason(
+    default_loaded: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(int8, "KERNEL_NAME", "_weight_int8pack_mm_from_the_future")
+    engine = Engine(default_loaded, decode_path="int8-decode")
+    assert engine.decode_path == "eager"
+    _, stats, done = run(engine.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4)))
+    assert (
+        stats.decode_path == "eager" and "has no _weight_int8pack_mm_from_the_future kernel" in stats.decode_path_note
+    )
+    assert done.finish_reason in ("stop", "length")
+
+
+def test_a_kernel_that_disagrees_on_the_probe_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(int8.PackedInt8, "matmul", lambda self, x: torch.zeros(1, self.qweight.shape[0]) + 5)
+    assert "disagrees" in int8.int8_kernel_available()
+
+
+def test_a_repacking_failure_falls_back_and_leaves_the_model_unpatched(
+    tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.core.loader import load_model
+
+    loaded = load_model(str(tiny_model_dir("qwen2")), quantization="bf16", device="cpu")
+
+    real_dense_weight = int8._dense_weight
+    calls: list[int] = []
+
+    def second_layer_fails(module: torch.nn.Module) -> torch.Tensor | None:
+        weight = real_dense_weight(module)
+        if weight is not None:
+            calls.append(1)
+            if len(calls) == 2:  # after one layer was patched: the cleanup must undo it
+                raise RuntimeError("out of memory")
+        return weight
+
+    monkeypatch.setattr(int8, "_dense_weight", second_layer_fails)
+    engine = Engine(loaded)
+    assert engine.decode_path == "eager" and "repacking failed" in engine.decode_path_note
+    assert not any(hasattr(m, int8.PATCH_ATTR) for m in loaded.model.modules())
+    _, stats, done = run(engine.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=3)))
+    assert done.finish_reason in ("stop", "length") and "repacking failed" in stats.decode_path_note
+
+
+def test_path_choice_for_other_devices_weights_and_names(default_loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = default_loaded.model
+    assert fastpath.apply_decode_path(model, "cuda:0", "nf4").name == "eager"
+    exact = fastpath.apply_decode_path(model, "cpu", "fp32")
+    assert exact.name == "eager" and "fp32" in exact.note
+    unknown = fastpath.apply_decode_path(model, "cpu", "bf16", "warp-drive")
+    assert unknown.name == "eager" and "warp-drive" in unknown.note
+    monkeypatch.setenv("HEARTH_DECODE_PATH", "eager")
+    assert Engine(default_loaded).decode_path == "eager"
