@@ -158,7 +158,12 @@ def run_one(folder: Path, quantization: str, device: str, prompt_tokens: int, ne
             if isinstance(event, StatsEvent):
                 decode.append(event.stats.decode_tokens_per_s)
                 ttft.append(event.stats.ttft_s)
-    peak = int(torch.cuda.max_memory_allocated()) if device.startswith("cuda") else 0
+    if device.startswith("cuda"):
+        peak = int(torch.cuda.max_memory_allocated())
+    else:
+        import psutil
+
+        peak = int(psutil.Process().memory_info().rss)  # the whole process: an upper bound on the CPU
     read = weight_bytes_read_per_token(loaded.model)
     result = {
         "quantization": loaded.quantization,

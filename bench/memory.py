@@ -126,7 +126,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models.split(","):
             if name == "default":
-                folder, lengths, label = default_folder, [128, 1024, 4096], "SmolLM2-135M"
+                folder, lengths, label = default_folder, [128, 1024, 2048], "SmolLM2-135M"
             else:
                 folder = build_tiny_model(name, Path(scratch) / name, default_folder)
                 lengths, label = [16, 100, 1000], f"tiny {name}"

@@ -72,7 +72,8 @@ def message_with_documents(session: Any, question: str, documents: Sequence[Extr
         return question
     engine = session.engine
     window: int = engine.context_window
-    before = session._prompt_messages()  # system prompt and any earlier turns
+    system = [ChatMessage("system", session.system_prompt)] if session.system_prompt else []
+    before = [*system, *session.messages]  # what goes ahead of the new message
 
     def prompt_tokens(user_text: str) -> int:
         return len(format_prompt(engine.tokenizer, [*before, ChatMessage("user", user_text)]).ids)

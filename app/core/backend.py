@@ -35,6 +35,7 @@ class ModelInfo:
     context_window: int
     load_seconds: float = 0.0
     notices: tuple[str, ...] = ()
+    tokenizer_file: str | None = None  # tokenizer.json, for torch-free token counts in the GUI
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from types import TracebackType
 
-from app.core import paths
+from app.core import paths, secrets
 from app.core.errors import HearthError
 
 log = logging.getLogger("hearth.crash")
@@ -33,6 +33,7 @@ def setup_logging(level: int = logging.INFO) -> Path:
     for handler in root.handlers:
         if isinstance(handler, RotatingFileHandler) and Path(handler.baseFilename) == path:
             return path
+    secrets.install_log_redaction()  # a Hub token must never reach the log file
     handler = RotatingFileHandler(path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"))
     root.addHandler(handler)
@@ -72,13 +73,13 @@ class CrashHandler:
             self.installed = False
 
     def handle(self, exc: BaseException, where: str = "main thread") -> None:
-        details = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        details = secrets.redact("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
         if isinstance(exc, HearthError):
             log.warning("%s (%s)", exc, where)
         else:
             log.error("uncaught exception in %s\n%s", where, details)
         try:
-            self.callback(user_message(exc), details)
+            self.callback(secrets.redact(user_message(exc)), details)
         except Exception:  # the reporter must never raise from inside a hook
             log.exception("error callback failed")
 

@@ -125,7 +125,9 @@ class Engine:
         self.context_window = loaded.context_window
         self.device = torch.device(loaded.device)
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
-        self.path: DecodePathChoice = apply_decode_path(self.model, loaded.device, loaded.quantization, decode_path)
+        self.path: DecodePathChoice = apply_decode_path(
+            self.model, loaded.device, loaded.quantization, decode_path, folder=loaded.folder
+        )
         self.decode_path = self.path.name
         self.decode_path_note = self.path.note
         self._process = psutil.Process()

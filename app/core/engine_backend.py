@@ -39,6 +39,9 @@ class EngineBackend:
             context_window=loaded.context_window,
             load_seconds=loaded.load_seconds,
             notices=tuple(loaded.notices),
+            tokenizer_file=str(loaded.folder / "tokenizer.json")
+            if (loaded.folder / "tokenizer.json").is_file()
+            else None,
         )
         self._caches: dict[int, KVState] = {}
         self._active: int | None = None

@@ -40,6 +40,7 @@ class Settings:
     context_policy: ContextPolicy = "error"
     theme: Theme = "system"
     response_cache: bool = True
+    attachment_limit_mb: int = 50  # largest document file read into a prompt
     allow_pickle: bool = False
     trust_remote_code: bool = False
 
@@ -56,6 +57,8 @@ class Settings:
                 raise InvalidSettingError(
                     f"{name.replace('_', ' ')} must be one of {', '.join(allowed)} (got {value!r})"
                 )
+        if self.attachment_limit_mb < 1:
+            raise InvalidSettingError(f"attachment limit must be at least 1 MB (got {self.attachment_limit_mb})")
         if self.context_length is not None and self.context_length < 16:
             raise InvalidSettingError(f"context length must be at least 16 tokens (got {self.context_length})")
 

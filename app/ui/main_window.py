@@ -33,6 +33,7 @@ from app.core.errors import HearthError
 from app.core.events import ChatMessage, ReplyStats
 from app.core.history import HistoryStore, Message
 from app.core.settings import Settings, save_settings
+from app.core.token_counter import load_token_counter
 from app.ui import theme
 from app.ui.chat_model import ChatItem, ChatModel
 from app.ui.chat_view import ChatView
@@ -174,6 +175,7 @@ class MainWindow(QMainWindow):
         self.pending_parent: Message | None = None  # a message sent while the model was loading
         self.last_memory: MemoryReading | None = None
         self.attachments: Any = None  # app.ui.attachments.AttachmentBar, once installed
+        self.library_window: Any = None  # app.ui.library.LibraryWindow, opened from the Models menu
 
         self.flush_timer = QTimer(self)
         self.flush_timer.setInterval(FLUSH_EVERY_MS)
@@ -251,7 +253,7 @@ class MainWindow(QMainWindow):
             from app.ui.attachments import AttachmentBar
         except ImportError:  # a build without the documents feature
             return
-        bar = AttachmentBar()
+        bar = AttachmentBar(max_bytes=self.settings.attachment_limit_mb * 2**20)
         self.input_box.attach_bar(bar)
         bar.install_drop_target(self)
         bar.install_drop_target(self.input_box.editor)
@@ -295,9 +297,20 @@ class MainWindow(QMainWindow):
         except ImportError:
             self.show_error("The model library is not part of this build yet.")
             return
-        opener = getattr(library, "open_library", None)
-        if callable(opener):
-            opener(self)
+        if self.library_window is None:
+            self.library_window = library.LibraryWindow(
+                quantization=self.settings.quantization, device=self.settings.device
+            )
+            self.library_window.model_chosen.connect(self._use_library_model)
+        self.library_window.show()
+        self.library_window.raise_()
+
+    @Slot(str)
+    def _use_library_model(self, spec: str) -> None:
+        """Double-click in the library: make it the default model and load it."""
+        self.apply_settings(self.settings.with_changes(model=spec))
+        self.model_bar.set_model(spec)
+        self.load_model(self.model_bar.request())
 
     # -- errors -----------------------------------------------------------------------------------
     @Slot(str)
@@ -409,11 +422,25 @@ class MainWindow(QMainWindow):
         self.loading = False
         self.model_info = info
         self.model_bar.set_loaded(info)
+        self._connect_attachment_counts(info)
         self.model_ready.emit()
         if self.pending_parent is not None:
             parent, self.pending_parent = self.pending_parent, None
             if parent.conversation_id == self.conversation_id:
                 self._start_reply(parent)
+
+    def _connect_attachment_counts(self, info: ModelInfo) -> None:
+        """Chips show token counts and their share of the free context with the loaded model's tokenizer."""
+        if self.attachments is None:
+            return
+        counter = None
+        if info.tokenizer_file:
+            try:
+                counter = load_token_counter(info.tokenizer_file)
+            except Exception as exc:  # an unreadable tokenizer.json: attachments still work, without counts
+                log.warning("token counter unavailable: %s", exc)
+        self.attachments.set_token_counter(counter)
+        self.attachments.set_remaining_context(info.context_window)
 
     @Slot(str)
     def _on_load_failed(self, message: str) -> None:
@@ -602,6 +629,8 @@ class MainWindow(QMainWindow):
         else:
             reply.final_usage = usage
             self.memory_panel.set_context(usage)
+            if self.attachments is not None:
+                self.attachments.set_remaining_context(max(0, usage.window - usage.used))
 
     @Slot(int, str, str, str)
     def _on_finished(self, request_id: int, finish_reason: str, text: str, error: str) -> None:

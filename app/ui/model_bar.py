@@ -101,6 +101,11 @@ class ModelBar(QWidget):
         context = self.context_spin.value() or None
         return LoadRequest(model, self.quant_combo.currentText(), self.device_combo.currentText(), context)
 
+    def set_model(self, spec: str) -> None:
+        if self.model_combo.findText(spec) < 0:
+            self.model_combo.addItem(spec)
+        self.model_combo.setCurrentText(spec)
+
     def _selection_changed(self, *args: object) -> None:
         self.selection_changed.emit(self.request())
 

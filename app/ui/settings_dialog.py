@@ -47,6 +47,11 @@ class SettingsDialog(QDialog):
         self.context_policy.addItems(list(CONTEXT_POLICIES))
         self.context_policy.setCurrentText(settings.context_policy)
         form.addRow("When the context is full", self.context_policy)
+        self.attachment_limit = QSpinBox()
+        self.attachment_limit.setRange(1, 4096)
+        self.attachment_limit.setSuffix(" MB")
+        self.attachment_limit.setValue(settings.attachment_limit_mb)
+        form.addRow("Largest attached file", self.attachment_limit)
 
         s = settings.sampling
         self.temperature = self._double(s.temperature, 0.0, 5.0, 0.05)
@@ -70,6 +75,12 @@ class SettingsDialog(QDialog):
         self.seed.setSpecialValueText("random")
         self.seed.setValue(-1 if s.seed is None else s.seed)
         form.addRow("Seed", self.seed)
+
+        # The Hub token goes straight to the OS keyring from this box, never into Settings.
+        from app.ui.library import HubTokenBox
+
+        self.hub_token = HubTokenBox()
+        layout.addWidget(self.hub_token)
 
         self.error = QLabel()
         self.error.setObjectName("ErrorText")
@@ -106,6 +117,7 @@ class SettingsDialog(QDialog):
             model=self.model.text().strip() or None,
             theme=self.theme.currentText(),
             context_policy=self.context_policy.currentText(),
+            attachment_limit_mb=self.attachment_limit.value(),
             sampling=sampling,
         )
 

@@ -5,14 +5,15 @@
 #
 # Installs as: /opt/hearth/ (the bundle), /usr/bin/hearth (relative symlink), the .desktop entry, hicolor icons
 # and the GGUF MIME type. Needs dpkg-deb (Debian's dpkg); no root: file ownership is set by --root-owner-group.
-# DEB_COMPRESSION=xz|zstd|gzip|none (default xz, which every dpkg reads).
+# DEB_COMPRESSION=zstd|xz|gzip|none (default zstd: dpkg 1.21.18+, i.e. Debian 12 and Ubuntu 21.10 on; xz for older
+# systems compresses ~10% smaller but takes ten times as long).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 bundle="${1:-$repo/dist/hearth}"
 out="${2:-$repo/dist}"
-compression="${DEB_COMPRESSION:-xz}"
+compression="${DEB_COMPRESSION:-zstd}"
 
 if [ ! -x "$bundle/hearth" ]; then
     echo "build-deb: no bundle at $bundle (run: pyinstaller packaging/hearth.spec, or make package)" >&2

@@ -85,3 +85,10 @@ def test_parse_and_format_sizes() -> None:
     assert format_bytes(512) == "512 B"
     assert format_bytes(1536 * 2**20) == "1.50 GiB"
     assert format_bytes(-200 * 2**20) == "-200.0 MiB"
+
+
+def test_ignore_fit_flag_is_accepted_by_model_commands() -> None:
+    from app.cli import build_parser
+
+    assert build_parser().parse_args(["chat", "--ignore-fit", "hi"]).ignore_fit is True
+    assert build_parser().parse_args(["chat", "hi"]).ignore_fit is False

@@ -470,6 +470,8 @@ def test_history_attachment_from_a_document(tmp_path: Path) -> None:
     attachment = document.as_history_attachment(token_count=12)
     assert (attachment.name, attachment.mime_type, attachment.size_bytes) == ("notes.txt", "text/plain", len(SECRET))
     assert attachment.sha256 == document.sha256 and attachment.text == SECRET and attachment.token_count == 12
+    # A stored message rebuilds exactly the prompt it was sent with (same tokens, so the KV cache is reused).
+    assert compose_user_message("q?", [attachment]) == compose_user_message("q?", [document])
 
 
 def test_path_under_a_file_is_unreadable(tmp_path: Path) -> None:

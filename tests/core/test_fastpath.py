@@ -8,6 +8,7 @@ logits stay within 5 % (max abs difference / max abs logit) on tiny random model
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from app.core.fastpath import int8
 from app.core.sampling import SamplingParams
 from app.core.session import ChatSession
 
-GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
+GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
 AGREEMENT_BOUND = 0.90
 LOGIT_ERROR_BOUND = 0.05
 
@@ -76,12 +77,12 @@ def test_auto_picks_int8_decode_for_bf16_on_the_cpu_and_says_so_in_the_stats(def
     text, stats, done = run(engine.generate([ChatMessage("user", "What is the capital of France?")], GREEDY))
     assert "Paris" in text and done.finish_reason in ("stop", "length")
     assert stats.decode_path == "int8-decode"
-    assert "int8" in stats.decode_path_note and "bf16" in stats.decode_path_note
+    assert "int8" in stats.decode_path_note and "prefill in bf16" in stats.decode_path_note
 
 
 def test_int8_decode_agrees_with_the_plain_path_on_the_default_model(plain: Engine, fast: Engine) -> None:
     ids = plain.prepare_prompt([ChatMessage("user", "Tell me about the history of bread.")]).ids
-    reference = greedy_reference(plain, ids, 32)
+    reference = greedy_reference(plain, ids, 24)
     picks, _ = teacher_forced(fast, ids, reference)
     agreement = sum(a == b for a, b in zip(picks, reference, strict=True)) / len(reference)
     assert agreement >= AGREEMENT_BOUND
@@ -194,7 +195,7 @@ def test_a_kernel_that_disagrees_on_the_probe_is_not_used(monkeypatch: pytest.Mo
 
 
 def test_a_repacking_failure_falls_back_and_leaves_the_model_unpatched(
-    tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
 ) -> None:
     from app.core.loader import load_model
 
@@ -217,6 +218,26 @@ def test_a_repacking_failure_falls_back_and_leaves_the_model_unpatched(
     assert not any(hasattr(m, int8.PATCH_ATTR) for m in loaded.model.modules())
     _, stats, done = run(engine.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=3)))
     assert done.finish_reason in ("stop", "length") and "repacking failed" in stats.decode_path_note
+
+
+def test_int8_copies_are_cached_on_disk_and_reused_by_the_next_load(tiny_model_dir: Any, isolated_cache: Path) -> None:
+    from app.core.loader import load_model
+
+    folder = tiny_model_dir("llama", hidden_size=96)
+    first = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
+    assert "packed in" in first.decode_path_note
+    cached = list((isolated_cache / "decode-int8").glob("*.safetensors"))
+    assert len(cached) == 1 and not list((isolated_cache / "decode-int8").glob("*.partial"))
+
+    second = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
+    assert second.decode_path == "int8-decode" and "loaded from the cache" in second.decode_path_note
+    ids = first.prepare_prompt([ChatMessage("user", "hello")]).ids
+    reference = greedy_reference(first, ids, 4)
+    assert teacher_forced(first, ids, reference)[0] == teacher_forced(second, ids, reference)[0]
+
+    cached[0].write_bytes(b"not a safetensors file")  # damaged: repacked, never trusted
+    third = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
+    assert third.decode_path == "int8-decode" and "packed in" in third.decode_path_note
 
 
 def test_path_choice_for_other_devices_weights_and_names(default_loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The offscreen platform plugin warns whenever a window's size constraints change; real platforms do not.
     for item in items:
         if "tests/ui/" in item.nodeid:
-            item.add_marker(pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints"))
+            item.add_marker(
+                pytest.mark.qt_log_ignore(
+                    "This plugin does not support propagateSizeHints", "This plugin does not support raise"
+                )
+            )
 
 
 @pytest.fixture(autouse=True)

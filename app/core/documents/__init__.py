@@ -31,7 +31,7 @@ from app.core.documents.fit import (
     split_passages,
     trim_to_tokens,
 )
-from app.core.documents.layout import compose_user_message, document_block, not_yet_in_conversation
+from app.core.documents.layout import DocumentLike, compose_user_message, document_block, not_yet_in_conversation
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -40,6 +40,7 @@ __all__ = [
     "CorruptPdfError",
     "CountTokens",
     "DocumentError",
+    "DocumentLike",
     "DocumentNotFoundError",
     "DocumentTooLargeError",
     "DocumentUnreadableError",

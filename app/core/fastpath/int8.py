@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,6 +47,13 @@ class PackedInt8:
         scale = full.abs().amax(dim=1).clamp(min=1e-8) / 127.0
         self.qweight = torch.round(full / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
         self.scale = scale.to(KERNEL_DTYPE).contiguous()
+
+    @classmethod
+    def from_tensors(cls, qweight: torch.Tensor, scale: torch.Tensor) -> PackedInt8:
+        packed = cls.__new__(cls)
+        packed.qweight = qweight.contiguous()
+        packed.scale = scale.to(KERNEL_DTYPE).contiguous()
+        return packed
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(KERNEL_DTYPE)
@@ -93,25 +101,50 @@ def _dense_weight(module: nn.Module) -> torch.Tensor | None:
     return None
 
 
-def patch_linears(model: nn.Module, skip: set[int]) -> tuple[int, int]:
-    """Patch every eligible linear layer not in `skip` (module ids); return (layers patched, bytes added)."""
-    patched = 0
-    added = 0
-    for module in model.modules():
+@dataclass
+class PatchResult:
+    patched: int = 0
+    added_bytes: int = 0
+    reused: int = 0  # layers whose int8 copy came from `stored` (the on-disk cache), not packed now
+    fresh: dict[str, torch.Tensor] = field(default_factory=dict)  # newly packed tensors, by "<module>.qweight|scale"
+
+
+def patch_linears(model: nn.Module, skip: set[int], stored: Mapping[str, torch.Tensor] | None = None) -> PatchResult:
+    """Patch every eligible linear layer not in `skip` (module ids), reusing `stored` int8 copies where they fit."""
+    result = PatchResult()
+    stored = stored or {}
+    for name, module in model.named_modules():
         if id(module) in skip:
             continue
         if hasattr(module, PATCH_ATTR):  # another engine on the same model packed it already
-            patched += 1
+            result.patched += 1
             continue
-        weight = _dense_weight(module)
-        if weight is None or weight.device.type != "cpu" or weight.dim() != 2:
-            continue
-        packed = PackedInt8(weight)
+        weight = getattr(module, "weight", None)
+        qweight, scale = stored.get(f"{name}.qweight"), stored.get(f"{name}.scale")
+        if isinstance(module, nn.Linear) and qweight is not None and scale is not None and _fits(module, qweight):
+            packed = PackedInt8.from_tensors(qweight, scale)
+            result.reused += 1
+        else:
+            weight = _dense_weight(module)
+            if weight is None or weight.device.type != "cpu" or weight.dim() != 2:
+                continue
+            packed = PackedInt8(weight)
+            result.fresh[f"{name}.qweight"] = packed.qweight
+            result.fresh[f"{name}.scale"] = packed.scale
         setattr(module, PATCH_ATTR, packed)
         module.forward = types.MethodType(_make_forward(type(module).forward), module)
-        patched += 1
-        added += packed.nbytes
-    return patched, added
+        result.patched += 1
+        result.added_bytes += packed.nbytes
+    return result
+
+
+def _fits(module: nn.Linear, qweight: torch.Tensor) -> bool:
+    weight = module.weight
+    return (
+        weight.device.type == "cpu"
+        and qweight.dtype == torch.int8
+        and tuple(qweight.shape) == (module.out_features, module.in_features)
+    )
 
 
 def unpatch_linears(model: nn.Module) -> int:

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from app.core.fastpath import int8
+from app.core.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
 # "auto" picks the fastest measured path for the device and weights; the others force one (bench, tests).
 DECODE_PATHS = ("auto", "eager", "int8-decode")
 ENV_OVERRIDE = "HEARTH_DECODE_PATH"
+CACHE_FORMAT = 1  # bump when the packed layout or the quantization recipe changes
 # Weights "auto" repacks to int8 on the CPU. fp32 stays exact (a user who picks fp32 asks for precision; the tests
 # that compare reused-cache runs with fresh ones rely on it); bnb int8 (LLM.int8) already is int8; fp16 matmuls are
 # slow on CPUs in any form. Forcing "int8-decode" also repacks fp32 and fp16.
@@ -38,8 +46,14 @@ class DecodePathChoice:
         return int8.active() if self.name == "int8-decode" else nullcontext()
 
 
-def apply_decode_path(model: Any, device: str, quantization: str, requested: str = "auto") -> DecodePathChoice:
-    """Apply the requested (or the best) decode path to `model` in place."""
+def apply_decode_path(
+    model: Any, device: str, quantization: str, requested: str = "auto", folder: Path | None = None
+) -> DecodePathChoice:
+    """Apply the requested (or the best) decode path to `model` in place.
+
+    With the model's `folder`, the int8 copies are cached under cache_dir()/decode-int8, keyed by the folder's weight
+    files (path, size, mtime) and the precision, so the next load reads them instead of packing again.
+    """
     requested = os.environ.get(ENV_OVERRIDE, "") or requested
     if requested not in DECODE_PATHS:
         return DecodePathChoice("eager", f"unknown decode path {requested!r} (use {', '.join(DECODE_PATHS)})")
@@ -55,18 +69,59 @@ def apply_decode_path(model: Any, device: str, quantization: str, requested: str
     if reason:
         return DecodePathChoice("eager", reason)
     started = time.perf_counter()
+    cache_file = _cache_file(folder, quantization) if folder is not None else None
     try:
         skip = _output_embedding_ids(model)
-        patched, added = int8.patch_linears(model, skip)
+        result = int8.patch_linears(model, skip, _read_cache(cache_file))
     except Exception as exc:  # a model we can't repack still runs, on the plain path
         log.exception("int8 decode path failed")
         int8.unpatch_linears(model)
         return DecodePathChoice("eager", f"int8 repacking failed ({type(exc).__name__}: {exc})")
-    if patched == 0:
+    if result.patched == 0:
         return DecodePathChoice("eager", "no linear layers the int8 decode path can run")
+    if cache_file is not None and result.fresh and not result.reused:
+        _write_cache(cache_file, result.fresh)
     seconds = time.perf_counter() - started
-    note = f"weight-only int8 decode ({patched} layers, packed in {seconds:.1f} s); prefill and lm_head: {quantization}"
-    return DecodePathChoice("int8-decode", note, patched, added, seconds)
+    how = "packed" if result.fresh else "loaded from the cache" if result.reused else "already packed, ready"
+    note = (
+        f"weight-only int8 decode ({result.patched} layers, {how} in {seconds:.1f} s); "
+        f"prefill in {quantization}, lm_head as loaded"
+    )
+    return DecodePathChoice("int8-decode", note, result.patched, result.added_bytes, seconds)
+
+
+def _cache_file(folder: Path, quantization: str) -> Path | None:
+    try:
+        files = sorted(folder.resolve().glob("*.safetensors"))
+        stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    except OSError:
+        return None
+    if not files:
+        return None
+    identity = json.dumps([CACHE_FORMAT, str(folder.resolve()), stamp, quantization, torch.__version__])
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:24]
+    return cache_dir() / "decode-int8" / f"{folder.name[:40]}-{quantization}-{digest}.safetensors"
+
+
+def _read_cache(cache_file: Path | None) -> dict[str, torch.Tensor] | None:
+    if cache_file is None or not cache_file.exists():
+        return None
+    try:
+        return load_file(cache_file)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:  # a damaged cache is rebuilt, not trusted
+        log.warning("ignoring the unreadable int8 cache %s: %s", cache_file, exc)
+        return None
+
+
+def _write_cache(cache_file: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Atomic: a crash mid-write leaves no half file under the final name."""
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache_file.with_suffix(f".{os.getpid()}.partial")
+        save_file(tensors, partial)
+        os.replace(partial, cache_file)
+    except OSError as exc:  # a full or read-only disk costs the next load a repack, nothing more
+        log.warning("could not cache the int8 weights in %s: %s", cache_file, exc)
 
 
 def remove_decode_path(model: Any) -> None:

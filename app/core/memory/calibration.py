@@ -16,12 +16,12 @@ CPU_RUNTIME_BYTES = 64 * MiB
 
 # Prefill activations per token of a prefill chunk, as multiples of the layer widths at the compute dtype: the
 # residual stream, q/k/v/o and MLP intermediates alive at once in one decoder layer (SDPA keeps no seq x seq
-# scores on the CPU: its flash kernel is used for bf16/fp32). Fitted to VmHWM growth over a 1-512 token chunk on
-# SmolLM2-135M bf16 and nf4 (bench/memory.py --calibrate): measured 2.4-4.7 MiB at 1-64 tokens (a floor of
-# small allocations) and 8-11 MiB at 512; the formula gives 9.7 MiB at 512 tokens.
+# scores here: the growth did not depend on the cached length). Measured as peak-RSS (VmHWM) growth over one
+# forward minus the KV it added, SmolLM2-135M on the CPU: bf16 4.7 MiB (1 token), 2.4 MiB (64), 13.7 MiB (512),
+# 12.7 MiB (512 on top of 512 cached); nf4 5.8, 1.8, 11.9 MiB. The formula gives 15.9 MiB at 512 tokens.
 ACTIVATION_HIDDEN_COPIES = 6.0  # x hidden_size
 ACTIVATION_INTERMEDIATE_COPIES = 3.0  # x intermediate_size (gate, up, act(gate) * up)
-ACTIVATION_FLOOR_BYTES = 8 * MiB  # small tensors, rotary tables, masks: the 1-token measurement rounded up
+ACTIVATION_FLOOR_BYTES = 8 * MiB  # small tensors, rotary tables, masks: the 1-token measurements rounded up
 
 # --- CUDA (not measured here: no GPU was lent to this task) -----------------------------------------------------
 # CUDA context + cuBLAS workspace with CUDA 12 lazy module loading: ~300-600 MiB on Hopper/Ampere in PyTorch's own

@@ -234,3 +234,10 @@ def test_kv_layout_of_a_config_without_sliding_window(tiny_model_dir) -> None:
     layout = kv_layout(AutoConfig.from_pretrained(tiny_model_dir("qwen2")), 2)
     assert [layer.window for layer in layout.layers] == [None, None]
     assert layout.bytes_at(1000) == 1000 * layout.bytes_per_token
+
+
+def test_planner_prefill_chunk_matches_the_engine() -> None:
+    from app.core.engine import PREFILL_CHUNK as ENGINE_CHUNK
+    from app.core.memory.planner import PREFILL_CHUNK
+
+    assert PREFILL_CHUNK == ENGINE_CHUNK

@@ -1,0 +1,62 @@
+"""Where the features meet in the main window: document token counts, the model library, the Hub token box."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.core.backend import ModelInfo
+from app.core.documents import document_block
+from app.core.settings import Settings
+from app.core.token_counter import load_token_counter
+from app.ui.settings_dialog import SettingsDialog
+
+
+def test_attachment_chips_count_tokens_with_the_loaded_models_tokenizer(
+    make_window, qtbot, tmp_path: Path, default_folder: Path
+) -> None:
+    window = make_window()
+    qtbot.waitUntil(lambda: window.attachments is not None, timeout=5000)
+    tokenizer_file = default_folder / "tokenizer.json"
+    window._on_model_loaded(ModelInfo("SmolLM2", "bf16", "cpu", 2048, tokenizer_file=str(tokenizer_file)))
+    text = "The launch code is 4321. " * 20
+    notes = tmp_path / "notes.txt"
+    notes.write_text(text, encoding="utf-8")
+    window.attachments.add_paths([notes])
+    qtbot.waitUntil(lambda: not window.attachments.busy and window.attachments.token_counts() != [None], timeout=10_000)
+    count = load_token_counter(tokenizer_file)
+    document = window.attachments.documents()[0]
+    # The chip counts the document as the prompt holds it: its <document> block plus separators.
+    expected = count(document_block(document)) + 2
+    assert window.attachments.token_counts() == [expected] and expected > count(text) > 100
+    assert window.attachments._remaining == 2048
+
+
+def test_attachment_size_limit_comes_from_settings(make_window, qtbot) -> None:
+    window = make_window(settings=Settings(attachment_limit_mb=3))
+    qtbot.waitUntil(lambda: window.attachments is not None, timeout=5000)
+    assert window.attachments.max_bytes == 3 * 2**20
+
+
+def test_settings_dialog_edits_the_attachment_limit_and_holds_the_hub_token_box(qtbot) -> None:
+    dialog = SettingsDialog(Settings())
+    qtbot.addWidget(dialog)
+    dialog.attachment_limit.setValue(7)
+    assert dialog.build().attachment_limit_mb == 7
+    assert dialog.hub_token.title() == "Hugging Face token"
+    assert "token" not in Settings().to_dict()  # secrets never live in the settings file
+
+
+def test_models_menu_opens_the_library_and_a_chosen_model_becomes_the_default(
+    make_window, qtbot, tmp_path: Path
+) -> None:
+    window = make_window()
+    window.library_action.trigger()
+    library = window.library_window
+    assert library is not None and library.isVisible()
+    qtbot.addWidget(library)
+    window.library_action.trigger()
+    assert window.library_window is library  # one window, raised again
+    library.model_chosen.emit(str(tmp_path))
+    assert window.settings.model == str(tmp_path)
+    assert window.model_bar.request().model == str(tmp_path)
+    library.close()
