@@ -133,7 +133,7 @@ def test_missing_paths_and_uncached_repos_are_explained(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="hearth pull"):
         resolve_model("someone/not-downloaded-model")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelNotFoundError, match="config.json"):
+    with pytest.raises(ModelNotFoundError, match=r"config\.json"):
         load_model(str(tmp_path / "empty"), device="cpu")
 
 
