@@ -29,6 +29,12 @@ def freeze_startup_objects() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hearth-gui", description="Hearth: chat with a local language model.")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=os.environ.get("HEARTH_OPEN_MODEL") or None,  # a double-clicked .gguf, passed by the launcher
+        help="open this model (folder, .gguf file or cached repo id) for this run",
+    )
     parser.add_argument("--no-autoload", action="store_true", help="do not load the model at start")
     parser.add_argument(
         "--first-paint-report",
@@ -66,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings()
     except HearthError as exc:
         settings, startup_error = Settings(), str(exc)
+    if args.model:
+        settings = settings.with_changes(model=args.model)  # this run only: not saved
     theme.apply(app, settings.theme)
     window = MainWindow(settings, autoload=not (args.no_autoload or args.first_paint_report))
     hooks.callback = window.errors.report

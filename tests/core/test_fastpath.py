@@ -71,18 +71,27 @@ def fast(default_loaded: Any) -> Engine:
     return Engine(default_loaded, decode_path="int8-decode")
 
 
-def test_auto_picks_int8_decode_for_bf16_on_the_cpu_and_says_so_in_the_stats(default_loaded: Any) -> None:
+def test_auto_keeps_bf16_on_the_plain_path_and_says_why_in_the_stats(default_loaded: Any) -> None:
     engine = Engine(default_loaded)
-    assert engine.decode_path == "int8-decode"
+    assert engine.decode_path == "eager"
     text, stats, done = run(engine.generate([ChatMessage("user", "What is the capital of France?")], GREEDY))
     assert "Paris" in text and done.finish_reason in ("stop", "length")
-    assert stats.decode_path == "int8-decode"
-    assert "int8" in stats.decode_path_note and "prefill in bf16" in stats.decode_path_note
+    assert stats.decode_path == "eager" and "1.07x" in stats.decode_path_note
+
+
+def test_auto_picks_int8_decode_for_nf4_on_the_cpu_and_says_so_in_the_stats(tiny_model_dir: Any) -> None:
+    from app.core.loader import load_model
+
+    engine = Engine(load_model(str(tiny_model_dir("llama-untied")), quantization="nf4", device="cpu"))
+    assert engine.decode_path == "int8-decode"
+    _, stats, done = run(engine.generate([ChatMessage("user", "hi")], SamplingParams(temperature=0, max_new_tokens=4)))
+    assert done.finish_reason in ("stop", "length")
+    assert stats.decode_path == "int8-decode" and "int8" in stats.decode_path_note
 
 
 def test_int8_decode_agrees_with_the_plain_path_on_the_default_model(plain: Engine, fast: Engine) -> None:
     ids = plain.prepare_prompt([ChatMessage("user", "Tell me about the history of bread.")]).ids
-    reference = greedy_reference(plain, ids, 24)
+    reference = greedy_reference(plain, ids, 16)
     picks, _ = teacher_forced(fast, ids, reference)
     agreement = sum(a == b for a, b in zip(picks, reference, strict=True)) / len(reference)
     assert agreement >= AGREEMENT_BOUND

@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -62,6 +63,9 @@ class FakeHub:
         self.max_requests = max_requests
         self.stop_after_bytes: int | None = None  # cut the connection mid-body once, to simulate a drop
         self.ignore_range = False  # answer 200 with the whole file to a Range request (some proxies do)
+        # Pace bodies like a real network (~1 s for a tiny model's weights), so progress, speed, ETA, pause and
+        # cancel midway happen on any machine, however fast its loopback is. None = as fast as possible.
+        self.bytes_per_second: float | None = 16 * 2**20
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -228,7 +232,13 @@ class FakeHub:
                 handler.close_connection = True
                 handler.connection.close()
                 return
-            handler.wfile.write(body)
+            if self.bytes_per_second is None:
+                handler.wfile.write(body)
+                return
+            chunk = 64 * 1024
+            for start in range(0, len(body), chunk):
+                handler.wfile.write(body[start : start + chunk])
+                time.sleep(chunk / self.bytes_per_second)
         except (BrokenPipeError, ConnectionResetError):  # the client stopped reading (a paused download)
             handler.close_connection = True
 

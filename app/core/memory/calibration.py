@@ -10,17 +10,27 @@ MiB = 1024**2
 # --- CPU (measured) -------------------------------------------------------------------------------------------
 # Measured on the 2-core CI box (torch 2.13 CPU, transformers 5.24, bitsandbytes 0.50.2), 2026-12-02, with
 # bench/memory.py --calibrate: anonymous RSS (RssAnon) growth of a process across load_model() beyond the weights'
-# own bytes was 20-60 MiB for SmolLM2-135M (bf16, nf4, int8) and under 10 MiB for the tiny test models: glibc arena
-# slack plus transformers' loading bookkeeping. 64 MiB covers every case measured.
-CPU_RUNTIME_BYTES = 64 * MiB
+# own bytes. The first load in a process pays for lazily imported code (modeling module, bitsandbytes) and glibc
+# arena slack: 44.3 MiB (SmolLM2-135M bf16), 47.4 MiB (tiny Llama bf16), 67.3 MiB (tiny Llama nf4, bitsandbytes
+# imported then); later loads in the same process 1-21 MiB. 96 MiB covers the worst case with a margin.
+CPU_RUNTIME_BYTES = 96 * MiB
+
+# Quantizing on the CPU (nf4, int8) builds a 16-bit copy of each weight before bnb packs it, and glibc may keep
+# the freed copies in its arenas. SmolLM2-135M nf4 loaded after another model in the same process: 203.5 MiB
+# beyond the weights = its 106.2 M quantized parameters at 2 bytes (202.5 MiB); after a malloc_trim: 39.1 MiB.
+# The worst case is counted (held memory is reusable by the KV cache, so only what it exceeds that by is extra).
+CPU_QUANTIZE_STAGING_FRACTION = 1.0
 
 # Prefill activations per token of a prefill chunk, as multiples of the layer widths at the compute dtype: the
-# residual stream, q/k/v/o and MLP intermediates alive at once in one decoder layer (SDPA keeps no seq x seq
-# scores here: the growth did not depend on the cached length). Measured as peak-RSS (VmHWM) growth over one
-# forward minus the KV it added, SmolLM2-135M on the CPU: bf16 4.7 MiB (1 token), 2.4 MiB (64), 13.7 MiB (512),
-# 12.7 MiB (512 on top of 512 cached); nf4 5.8, 1.8, 11.9 MiB. The formula gives 15.9 MiB at 512 tokens.
-ACTIVATION_HIDDEN_COPIES = 6.0  # x hidden_size
-ACTIVATION_INTERMEDIATE_COPIES = 3.0  # x intermediate_size (gate, up, act(gate) * up)
+# residual stream, q/k/v/o and MLP intermediates alive at once (SDPA keeps no seq x seq scores here: the growth
+# did not depend on the cached length). Fitted to peak-RSS (VmHWM) growth over one 512-token forward on top of
+# 512 cached tokens, after malloc_trim, minus the KV it added (bench/memory.py): SmolLM2-135M 24.5 MiB (bf16) and
+# 23.1 MiB (nf4); with the other overhead parts the formula gives 24.8 and 26.5 MiB. 1-token forwards: 4.7-5.8 MiB.
+ACTIVATION_HIDDEN_COPIES = 12.0  # x hidden_size
+ACTIVATION_INTERMEDIATE_COPIES = 6.0  # x intermediate_size (gate, up, act(gate) * up, and their bf16/fp32 copies)
+# bnb's CPU 4-bit matmul dequantizes the whole weight per call; nf4 prefill peaks measured 23.1 and 33.6 MiB in two
+# runs vs 24.5-25.3 MiB for bf16: counted as a bf16 copy plus an fp32 one of the largest quantized weight.
+CPU_DEQUANT_BYTES_PER_WEIGHT = 6
 ACTIVATION_FLOOR_BYTES = 8 * MiB  # small tensors, rotary tables, masks: the 1-token measurements rounded up
 
 # --- CUDA (not measured here: no GPU was lent to this task) -----------------------------------------------------

@@ -386,7 +386,8 @@ def overhead_parts(
         # logits_to_keep=1: one row of logits, in the compute dtype, then as fp32.
         "logits": shape.vocab_size * (compute_bytes + 4),
         # bnb dequantizes a whole 4/8-bit weight to the compute dtype for a prefill matmul (and on the CPU always).
-        "dequantized_weight": weights.largest_quantized_linear * compute_bytes,
+        "dequantized_weight": weights.largest_quantized_linear
+        * (compute_bytes if device.startswith("cuda") else calibration.CPU_DEQUANT_BYTES_PER_WEIGHT),
     }
     if device.startswith("cuda"):
         parts["allocator_slack"] = max(
@@ -397,6 +398,11 @@ def overhead_parts(
             parts["cuda_context"] = calibration.CUDA_CONTEXT_BYTES
     else:
         parts["runtime"] = calibration.CPU_RUNTIME_BYTES
+        # Quantizing on the CPU leaves the 16-bit staging copies' memory in the allocator's arenas: the load peak.
+        # The cache and activations reuse it later, so only what it exceeds them by is extra.
+        staging = int(weights.quantized_parameters * compute_bytes * calibration.CPU_QUANTIZE_STAGING_FRACTION)
+        running = sum(parts.values()) - parts["runtime"] + kv.bytes_at(context)
+        parts["load_staging"] = max(0, staging - running)
     return parts
 
 

@@ -241,3 +241,17 @@ def test_planner_prefill_chunk_matches_the_engine() -> None:
     from app.core.memory.planner import PREFILL_CHUNK
 
     assert PREFILL_CHUNK == ENGINE_CHUNK
+
+
+def test_cpu_quantization_counts_the_16bit_staging_copies_the_allocator_keeps(default_folder: Path) -> None:
+    nf4 = plan_memory(default_folder, quantization="nf4", context=64, device="cpu", free_bytes=2**40)
+    staging = nf4.quantized_parameters * 2  # bf16 copies of every quantized weight
+    running = nf4.overhead_bytes - nf4.overhead["runtime"] - nf4.overhead["load_staging"] + nf4.kv_bytes
+    assert nf4.overhead["load_staging"] == staging - running > 0
+    # Past the point where the cache outgrows the staging memory, it costs nothing extra (it reuses it).
+    long = plan_memory(default_folder, quantization="nf4", context=8192, device="cpu", free_bytes=2**40)
+    assert long.overhead["load_staging"] == 0
+    bf16 = plan_memory(default_folder, quantization="bf16", context=64, device="cpu", free_bytes=2**40)
+    assert bf16.overhead["load_staging"] == 0
+    gpu = plan_memory(default_folder, quantization="nf4", context=64, device="cuda", free_bytes=2**40)
+    assert "load_staging" not in gpu.overhead
