@@ -30,7 +30,7 @@ CACHE_FORMAT = 1  # bump when the packed layout or the quantization recipe chang
 # that compare reused-cache runs with fresh ones rely on it); bnb int8 (LLM.int8) already is int8; fp16 matmuls are
 # slow on CPUs in any form. Forcing "int8-decode" also repacks fp32 and fp16.
 # bf16 is not auto-repacked: the int8 copies decoded only 1.07x faster (trials 0.98-1.18, 1.03x per CPU-second) for
-# +1 byte per decoder parameter (+38 % weights memory on SmolLM2-135M); for nf4 they are 4.6x faster than bnb's CPU path.
+# +1 byte per decoder parameter (+38 % weights memory on SmolLM2-135M); for nf4 they are 4.6x faster than bnb's.
 AUTO_INT8_SOURCES = ("nf4", "nf4-nodq")
 FORCED_INT8_SOURCES = (*AUTO_INT8_SOURCES, "bf16", "fp32", "fp16")
 BF16_NOTE = "bf16: int8 decode measured ~1.07x for +38% weight memory; HEARTH_DECODE_PATH=int8-decode forces it"
