@@ -222,7 +222,7 @@ def test_a_repacking_failure_falls_back_and_leaves_the_model_unpatched(
         return weight
 
     monkeypatch.setattr(int8, "_dense_weight", second_layer_fails)
-    engine = Engine(loaded)
+    engine = Engine(loaded, decode_path="int8-decode")
     assert engine.decode_path == "eager" and "repacking failed" in engine.decode_path_note
     assert not any(hasattr(m, int8.PATCH_ATTR) for m in loaded.model.modules())
     _, stats, done = run(engine.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=3)))
@@ -233,19 +233,19 @@ def test_int8_copies_are_cached_on_disk_and_reused_by_the_next_load(tiny_model_d
     from app.core.loader import load_model
 
     folder = tiny_model_dir("llama", hidden_size=96)
-    first = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
+    first = Engine(load_model(str(folder), quantization="bf16", device="cpu"), decode_path="int8-decode")
     assert "packed in" in first.decode_path_note
     cached = list((isolated_cache / "decode-int8").glob("*.safetensors"))
     assert len(cached) == 1 and not list((isolated_cache / "decode-int8").glob("*.partial"))
 
-    second = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
+    second = Engine(load_model(str(folder), quantization="bf16", device="cpu"), decode_path="int8-decode")
     assert second.decode_path == "int8-decode" and "loaded from the cache" in second.decode_path_note
     ids = first.prepare_prompt([ChatMessage("user", "hello")]).ids
     reference = greedy_reference(first, ids, 4)
     assert teacher_forced(first, ids, reference)[0] == teacher_forced(second, ids, reference)[0]
 
     cached[0].write_bytes(b"not a safetensors file")  # damaged: repacked, never trusted
-    third = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
+    third = Engine(load_model(str(folder), quantization="bf16", device="cpu"), decode_path="int8-decode")
     assert third.decode_path == "int8-decode" and "packed in" in third.decode_path_note
 
 
