@@ -76,6 +76,9 @@ def _hearth_bytes_per_token(engine: object) -> int:
     """Weights a decode step reads: int8 copies where the fast path packed them, the rest at their own size."""
     from app.core.fastpath import int8
 
+    fused = engine.path.fused  # type: ignore[attr-defined]
+    if fused is not None:  # every matrix and the lm_head as int8 + scales; norms and one embedding row are noise
+        return int(fused.added_bytes)
     model = engine.model  # type: ignore[attr-defined]
     embedding = model.get_input_embeddings()
     head = model.get_output_embeddings()

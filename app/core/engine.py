@@ -31,6 +31,7 @@ from app.core.detok import IncrementalDetokenizer
 from app.core.errors import ContextOverflowError
 from app.core.events import ChatMessage, DoneEvent, Event, FinishReason, ReplyStats, StatsEvent, TokenEvent
 from app.core.fastpath import DecodePathChoice, apply_decode_path
+from app.core.fastpath.native import is_slab_cache, new_slab_cache
 from app.core.loader import LoadedModel
 from app.core.response_cache import CachedReply, ResponseCache, cache_key
 from app.core.sampling import SamplingParams
@@ -266,8 +267,15 @@ class Engine:
 
     def _forward(self, ids: list[int], kv: KVState, logits_to_keep: int = 1) -> torch.Tensor:
         """Run `ids` through the model on top of the cache; return the last position's logits (fp32)."""
+        fused = self.path.fused
         if kv.cache is None:
-            kv.cache = DynamicCache(config=self.model.config)
+            kv.cache = (
+                new_slab_cache(self.model, self.context_window) if fused else DynamicCache(config=self.model.config)
+            )
+        if fused is not None and len(ids) == 1 and is_slab_cache(kv.cache):
+            logits = fused.step(ids[0], kv.cache)
+            kv.ids.append(ids[0])
+            return logits
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         kwargs = {self._cache_kwarg: kv.cache}
         out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep, **kwargs)

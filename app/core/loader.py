@@ -29,6 +29,7 @@ from app.core.errors import (
     UnsafeModelError,
     UnsupportedModelError,
 )
+from app.core.fastpath.prefill import apply_prefill_upcast
 from app.core.model_source import ModelSource, check_folder_weights, read_config, resolve_model
 
 log = logging.getLogger(__name__)
@@ -236,6 +237,7 @@ def load_model(
             "The files may be corrupt or incomplete."
         ) from exc
     model.eval()
+    apply_prefill_upcast(model, torch_device, quant)  # the stats say so (decode_path_note)
     step("Ready", 1.0)
     placements = device_placements(model)
     if any(p.device in ("cpu", "disk") for p in placements) and torch_device.startswith("cuda"):

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from app.core.fastpath.prefill import UpcastLinear
+
 KERNEL_DTYPE = torch.bfloat16  # the kernel's fp32-activation variant is ~8x slower on AVX2 (measured)
 KERNEL_NAME = "_weight_int8pack_mm"
 PATCH_ATTR = "_hearth_decode_patch"
@@ -87,10 +89,10 @@ def int8_kernel_available() -> str:
     return ""
 
 
-def _dense_weight(module: nn.Module) -> torch.Tensor | None:
+def dense_weight(module: nn.Module) -> torch.Tensor | None:
     """The module's weight as a dense float tensor: plain Linear, or bitsandbytes 4-bit dequantized once."""
     weight = getattr(module, "weight", None)
-    if type(module) is nn.Linear and isinstance(weight, torch.Tensor) and weight.is_floating_point():
+    if type(module) in (nn.Linear, UpcastLinear) and isinstance(weight, torch.Tensor) and weight.is_floating_point():
         return weight
     quant_state = getattr(weight, "quant_state", None)
     if quant_state is not None and isinstance(module, nn.Linear) and isinstance(weight, torch.Tensor):
@@ -125,7 +127,7 @@ def patch_linears(model: nn.Module, skip: set[int], stored: Mapping[str, torch.T
             packed = PackedInt8.from_tensors(qweight, scale)
             result.reused += 1
         else:
-            weight = _dense_weight(module)
+            weight = dense_weight(module)
             if weight is None or weight.device.type != "cpu" or weight.dim() != 2:
                 continue
             packed = PackedInt8(weight)

@@ -17,15 +17,19 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from app.core.fastpath import int8
+from app.core.fastpath import int8, native, prefill
 from app.core.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
 # "auto" picks the fastest measured path for the device and weights; the others force one (bench, tests).
-DECODE_PATHS = ("auto", "eager", "int8-decode")
+DECODE_PATHS = ("auto", "eager", "fused-int8", "int8-decode")
 ENV_OVERRIDE = "HEARTH_DECODE_PATH"
-CACHE_FORMAT = 1  # bump when the packed layout or the quantization recipe changes
+CACHE_FORMAT = 2  # bump when the packed layout or the quantization recipe changes
+# Weights "auto" runs through the fused C decode step on the CPU (bench/engine_speed.py: ~5x eager bf16 on the
+# 2-core AVX2 machine). fp32 stays exact (see below); forcing "fused-int8" also takes fp32.
+AUTO_FUSED_SOURCES = ("bf16", "nf4", "nf4-nodq")
+FORCED_FUSED_SOURCES = (*AUTO_FUSED_SOURCES, "fp32")
 # Weights "auto" repacks to int8 on the CPU. fp32 stays exact (a user who picks fp32 asks for precision; the tests
 # that compare reused-cache runs with fresh ones rely on it); bnb int8 (LLM.int8) already is int8; fp16 matmuls are
 # slow on CPUs in any form. Forcing "int8-decode" also repacks fp32 and fp16.
@@ -38,11 +42,12 @@ BF16_NOTE = "bf16: int8 decode measured ~1.07x for +38% weight memory; HEARTH_DE
 
 @dataclass(frozen=True)
 class DecodePathChoice:
-    name: str  # what runs single-token steps: "eager" or "int8-decode"
+    name: str  # what runs single-token steps: "eager", "fused-int8" or "int8-decode"
     note: str = ""  # why this path (and why not a faster one), shown with the reply's stats
     patched_layers: int = 0
     added_bytes: int = 0  # memory the path adds (the int8 copies) on top of the loaded weights
     prepare_seconds: float = 0.0
+    fused: native.FusedDecoder | None = None  # the C decode step, for "fused-int8"
 
     def step(self) -> AbstractContextManager[None]:
         """Wrap one single-token forward pass: the fast path is active only inside it."""
@@ -64,6 +69,20 @@ def apply_decode_path(
         return DecodePathChoice("eager", "plain path requested")
     if not str(device).startswith("cpu"):
         return DecodePathChoice("eager", "GPU: the model's own kernels (bitsandbytes for nf4)")
+    fused_reason = ""
+    if requested in ("auto", "fused-int8"):
+        fused_sources = AUTO_FUSED_SOURCES if requested == "auto" else FORCED_FUSED_SOURCES
+        if quantization in fused_sources:
+            fused = _apply_fused(model, quantization, folder)
+            if isinstance(fused, DecodePathChoice):
+                return fused
+            fused_reason = f"fused decode unavailable: {fused}"
+        elif requested == "fused-int8":
+            return DecodePathChoice("eager", f"the fused decode step does not take {quantization} weights")
+        if requested == "fused-int8" or quantization not in AUTO_INT8_SOURCES:
+            notes = {"fp32": "exact path for fp32", "bf16": BF16_NOTE}
+            why = fused_reason or notes.get(quantization, f"no faster CPU decode path for {quantization}")
+            return DecodePathChoice("eager", why)
     allowed = AUTO_INT8_SOURCES if requested == "auto" else FORCED_INT8_SOURCES
     if quantization not in allowed:
         notes = {"fp32": "exact path for fp32", "bf16": BF16_NOTE}
@@ -91,10 +110,48 @@ def apply_decode_path(
         f"weight-only int8 decode ({result.patched} layers, {how} in {seconds:.1f} s); "
         f"prefill in {quantization}, lm_head as loaded"
     )
+    if fused_reason:
+        note = f"{note}; {fused_reason}"
     return DecodePathChoice("int8-decode", note, result.patched, result.added_bytes, seconds)
 
 
-def _cache_file(folder: Path, quantization: str) -> Path | None:
+def _apply_fused(model: Any, quantization: str, folder: Path | None) -> DecodePathChoice | str:
+    """The fused C decode step with int8 copies of every decoder matrix and the lm_head, or why not."""
+    reason = native.unsupported_reason(model)
+    if reason:
+        return reason
+    library = native.load_library()
+    if isinstance(library, str):
+        return library
+    started = time.perf_counter()
+    cache_file = _cache_file(folder, quantization, kind="decode-fused") if folder is not None else None
+    stored = _read_cache(cache_file)
+    try:
+        if stored is not None and native.tensors_fit(model, stored):
+            tensors, how = stored, "loaded from the cache"
+        else:
+            tensors, how = native.pack_model(model, int8.dense_weight), "packed"
+            if cache_file is not None:
+                _write_cache(cache_file, tensors)
+        decoder = native.FusedDecoder(library, model, tensors)
+    except Exception as exc:  # an odd model still runs, on the plain path
+        log.exception("fused decode path failed")
+        return f"packing for the fused kernel failed ({type(exc).__name__}: {exc})"
+    seconds = time.perf_counter() - started
+    built = f", kernel compiled in {library.build_seconds:.1f} s" if library.build_seconds else ""
+    threads = f"{decoder.threads} thread{'s' if decoder.threads > 1 else ''}"
+    note = (
+        f"fused int8 decode step (C kernel, AVX2, {threads}; weights {how} in {seconds:.1f} s{built}); "
+        f"prefill in {_prefill_description(model, quantization)}"
+    )
+    return DecodePathChoice("fused-int8", note, decoder.layers, decoder.added_bytes, seconds, decoder)
+
+
+def _prefill_description(model: Any, quantization: str) -> str:
+    return f"{quantization} weights, fp32 GEMMs" if prefill.uses_upcast(model) else quantization
+
+
+def _cache_file(folder: Path, quantization: str, kind: str = "decode-int8") -> Path | None:
     try:
         files = sorted(folder.resolve().glob("*.safetensors"))
         stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
@@ -102,9 +159,9 @@ def _cache_file(folder: Path, quantization: str) -> Path | None:
         return None
     if not files:
         return None
-    identity = json.dumps([CACHE_FORMAT, str(folder.resolve()), stamp, quantization, torch.__version__])
+    identity = json.dumps([CACHE_FORMAT, kind, str(folder.resolve()), stamp, quantization, torch.__version__])
     digest = hashlib.sha256(identity.encode()).hexdigest()[:24]
-    return cache_dir() / "decode-int8" / f"{folder.name[:40]}-{quantization}-{digest}.safetensors"
+    return cache_dir() / kind / f"{folder.name[:40]}-{quantization}-{digest}.safetensors"
 
 
 def _read_cache(cache_file: Path | None) -> dict[str, torch.Tensor] | None:

@@ -1,0 +1,507 @@
+"""The fused int8 decode step: a small C library (native/hearth_decode.c) compiled on first use and cached.
+
+Prefill keeps running through the model's own (fast, batched) torch kernels; each single-token step runs the whole
+decoder in one C call over weight-only int8 copies of its matrices. Both share one KV cache: `SlabLayer` keeps each
+layer's keys and values in a preallocated [1, kv_heads, capacity, head_dim] slab that torch sees as a growing view
+and the C step writes in place, so prefix reuse (crop to the common prefix, overwrite past it) works as before.
+
+Everything that can stop the fused path (no C compiler, a failed compile, a CPU without AVX2/FMA, an architecture
+the kernel does not implement) returns a reason instead of raising; the engine then runs the plain path and shows
+the reason in the reply's stats.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from app.core.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native") / "hearth_decode.c"
+ABI = 1
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+STATIC_ROPE_TYPES = ("default", "linear", "llama3")  # inv_freq does not depend on the sequence length
+COMPILE_TIMEOUT_S = 180
+EXTRA_FLAGS: tuple[str, ...] = ()  # appended to the compiler flags (tests build a scalar-only kernel with it)
+SLAB_STEP = 256  # KV slab capacity grows in whole multiples of this many positions
+# Order of the C side's enums (checked against hearth_layout at load).
+CFG_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "embed_bf16", "kv_bf16", "threads")
+LAYER_FIELDS = (
+    "attn_norm", "mlp_norm", "qkv_q", "qkv_s", "qkv_b", "o_q", "o_s", "o_b",
+    "gu_q", "gu_s", "gu_b", "down_q", "down_s", "down_b", "k", "v",
+)  # fmt: skip
+GLOBAL_FIELDS = ("embed", "final_norm", "lm_q", "lm_s", "inv_freq")
+
+
+# -- the library ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NativeLibrary:
+    lib: ctypes.CDLL
+    path: Path
+    threaded: bool  # built with OpenMP
+    build_seconds: float  # 0.0 when it came from the cache
+    compiler: str
+
+
+_library_lock = threading.Lock()
+_library: NativeLibrary | str | None = None  # the loaded library, or why there is none; per process
+
+
+def load_library() -> NativeLibrary | str:
+    """The compiled kernel library, building it once per source/compiler/CPU; a string says why it can't be had."""
+    global _library
+    with _library_lock:
+        if _library is None:
+            _library = _build_and_load()
+        return _library
+
+
+def reset_library_for_tests() -> None:
+    global _library
+    with _library_lock:
+        _library = None
+
+
+def _compiler() -> str | None:
+    for candidate in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
+        if candidate and (found := shutil.which(candidate)):
+            return found
+    return None
+
+
+def _machine_identity() -> str:
+    """What -march=native depends on: the CPU model and its feature flags."""
+    text = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith(("model name", "flags", "Features")):
+                    text += line
+                if line.strip() == "":
+                    break
+    except OSError:
+        pass
+    return f"{platform.machine()}|{platform.processor()}|{text}"
+
+
+def _build_and_load() -> NativeLibrary | str:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the fused decode kernel is x86-64 (AVX2) only; this CPU is {platform.machine()}"
+    compiler = _compiler()
+    if compiler is None:
+        return "no C compiler found (cc, gcc or clang; set CC) to build the fused decode kernel"
+    try:
+        version = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"the C compiler {compiler} does not run ({exc})"
+    source = SOURCE.read_bytes()
+    failures: list[str] = []
+    for threaded in (True, False):  # OpenMP first; a compiler without it still gets a single-threaded kernel
+        flags = [
+            "-O3",
+            "-march=native",
+            "-shared",
+            "-fPIC",
+            "-std=c11",
+            *(["-fopenmp"] if threaded else []),
+            *EXTRA_FLAGS,
+        ]
+        identity = "\n".join([str(ABI), compiler, *version, " ".join(flags), _machine_identity(), sys.platform])
+        digest = hashlib.sha256(source + identity.encode()).hexdigest()[:20]
+        target = cache_dir() / "native" / f"hearth_decode-{digest}{_suffix()}"
+        built = 0.0
+        if not target.exists():
+            started = time.perf_counter()
+            error = _compile(compiler, flags, target)
+            if error:
+                failures.append(error)
+                continue
+            built = time.perf_counter() - started
+        loaded = _load(target, threaded, built, compiler)
+        if isinstance(loaded, str):
+            failures.append(loaded)
+            continue
+        return loaded
+    return failures[0] if failures else "the fused decode kernel could not be built"
+
+
+def _suffix() -> str:
+    return ".dll" if sys.platform == "win32" else ".dylib" if sys.platform == "darwin" else ".so"
+
+
+def _compile(compiler: str, flags: list[str], target: Path) -> str:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    command = [compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"compiling the fused decode kernel took over {COMPILE_TIMEOUT_S} s"
+    except OSError as exc:
+        return f"the C compiler could not run ({exc})"
+    if result.returncode != 0:
+        first = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip()[:200])
+        partial.unlink(missing_ok=True)
+        return f"compiling the fused decode kernel failed: {first.strip()}"
+    os.replace(partial, target)  # atomic: another process never loads a half-written library
+    return ""
+
+
+def _load(path: Path, threaded: bool, built: float, compiler: str) -> NativeLibrary | str:
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        return f"the fused decode kernel did not load ({exc})"
+    lib.hearth_abi.restype = ctypes.c_int
+    lib.hearth_simd.restype = ctypes.c_int
+    lib.hearth_openmp.restype = ctypes.c_int
+    lib.hearth_layout.restype = ctypes.c_int
+    lib.hearth_layout.argtypes = [ctypes.c_int]
+    lib.hearth_scratch_floats.restype = ctypes.c_int64
+    lib.hearth_scratch_floats.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.hearth_step.restype = ctypes.c_int
+    lib.hearth_step.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2
+    if lib.hearth_abi() != ABI:
+        return f"the fused decode kernel at {path} is from another version"
+    layout = tuple(lib.hearth_layout(i) for i in range(4))
+    if layout != (len(CFG_FIELDS), 3, len(GLOBAL_FIELDS), len(LAYER_FIELDS)):
+        return f"the fused decode kernel's layout {layout} does not match this Hearth"
+    if not lib.hearth_simd():
+        return "this CPU lacks AVX2+FMA: the fused decode kernel would be slower than the plain path"
+    return NativeLibrary(lib, path, threaded and bool(lib.hearth_openmp()), built, compiler)
+
+
+# -- the KV cache both paths share ----------------------------------------------------------------------------------
+class SlabArena:
+    """Shared by one cache's layers: the capacity they all have and a version bumped on every reallocation."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit  # the model's context window: slabs never grow past it
+        self.version = 0
+
+
+class SlabLayer(DynamicLayer):
+    """A DynamicLayer whose keys/values are views of preallocated slabs, so a C step can write in place."""
+
+    def __init__(self, arena: SlabArena, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.arena = arena
+        self.slab_keys = torch.empty(1, kv_heads, 0, head_dim, dtype=dtype)
+        self.slab_values = torch.empty(1, kv_heads, 0, head_dim, dtype=dtype)
+        self.length = 0
+        self.device = torch.device("cpu")
+        self.is_initialized = True
+
+    # transformers reads and assigns .keys/.values; here they are always the valid part of the slabs.
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.slab_keys[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        if value is not None:
+            raise TypeError("SlabLayer keys are written through update()")
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.slab_values[:, :, : self.length]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        if value is not None:
+            raise TypeError("SlabLayer values are written through update()")
+
+    @property
+    def capacity(self) -> int:
+        return int(self.slab_keys.shape[2])
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        return None
+
+    def reserve(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        grown = max(needed, self.capacity + max(2 * SLAB_STEP, self.capacity // 4))
+        grown = -(-grown // SLAB_STEP) * SLAB_STEP
+        capacity = max(needed, min(grown, self.arena.limit))
+        for name in ("slab_keys", "slab_values"):
+            old = getattr(self, name)
+            new = torch.empty(1, old.shape[1], capacity, old.shape[3], dtype=old.dtype)
+            new[:, :, : self.length].copy_(old[:, :, : self.length])
+            setattr(self, name, new)
+        self.arena.version += 1
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        count = int(key_states.shape[-2])
+        self.reserve(self.length + count)
+        self.slab_keys[:, :, self.length : self.length + count].copy_(key_states)
+        self.slab_values[:, :, self.length : self.length + count].copy_(value_states)
+        self.length += count
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes the (negative) number of tokens to remove")
+        self.length = max(0, self.length + tokens_to_remove)
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+def new_slab_cache(model: Any, limit: int) -> DynamicCache:
+    config = model.config.get_text_config(decoder=True)
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    dtype = _kv_dtype(model)
+    cache = DynamicCache(config=model.config)
+    arena = SlabArena(limit)
+    cache.layers = [SlabLayer(arena, kv_heads, head_dim, dtype) for _ in range(int(config.num_hidden_layers))]
+    return cache
+
+
+def is_slab_cache(cache: Any) -> bool:
+    layers = getattr(cache, "layers", None) or []
+    return bool(layers) and all(isinstance(layer, SlabLayer) for layer in layers)
+
+
+def _kv_dtype(model: Any) -> torch.dtype:
+    """The dtype attention runs in (and the cache is kept in): the embedding's, for 4-bit models the compute dtype."""
+    embed = model.get_input_embeddings()
+    return embed.weight.dtype if isinstance(embed, nn.Embedding) else torch.float32
+
+
+# -- the model, packed for the kernel -------------------------------------------------------------------------------
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: w ≈ q * scale[:, None], scale = max|row| / 127."""
+    full = weight.detach().float()
+    scale = full.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+    q = torch.round(full / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+def unsupported_reason(model: Any) -> str:
+    """Empty when the kernel implements this model's decoder exactly, else what it lacks."""
+    config = model.config.get_text_config(decoder=True)
+    model_type = str(getattr(config, "model_type", ""))
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"the fused kernel implements {', '.join(SUPPORTED_MODEL_TYPES)}, not {model_type or 'this model'}"
+    if str(getattr(config, "hidden_act", "silu")) != "silu":
+        return f"activation {config.hidden_act} is not in the fused kernel"
+    layer_types = getattr(config, "layer_types", None) or []
+    window = getattr(config, "sliding_window", None)
+    if any(kind != "full_attention" for kind in layer_types) or (
+        window and getattr(config, "use_sliding_window", True) and not layer_types
+    ):
+        return "sliding-window attention is not in the fused kernel"
+    base = getattr(model, "model", None)
+    rotary = getattr(base, "rotary_emb", None)
+    rope_type = str(getattr(rotary, "rope_type", "default"))
+    if rope_type not in STATIC_ROPE_TYPES:
+        return f"RoPE type {rope_type} is not in the fused kernel"
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    inv_freq = getattr(rotary, "inv_freq", None)
+    if not isinstance(inv_freq, torch.Tensor) or inv_freq.numel() * 2 != head_dim:
+        return "partial rotary embeddings are not in the fused kernel"
+    widths = {
+        "hidden": int(config.hidden_size),
+        "intermediate": int(config.intermediate_size),
+        "heads": heads * head_dim,
+    }
+    if odd := [f"{name} {width}" for name, width in widths.items() if width % 32]:
+        return f"the fused kernel needs sizes in multiples of 32 ({', '.join(odd)})"
+    if _kv_dtype(model) not in (torch.float32, torch.bfloat16):
+        return f"{_kv_dtype(model)} activations are not in the fused kernel (bf16 and fp32 are)"
+    layers = getattr(base, "layers", None)
+    if layers is None or len(layers) != int(config.num_hidden_layers):
+        return "the model's decoder layers are not where the fused kernel looks for them"
+    attention = layers[0].self_attn
+    if abs(float(getattr(attention, "scaling", head_dim**-0.5)) - head_dim**-0.5) > 1e-6:
+        return "a non-standard attention scale is not in the fused kernel"
+    return ""
+
+
+class FusedDecoder:
+    """One loaded model's int8 copies plus the argument arrays for hearth_step; `step` runs one token."""
+
+    def __init__(self, native: NativeLibrary, model: Any, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.native = native
+        config = model.config.get_text_config(decoder=True)
+        base: Any = model.model
+        self.heads = int(config.num_attention_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.layers = int(config.num_hidden_layers)
+        self.hidden = int(config.hidden_size)
+        self.vocab = int(tensors["lm.q"].shape[0])
+        embed = base.embed_tokens.weight.detach()
+        kv_dtype = _kv_dtype(model)
+        self._keep: list[torch.Tensor] = []  # every tensor the C side points into stays alive here
+        self.threads = max(1, torch.get_num_threads()) if native.threaded else 1
+        cfg = {
+            "layers": self.layers,
+            "hidden": self.hidden,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "inter": int(config.intermediate_size),
+            "vocab": self.vocab,
+            "embed_bf16": int(embed.dtype == torch.bfloat16),
+            "kv_bf16": int(kv_dtype == torch.bfloat16),
+            "threads": self.threads,
+        }
+        self.cfg = (ctypes.c_int64 * len(CFG_FIELDS))(*(cfg[name] for name in CFG_FIELDS))
+        norm = base.norm
+        eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+        rotary = base.rotary_emb
+        self.cfgf = (ctypes.c_float * 3)(eps, self.head_dim**-0.5, float(getattr(rotary, "attention_scaling", 1.0)))
+        if embed.dtype not in (torch.bfloat16, torch.float32):
+            embed = embed.float()
+        glob = {
+            "embed": self._hold(embed),
+            "final_norm": self._hold(norm.weight.detach().float()),
+            "lm_q": self._hold(tensors["lm.q"]),
+            "lm_s": self._hold(tensors["lm.s"]),
+            "inv_freq": self._hold(rotary.inv_freq.detach().float()),
+        }
+        self.glob = (ctypes.c_void_p * len(GLOBAL_FIELDS))(*(glob[name] for name in GLOBAL_FIELDS))
+        self.layer_args = (ctypes.c_void_p * (len(LAYER_FIELDS) * self.layers))()
+        for index, layer in enumerate(base.layers):
+            fields: dict[str, int | None] = {
+                "attn_norm": self._hold(layer.input_layernorm.weight.detach().float()),
+                "mlp_norm": self._hold(layer.post_attention_layernorm.weight.detach().float()),
+            }
+            for part in ("qkv", "o", "gu", "down"):
+                fields[f"{part}_q"] = self._hold(tensors[f"{index}.{part}.q"])
+                fields[f"{part}_s"] = self._hold(tensors[f"{index}.{part}.s"])
+                bias = tensors.get(f"{index}.{part}.b")
+                fields[f"{part}_b"] = self._hold(bias) if bias is not None else None
+            for offset, name in enumerate(LAYER_FIELDS[:-2]):
+                self.layer_args[index * len(LAYER_FIELDS) + offset] = fields[name]
+        self.added_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        self._scratch = torch.empty(0, dtype=torch.float32)
+        self._bound: tuple[int, int] | None = None  # (arena id, version) the K/V pointers were set for
+
+    def _hold(self, tensor: torch.Tensor) -> int:
+        tensor = tensor.contiguous()
+        self._keep.append(tensor)
+        return int(tensor.data_ptr())
+
+    def step(self, token: int, cache: DynamicCache) -> torch.Tensor:
+        """Run `token` at the cache's next position; returns the next token's logits [1, vocab] (fp32)."""
+        layers: list[SlabLayer] = cache.layers  # type: ignore[assignment]
+        position = layers[0].length
+        for layer in layers:
+            layer.reserve(position + 1)
+        arena = layers[0].arena
+        capacity = layers[0].capacity
+        if self._bound != (id(arena), arena.version):
+            stride = len(LAYER_FIELDS)
+            for index, layer in enumerate(layers):
+                self.layer_args[index * stride + stride - 2] = layer.slab_keys.data_ptr()
+                self.layer_args[index * stride + stride - 1] = layer.slab_values.data_ptr()
+            needed = int(self.native.lib.hearth_scratch_floats(ctypes.addressof(self.cfg), capacity))
+            if self._scratch.numel() < needed:
+                self._scratch = torch.empty(needed, dtype=torch.float32)
+            self._bound = (id(arena), arena.version)
+        logits = torch.empty(1, self.vocab, dtype=torch.float32)  # fresh per step: callers may keep it
+        code = self.native.lib.hearth_step(
+            ctypes.addressof(self.cfg),
+            ctypes.addressof(self.cfgf),
+            ctypes.addressof(self.glob),
+            ctypes.addressof(self.layer_args),
+            token,
+            position,
+            capacity,
+            logits.data_ptr(),
+            self._scratch.data_ptr(),
+        )
+        if code != 0:
+            raise RuntimeError(f"the fused decode step refused token {token} at position {position} (code {code})")
+        for layer in layers:
+            layer.length = position + 1
+        return logits
+
+
+def pack_model(model: Any, dense_weight: Any) -> dict[str, torch.Tensor]:
+    """The int8 copies the kernel reads, by name; `dense_weight(module)` gives a linear layer's float weight."""
+    base: Any = model.model
+    packed: dict[str, torch.Tensor] = {}
+
+    def add(name: str, modules: list[nn.Module], interleave: bool = False) -> None:
+        weights = []
+        biases = []
+        for module in modules:
+            weight = dense_weight(module)
+            if weight is None:
+                raise ValueError(f"{name}: {type(module).__name__} has no weight the kernel can pack")
+            weights.append(weight.detach().float())
+            bias = getattr(module, "bias", None)
+            biases.append(bias.detach().float() if isinstance(bias, torch.Tensor) else None)
+        if interleave:  # gate/up pairs adjacent: row 2i is gate i, row 2i+1 up i
+            merged = torch.stack(weights, dim=1).reshape(-1, weights[0].shape[1])
+        else:
+            merged = torch.cat(weights, dim=0)
+        packed[f"{name}.q"], packed[f"{name}.s"] = quantize_rows(merged)
+        if any(bias is not None for bias in biases):
+            filled = [b if b is not None else torch.zeros(w.shape[0]) for b, w in zip(biases, weights, strict=True)]
+            packed[f"{name}.b"] = (
+                torch.stack(filled, dim=1).reshape(-1) if interleave else torch.cat(filled)
+            ).contiguous()
+
+    for index, layer in enumerate(base.layers):
+        attention, mlp = layer.self_attn, layer.mlp
+        add(f"{index}.qkv", [attention.q_proj, attention.k_proj, attention.v_proj])
+        add(f"{index}.o", [attention.o_proj])
+        add(f"{index}.gu", [mlp.gate_proj, mlp.up_proj], interleave=True)
+        add(f"{index}.down", [mlp.down_proj])
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Module):
+        raise ValueError("the model has no output embedding")
+    head_weight = dense_weight(head) if isinstance(head, nn.Linear) else None
+    if head_weight is None:
+        raise ValueError("the lm_head is not a linear layer the kernel can pack")
+    packed["lm.q"], packed["lm.s"] = quantize_rows(head_weight)
+    return packed
+
+
+def tensors_fit(model: Any, tensors: Mapping[str, torch.Tensor]) -> bool:
+    """A cached pack matches this model's shapes (a stale or foreign cache is repacked, not trusted)."""
+    config = model.config.get_text_config(decoder=True)
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    hidden, inter = int(config.hidden_size), int(config.intermediate_size)
+    expected = {"0.qkv.q": ((heads + 2 * kv_heads) * head_dim, hidden), "0.gu.q": (2 * inter, hidden)}
+    for index in range(int(config.num_hidden_layers)):
+        expected[f"{index}.down.q"] = (hidden, inter)
+        expected[f"{index}.o.q"] = (hidden, heads * head_dim)
+    if "lm.q" not in tensors or tensors["lm.q"].shape[1] != hidden:
+        return False
+    return all(name in tensors and tuple(tensors[name].shape) == shape for name, shape in expected.items())

@@ -1,0 +1,273 @@
+"""The fused C decode step (app/core/fastpath/native.py) against the plain path, its shared KV cache, and fallbacks.
+
+Agreement bound (int8 weights and Q8 activations change precision): teacher-forced on the plain path's greedy
+tokens, the fused step's argmax matches on >= 90 % of steps on the default model, and its logits stay within 5 %
+(max abs difference / max abs logit) of the plain path's on tiny random models of every architecture it runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from app.core import fastpath
+from app.core.engine import Engine, KVState, kv_cache_bytes
+from app.core.events import ChatMessage, DoneEvent, TokenEvent
+from app.core.fastpath import native
+from app.core.sampling import SamplingParams
+from app.core.session import ChatSession
+from tests.core.test_fastpath import AGREEMENT_BOUND, GREEDY, LOGIT_ERROR_BOUND, greedy_reference, run, teacher_forced
+
+
+@pytest.fixture(scope="module")
+def plain(default_loaded: Any) -> Engine:
+    return Engine(default_loaded, decode_path="eager")
+
+
+@pytest.fixture(scope="module")
+def fused(default_loaded: Any) -> Engine:
+    engine = Engine(default_loaded)
+    assert engine.decode_path == "fused-int8", engine.decode_path_note
+    return engine
+
+
+@pytest.fixture
+def fresh_library(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Forget the process's compiled library for one test (and again after it, so later tests rebuild cleanly)."""
+    native.reset_library_for_tests()
+    yield native
+    native.reset_library_for_tests()
+
+
+def test_auto_runs_bf16_on_the_cpu_through_the_fused_step_and_says_so(fused: Engine) -> None:
+    text, stats, done = run(fused.generate([ChatMessage("user", "What is the capital of France?")], GREEDY))
+    assert "Paris" in text and done.finish_reason in ("stop", "length")
+    assert stats.decode_path == "fused-int8"
+    assert "fused int8 decode step" in stats.decode_path_note and "prefill in bf16" in stats.decode_path_note
+    assert fused.path.added_bytes > 100 * 2**20  # int8 copies of ~135M parameters, reported as what the path adds
+
+
+def test_fused_step_agrees_with_the_plain_path_on_the_default_model(plain: Engine, fused: Engine) -> None:
+    ids = plain.prepare_prompt([ChatMessage("user", "Tell me about the history of bread.")]).ids
+    reference = greedy_reference(plain, ids, 24)
+    picks, _ = teacher_forced(fused, ids, reference)
+    agreement = sum(a == b for a, b in zip(picks, reference, strict=True)) / len(reference)
+    assert agreement >= AGREEMENT_BOUND
+    assert picks[0] == reference[0]  # the first token comes from prefill, which stays on the model's own kernels
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [
+        ("llama", {}),
+        ("llama-untied", {}),
+        ("llama", {"attention_bias": True, "mlp_bias": True}),
+        ("qwen2", {}),
+        ("mistral", {"sliding_window": None}),
+        ("llama", {"num_key_value_heads": 4}),  # no grouped-query attention
+    ],
+)
+@pytest.mark.parametrize("quantization", ["bf16", "fp32", "nf4"])
+def test_fused_logits_stay_within_the_bound_on_tiny_models(
+    arch: str, overrides: dict[str, Any], quantization: str, tiny_model_dir: Any
+) -> None:
+    from app.core.loader import load_model
+
+    loaded = load_model(str(tiny_model_dir(arch, **overrides)), quantization=quantization, device="cpu")
+    plain_engine = Engine(loaded, decode_path="eager")
+    fused_engine = Engine(loaded, decode_path="fused-int8")
+    assert fused_engine.decode_path == "fused-int8", fused_engine.decode_path_note
+    ids = plain_engine.prepare_prompt([ChatMessage("user", "hello there, how are you today?")]).ids
+    reference = greedy_reference(plain_engine, ids, 12)
+    _, plain_logits = teacher_forced(plain_engine, ids, reference)
+    _, fused_logits = teacher_forced(fused_engine, ids, reference)
+    assert torch.equal(plain_logits[0], fused_logits[0])  # prefill: the same kernels, the same logits
+    for want, got in zip(plain_logits[1:], fused_logits[1:], strict=True):
+        error = float((got - want).abs().max() / want.abs().max())
+        assert error < LOGIT_ERROR_BOUND
+
+
+def test_the_fused_step_and_torch_share_one_kv_cache(default_loaded: Any, fused: Engine, plain: Engine) -> None:
+    """Positions the C step writes are what torch attends to next, and the other way round."""
+    ids = plain.prepare_prompt([ChatMessage("user", "Name three rivers.")]).ids
+    kv = KVState()
+    with torch.inference_mode():
+        fused._forward(ids, kv)
+        for token in (504, 3458, 282):
+            fused._forward([token], kv)  # C steps append in place
+        assert native.is_slab_cache(kv.cache) and len(kv.ids) == kv.cache.get_seq_length() == len(ids) + 3
+        after_fused = fused._forward([30, 1], kv)  # torch prefill on top of the C-written positions
+        reference = KVState()
+        plain._forward([*ids, 504, 3458, 282, 30, 1], reference)
+    for mine, theirs in zip(kv.cache.layers, reference.cache.layers, strict=True):
+        assert mine.keys.shape == theirs.keys.shape
+        # The C step's positions hold int8-weight K/V, prefill's hold the plain ones: close, not identical.
+        assert torch.allclose(mine.keys.float(), theirs.keys.float(), atol=0.6, rtol=0.1)
+    assert kv_cache_bytes(kv.cache) == kv_cache_bytes(reference.cache)  # the valid part, as the planner counts
+    assert int(torch.argmax(after_fused)) >= 0
+
+
+def test_slab_layers_grow_keep_their_contents_and_crop() -> None:
+    arena = native.SlabArena(limit=2000)
+    layer = native.SlabLayer(arena, kv_heads=2, head_dim=4, dtype=torch.float32)
+    first = torch.randn(1, 2, 300, 4)
+    layer.update(first, first * 2)
+    assert layer.capacity >= 300 and arena.version == 1
+    second = torch.randn(1, 2, 400, 4)
+    keys, values = layer.update(second, second * 2)  # past the capacity: reallocated, contents copied
+    assert arena.version == 2 and layer.capacity >= 700
+    assert torch.equal(keys, torch.cat([first, second], dim=2)) and torch.equal(values, keys * 2)
+    layer.crop(-650)
+    assert layer.get_seq_length() == 50 and torch.equal(layer.keys, first[:, :, :50])
+    layer.reserve(5000)
+    assert layer.capacity == 5000  # never less than needed, even past the model's window
+    with pytest.raises(TypeError):
+        layer.keys = torch.zeros(1)
+    with pytest.raises(ValueError, match="negative"):
+        layer.crop(3)
+
+
+def test_regenerate_and_edit_with_the_fused_step_give_identical_replies(fused: Engine) -> None:
+    session = ChatSession(fused, params=GREEDY, use_response_cache=False)
+    first, first_stats, _ = run(session.ask("What is 2 + 2?"))
+    again, again_stats, _ = run(session.regenerate())
+    assert again == first and again_stats.decode_path == "fused-int8"
+    assert again_stats.cached_tokens == first_stats.prompt_tokens - 1
+    edited, edited_stats, _ = run(session.edit(0, "What is 3 + 3?"))
+    assert 0 < edited_stats.cached_tokens < edited_stats.prompt_tokens
+    fresh, _, _ = run(fused.generate([ChatMessage("user", "What is 3 + 3?")], GREEDY))
+    assert edited == fresh
+
+
+def test_next_turn_reuses_the_cache_the_fused_step_wrote(fused: Engine) -> None:
+    session = ChatSession(fused, system_prompt="You are concise.", params=GREEDY, use_response_cache=False)
+    _, first_stats, _ = run(session.ask("Name a fruit."))
+    text, stats, done = run(session.ask("Name a colour."))
+    # The whole first exchange, the reply's decode-written positions included, is reused.
+    assert stats.cached_tokens >= first_stats.prompt_tokens + first_stats.generated_tokens - 2
+    assert text and done.finish_reason in ("stop", "length") and stats.decode_path == "fused-int8"
+
+
+def test_cancel_stops_within_one_token_on_the_fused_step(fused: Engine) -> None:
+    cancel = threading.Event()
+    tokens_after_cancel = 0
+    done = None
+    events = fused.generate(
+        [ChatMessage("user", "Count from 1 to 100.")], SamplingParams(temperature=0, max_new_tokens=200), cancel=cancel
+    )
+    for event in events:
+        if isinstance(event, TokenEvent):
+            if cancel.is_set():
+                tokens_after_cancel += 1
+            cancel.set()
+        elif isinstance(event, DoneEvent):
+            done = event
+    assert done is not None and done.finish_reason == "cancelled"
+    assert tokens_after_cancel <= 1
+
+
+def test_sampling_runs_on_the_fused_logits_and_is_reproducible(fused: Engine) -> None:
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, repetition_penalty=1.1, max_new_tokens=16, seed=7)
+    first, stats, _ = run(fused.generate([ChatMessage("user", "Write a haiku about bread.")], params))
+    second, _, _ = run(fused.generate([ChatMessage("user", "Write a haiku about bread.")], params))
+    assert first == second and first and stats.decode_path == "fused-int8"
+
+
+def test_architectures_the_kernel_lacks_fall_back_with_the_reason(tiny_model_dir: Any) -> None:
+    from app.core.loader import load_model
+
+    for arch, overrides, reason in (
+        ("gemma2", {}, "not gemma2"),
+        ("phi3", {}, "not phi3"),
+        ("mistral", {}, "sliding-window"),
+        ("llama", {"hidden_act": "gelu"}, "activation gelu"),
+    ):
+        loaded = load_model(str(tiny_model_dir(arch, **overrides)), quantization="bf16", device="cpu")
+        engine = Engine(loaded)
+        assert engine.decode_path == "eager" and reason in engine.decode_path_note
+        _, stats, done = run(
+            engine.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=3))
+        )
+        assert done.finish_reason in ("stop", "length") and reason in stats.decode_path_note
+
+
+def test_no_compiler_falls_back_to_the_plain_path_with_the_reason(
+    default_loaded: Any, fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
+) -> None:
+    monkeypatch.setenv("CC", "")
+    monkeypatch.setenv("PATH", str(isolated_cache))  # nothing to find there
+    engine = Engine(default_loaded)
+    assert engine.decode_path == "eager"
+    _, stats, done = run(engine.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=3)))
+    assert done.finish_reason in ("stop", "length")
+    assert "fused decode unavailable: no C compiler found" in stats.decode_path_note
+
+
+def test_a_failing_compile_falls_back_with_the_compilers_error(
+    default_loaded: Any, fresh_library: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, isolated_cache: Path
+) -> None:
+    broken = tmp_path / "hearth_decode.c"
+    broken.write_text("int hearth_abi(void) { return }\n")
+    monkeypatch.setattr(native, "SOURCE", broken)
+    choice = fastpath.apply_decode_path(default_loaded.model, "cpu", "bf16")
+    assert choice.name == "eager" and "compiling the fused decode kernel failed" in choice.note
+    assert "error" in choice.note
+    assert not list((isolated_cache / "native").glob("*.partial"))
+
+
+def test_a_cpu_without_avx2_falls_back_with_the_reason(
+    default_loaded: Any, fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
+) -> None:
+    monkeypatch.setattr(native, "EXTRA_FLAGS", ("-mno-avx2", "-mno-fma"))  # builds the scalar kernel, as on such CPUs
+    choice = fastpath.apply_decode_path(default_loaded.model, "cpu", "bf16")
+    assert choice.name == "eager" and "lacks AVX2+FMA" in choice.note
+
+
+def test_the_kernel_and_the_packed_weights_are_cached_across_loads(
+    tiny_model_dir: Any, fresh_library: Any, isolated_cache: Path
+) -> None:
+    from app.core.loader import load_model
+
+    folder = tiny_model_dir("qwen2", hidden_size=96)
+    first = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
+    assert first.decode_path == "fused-int8" and "packed in" in first.decode_path_note
+    assert "kernel compiled in" in first.decode_path_note
+    assert len(list((isolated_cache / "native").glob("hearth_decode-*"))) == 1
+    assert len(list((isolated_cache / "decode-fused").glob("*.safetensors"))) == 1
+
+    native.reset_library_for_tests()  # as in a new process: the library file is reused, not rebuilt
+    second = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
+    assert "loaded from the cache" in second.decode_path_note and "compiled" not in second.decode_path_note
+    ids = first.prepare_prompt([ChatMessage("user", "hello")]).ids
+    reference = greedy_reference(first, ids, 4)
+    assert teacher_forced(first, ids, reference)[0] == teacher_forced(second, ids, reference)[0]
+
+    cached = next((isolated_cache / "decode-fused").glob("*.safetensors"))
+    cached.write_bytes(b"not a safetensors file")  # damaged: repacked, never trusted
+    third = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
+    assert third.decode_path == "fused-int8" and "packed in" in third.decode_path_note
+
+
+def test_a_refused_step_ends_the_reply_with_an_error_and_the_engine_recovers(
+    fused: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoder = fused.path.fused
+    assert decoder is not None
+    real_step = decoder.step
+    monkeypatch.setattr(decoder, "step", lambda token, cache: real_step(10**9, cache))  # out of the vocabulary
+    events = list(fused.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4)))
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.finish_reason == "error"
+    assert "refused token 1000000000" in (done.error or "")
+    monkeypatch.undo()
+    text, _, done = run(fused.generate([ChatMessage("user", "What is the capital of France?")], GREEDY))
+    assert done.finish_reason in ("stop", "length") and "Paris" in text
+
+
+def test_forcing_the_fused_step_on_weights_it_does_not_take_says_so(default_loaded: Any) -> None:
+    choice = fastpath.apply_decode_path(default_loaded.model, "cpu", "int8", "fused-int8")
+    assert choice.name == "eager" and "does not take int8 weights" in choice.note
