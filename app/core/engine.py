@@ -209,7 +209,12 @@ class Engine:
                 self.loaded.model_id,
                 self.loaded.quantization,
                 prompt_ids,
-                {"max_new_tokens": budget, "repetition_penalty": params.repetition_penalty},
+                # The decode path is part of the key: the fused int8 step's greedy text can differ from eager's.
+                {
+                    "max_new_tokens": budget,
+                    "repetition_penalty": params.repetition_penalty,
+                    "decode_path": self.decode_path,
+                },
             )
             if use_response_cache and (hit := self.response_cache.get(key)) is not None:
                 yield from self._replay(hit, prompt_ids, started, dropped_turns)

@@ -66,7 +66,9 @@ def test_json_stdin_turns_share_one_conversation_and_its_cache() -> None:
 
 
 def test_stats_flag_prints_the_figures(tmp_path: Path) -> None:
-    result = hearth("chat", "--stats", "-t", "0", "--quant", "bf16", "--max-tokens", "4", "Hello")
+    result = hearth(
+        "chat", "--stats", "-t", "0", "--quant", "bf16", "--max-tokens", "4", "--no-response-cache", "Hello"
+    )
     assert result.returncode == 0, result.stderr
     assert "TTFT" in result.stderr and "decode" in result.stderr and "cached" in result.stderr
 

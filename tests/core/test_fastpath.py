@@ -17,7 +17,7 @@ import torch
 from app.core import fastpath
 from app.core.engine import Engine, KVState
 from app.core.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
-from app.core.fastpath import int8
+from app.core.fastpath import int8, native
 from app.core.sampling import SamplingParams
 from app.core.session import ChatSession
 
@@ -71,15 +71,25 @@ def fast(default_loaded: Any) -> Engine:
     return Engine(default_loaded, decode_path="int8-decode")
 
 
-def test_auto_keeps_bf16_on_the_plain_path_and_says_why_in_the_stats(default_loaded: Any) -> None:
+@pytest.fixture
+def no_fused_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a machine without a C compiler: the fused step is unavailable, the next best path runs."""
+    monkeypatch.setattr(native, "load_library", lambda: "no C compiler found (test)")
+
+
+def test_auto_without_the_fused_step_keeps_bf16_on_the_plain_path_and_says_why(
+    default_loaded: Any, no_fused_step: None
+) -> None:
     engine = Engine(default_loaded)
     assert engine.decode_path == "eager"
     text, stats, done = run(engine.generate([ChatMessage("user", "What is the capital of France?")], GREEDY))
     assert "Paris" in text and done.finish_reason in ("stop", "length")
-    assert stats.decode_path == "eager" and "1.07x" in stats.decode_path_note
+    assert stats.decode_path == "eager" and "fused decode unavailable: no C compiler found" in stats.decode_path_note
 
 
-def test_auto_picks_int8_decode_for_nf4_on_the_cpu_and_says_so_in_the_stats(tiny_model_dir: Any) -> None:
+def test_auto_without_the_fused_step_picks_int8_decode_for_nf4_on_the_cpu(
+    tiny_model_dir: Any, no_fused_step: None
+) -> None:
     from app.core.loader import load_model
 
     engine = Engine(load_model(str(tiny_model_dir("llama-untied")), quantization="nf4", device="cpu"))
@@ -87,6 +97,7 @@ def test_auto_picks_int8_decode_for_nf4_on_the_cpu_and_says_so_in_the_stats(tiny
     _, stats, done = run(engine.generate([ChatMessage("user", "hi")], SamplingParams(temperature=0, max_new_tokens=4)))
     assert done.finish_reason in ("stop", "length")
     assert stats.decode_path == "int8-decode" and "int8" in stats.decode_path_note
+    assert "fused decode unavailable" in stats.decode_path_note
 
 
 def test_int8_decode_agrees_with_the_plain_path_on_the_default_model(plain: Engine, fast: Engine) -> None:
@@ -135,7 +146,7 @@ def test_nf4_on_the_cpu_decodes_through_int8_and_agrees(tiny_model_dir: Any) -> 
 
     loaded = load_model(str(tiny_model_dir("llama")), quantization="nf4", device="cpu")
     plain_engine = Engine(loaded, decode_path="eager")
-    fast_engine = Engine(loaded)
+    fast_engine = Engine(loaded, decode_path="int8-decode")
     assert fast_engine.decode_path == "int8-decode"
     ids = plain_engine.prepare_prompt([ChatMessage("user", "hi")]).ids
     reference = greedy_reference(plain_engine, ids, 8)
@@ -210,7 +221,7 @@ def test_a_repacking_failure_falls_back_and_leaves_the_model_unpatched(
 
     loaded = load_model(str(tiny_model_dir("qwen2")), quantization="bf16", device="cpu")
 
-    real_dense_weight = int8._dense_weight
+    real_dense_weight = int8.dense_weight
     calls: list[int] = []
 
     def second_layer_fails(module: torch.nn.Module) -> torch.Tensor | None:
@@ -221,7 +232,7 @@ def test_a_repacking_failure_falls_back_and_leaves_the_model_unpatched(
                 raise RuntimeError("out of memory")
         return weight
 
-    monkeypatch.setattr(int8, "_dense_weight", second_layer_fails)
+    monkeypatch.setattr(int8, "dense_weight", second_layer_fails)
     engine = Engine(loaded, decode_path="int8-decode")
     assert engine.decode_path == "eager" and "repacking failed" in engine.decode_path_note
     assert not any(hasattr(m, int8.PATCH_ATTR) for m in loaded.model.modules())

@@ -71,23 +71,20 @@ def apply_decode_path(
         return DecodePathChoice("eager", "GPU: the model's own kernels (bitsandbytes for nf4)")
     fused_reason = ""
     if requested in ("auto", "fused-int8"):
-        fused_sources = AUTO_FUSED_SOURCES if requested == "auto" else FORCED_FUSED_SOURCES
-        if quantization in fused_sources:
+        if quantization in (AUTO_FUSED_SOURCES if requested == "auto" else FORCED_FUSED_SOURCES):
             fused = _apply_fused(model, quantization, folder)
             if isinstance(fused, DecodePathChoice):
                 return fused
             fused_reason = f"fused decode unavailable: {fused}"
         elif requested == "fused-int8":
             return DecodePathChoice("eager", f"the fused decode step does not take {quantization} weights")
-        if requested == "fused-int8" or quantization not in AUTO_INT8_SOURCES:
-            notes = {"fp32": "exact path for fp32", "bf16": BF16_NOTE}
-            why = fused_reason or notes.get(quantization, f"no faster CPU decode path for {quantization}")
-            return DecodePathChoice("eager", why)
-    allowed = AUTO_INT8_SOURCES if requested == "auto" else FORCED_INT8_SOURCES
-    if quantization not in allowed:
+    if requested == "fused-int8" or quantization not in (
+        AUTO_INT8_SOURCES if requested == "auto" else FORCED_INT8_SOURCES
+    ):
         notes = {"fp32": "exact path for fp32", "bf16": BF16_NOTE}
-        why = notes.get(quantization, f"no faster CPU decode path for {quantization}")
-        return DecodePathChoice("eager", why)
+        return DecodePathChoice(
+            "eager", fused_reason or notes.get(quantization, f"no faster CPU decode path for {quantization}")
+        )
     reason = int8.int8_kernel_available()
     if reason:
         return DecodePathChoice("eager", reason)
