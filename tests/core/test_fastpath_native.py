@@ -271,3 +271,12 @@ def test_a_refused_step_ends_the_reply_with_an_error_and_the_engine_recovers(
 def test_forcing_the_fused_step_on_weights_it_does_not_take_says_so(default_loaded: Any) -> None:
     choice = fastpath.apply_decode_path(default_loaded.model, "cpu", "int8", "fused-int8")
     assert choice.name == "eager" and "does not take int8 weights" in choice.note
+
+
+def test_a_new_conversation_never_writes_into_a_freed_cache(fused: Engine) -> None:
+    """Each new KVState gets fresh slabs; the step must point at them, not at a collected cache's (heap corruption)."""
+    texts = set()
+    for _ in range(6):  # new caches, the old ones garbage: their arenas' ids get reused
+        text, _, _ = run(fused.generate([ChatMessage("user", "What is the capital of France?")], GREEDY, kv=KVState()))
+        texts.add(text)
+    assert len(texts) == 1 and "Paris" in texts.pop()

@@ -406,7 +406,8 @@ class FusedDecoder:
                 self.layer_args[index * len(LAYER_FIELDS) + offset] = fields[name]
         self.added_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         self._scratch = torch.empty(0, dtype=torch.float32)
-        self._bound: tuple[int, int] | None = None  # (arena id, version) the K/V pointers were set for
+        # The arena (held, so its id can't be reused by a new cache) and version the K/V pointers were set for.
+        self._bound: tuple[SlabArena, int] | None = None
 
     def _hold(self, tensor: torch.Tensor) -> int:
         tensor = tensor.contiguous()
@@ -421,7 +422,7 @@ class FusedDecoder:
             layer.reserve(position + 1)
         arena = layers[0].arena
         capacity = layers[0].capacity
-        if self._bound != (id(arena), arena.version):
+        if self._bound is None or self._bound[0] is not arena or self._bound[1] != arena.version:
             stride = len(LAYER_FIELDS)
             for index, layer in enumerate(layers):
                 self.layer_args[index * stride + stride - 2] = layer.slab_keys.data_ptr()
@@ -429,7 +430,7 @@ class FusedDecoder:
             needed = int(self.native.lib.hearth_scratch_floats(ctypes.addressof(self.cfg), capacity))
             if self._scratch.numel() < needed:
                 self._scratch = torch.empty(needed, dtype=torch.float32)
-            self._bound = (id(arena), arena.version)
+            self._bound = (arena, arena.version)
         logits = torch.empty(1, self.vocab, dtype=torch.float32)  # fresh per step: callers may keep it
         code = self.native.lib.hearth_step(
             ctypes.addressof(self.cfg),

@@ -356,6 +356,26 @@ def device_free_bytes(device: str) -> tuple[int, int]:
     return int(memory.available), int(memory.total)
 
 
+def fused_decode_copy_bytes(meta: Any, quantization: str, device: str) -> int:
+    """The int8 copies the CPU's fused decode step adds (app.core.fastpath): 1 byte per weight of every decoder matrix
+    and the lm_head, an fp32 scale per row, fp32 copies of the norms; 0 where that path will not run."""
+    from torch import nn
+
+    from app.core.fastpath.native import unsupported_reason
+    from app.core.fastpath.select import AUTO_FUSED_SOURCES
+
+    if not device.startswith("cpu") or quantization not in AUTO_FUSED_SOURCES or unsupported_reason(meta):
+        return 0
+    total = 0
+    for module in meta.modules():
+        if isinstance(module, nn.Linear):
+            total += module.in_features * module.out_features + 4 * module.out_features
+            total += 4 * module.out_features if module.bias is not None else 0
+        elif type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor):
+            total += 4 * module.weight.numel()
+    return total
+
+
 # -- overhead --------------------------------------------------------------------------------------------------
 def overhead_parts(
     shape: ModelShape,
@@ -438,8 +458,10 @@ def plan_memory(
     tokens = int(context) if context else shape.max_context
     if tokens < 1:
         raise ValueError("context must be at least one token")
-    weights = estimate_weights(meta_model(config, dtype), quant, skip, dtype)
+    meta = meta_model(config, dtype)
+    weights = estimate_weights(meta, quant, skip, dtype)
     kv = kv_layout(config, compute_bytes)
+    decode_copies = fused_decode_copy_bytes(meta, quant, torch_device)
 
     stated = free_bytes is not None
     if free_bytes is None:
@@ -465,6 +487,8 @@ def plan_memory(
     def need_on_device(at: int, weights_on_device: int) -> tuple[int, dict[str, int]]:
         kv_at = kv.bytes_at(at)
         parts = overhead(at, weights_on_device + kv_at)
+        if decode_copies:
+            parts["decode_copies"] = decode_copies
         return weights_on_device + kv_at + sum(parts.values()), parts
 
     total, parts = need_on_device(tokens, weights.total_bytes)
