@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--paths", default="eager,int8-decode")
+    parser.add_argument("--paths", default="eager,fused-int8,int8-decode")
     args = parser.parse_args(argv)
 
     import torch
@@ -97,7 +97,7 @@ def _greedy_tokens(engine: object, ids: list[int], params: object, token_type: t
         for _ in range(params.max_new_tokens):  # type: ignore[attr-defined]
             token = int(torch.argmax(logits, dim=-1).item())
             out.append(token)
-            logits = engine._forward([token], kv)  # type: ignore[attr-defined]
+            logits = engine._forward([token], kv, decode_step=True)  # type: ignore[attr-defined]
     return out
 
 
@@ -118,7 +118,7 @@ def _agreement(engine: object, ids: list[int], reference: list[int]) -> tuple[in
             elif first < 0:
                 first = step
             with engine.path.step():  # type: ignore[attr-defined]
-                logits = engine._forward([token], kv)  # type: ignore[attr-defined]
+                logits = engine._forward([token], kv, decode_step=True)  # type: ignore[attr-defined]
     return same, len(reference), first
 
 

@@ -270,14 +270,19 @@ class Engine:
             return int(torch.cuda.max_memory_allocated(self.device))
         return int(self._process.memory_info().rss)
 
-    def _forward(self, ids: list[int], kv: KVState, logits_to_keep: int = 1) -> torch.Tensor:
-        """Run `ids` through the model on top of the cache; return the last position's logits (fp32)."""
+    def _forward(
+        self, ids: list[int], kv: KVState, logits_to_keep: int = 1, *, decode_step: bool = False
+    ) -> torch.Tensor:
+        """Run `ids` through the model on top of the cache; return the last position's logits (fp32).
+
+        Only a `decode_step` (a generated token) may take the fused path: prefill, even of one token (regenerate
+        reuses all but the prompt's last token), runs the model as loaded, so a reused prefix matches a fresh run."""
         fused = self.path.fused
         if kv.cache is None:
             kv.cache = (
                 new_slab_cache(self.model, self.context_window) if fused else DynamicCache(config=self.model.config)
             )
-        if fused is not None and len(ids) == 1 and is_slab_cache(kv.cache):
+        if fused is not None and decode_step and len(ids) == 1 and is_slab_cache(kv.cache):
             logits = fused.step(ids[0], kv.cache)
             kv.ids.append(ids[0])
             return logits
@@ -352,7 +357,7 @@ class Engine:
                 if params.repetition_penalty != 1.0:
                     seen = torch.cat([seen, torch.tensor([[token]], device=self.device)], dim=1)
                 with self.path.step():
-                    logits = self._forward([token], kv)
+                    logits = self._forward([token], kv, decode_step=True)
                 if not cuda and generated % MEMORY_SAMPLE_EVERY == 0:
                     peak = max(peak, self._memory_now())
         tail = detok.flush()

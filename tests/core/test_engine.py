@@ -217,11 +217,11 @@ def test_a_failure_mid_generation_ends_with_an_error_event_and_the_engine_stays_
     real_forward = engine._forward
     calls = {"n": 0}
 
-    def flaky(ids: list[int], kv: KVState, logits_to_keep: int = 1) -> Any:
+    def flaky(ids: list[int], kv: KVState, logits_to_keep: int = 1, **kwargs: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("simulated out of memory")
-        return real_forward(ids, kv, logits_to_keep)
+        return real_forward(ids, kv, logits_to_keep, **kwargs)
 
     engine._forward = flaky  # type: ignore[method-assign]
     kv = KVState()

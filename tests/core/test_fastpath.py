@@ -42,7 +42,7 @@ def greedy_reference(engine: Engine, ids: list[int], steps: int) -> list[int]:
         logits = engine._forward(ids, kv)
         for _ in range(steps):
             tokens.append(int(torch.argmax(logits, dim=-1)))
-            logits = engine._forward([tokens[-1]], kv)
+            logits = engine._forward([tokens[-1]], kv, decode_step=True)
     return tokens
 
 
@@ -57,7 +57,7 @@ def teacher_forced(engine: Engine, ids: list[int], tokens: list[int]) -> tuple[l
             picks.append(int(torch.argmax(logits, dim=-1)))
             all_logits.append(logits)
             with engine.path.step():
-                logits = engine._forward([token], kv)
+                logits = engine._forward([token], kv, decode_step=True)
     return picks, all_logits
 
 

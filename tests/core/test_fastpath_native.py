@@ -1,8 +1,10 @@
 """The fused C decode step (app/core/fastpath/native.py) against the plain path, its shared KV cache, and fallbacks.
 
-Agreement bound (int8 weights and Q8 activations change precision): teacher-forced on the plain path's greedy
-tokens, the fused step's argmax matches on >= 90 % of steps on the default model, and its logits stay within 5 %
-(max abs difference / max abs logit) of the plain path's on tiny random models of every architecture it runs.
+Agreement bound (int8 or Q4_1 weights and Q8 activations change precision): teacher-forced on the plain path's greedy
+tokens, the fused step's argmax matches on >= 90 % of steps on the default model with either weight format, and its
+logits stay within 5 % (int8) / 15 % (Q4_1) of the plain path's (max abs difference / max abs logit) on tiny random
+models of every architecture it runs. Random tiny models are harder on 4 bits than trained ones: their weights have
+no outliers for the block range to adapt to, so the bound is looser there; the default model is the real measure.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from app.core.sampling import SamplingParams
 from app.core.session import ChatSession
 from tests.core.test_fastpath import AGREEMENT_BOUND, GREEDY, LOGIT_ERROR_BOUND, greedy_reference, run, teacher_forced
 
+LOGIT_ERROR_BOUNDS = {"fused-int8": LOGIT_ERROR_BOUND, "fused-q4": 0.15}
+
 
 @pytest.fixture(scope="module")
 def plain(default_loaded: Any) -> Engine:
@@ -31,7 +35,7 @@ def plain(default_loaded: Any) -> Engine:
 @pytest.fixture(scope="module")
 def fused(default_loaded: Any) -> Engine:
     engine = Engine(default_loaded)
-    assert engine.decode_path == "fused-int8", engine.decode_path_note
+    assert engine.decode_path == "fused-q4", engine.decode_path_note  # the fastest measured CPU path is the default
     return engine
 
 
@@ -46,12 +50,18 @@ def fresh_library(monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_auto_runs_bf16_on_the_cpu_through_the_fused_step_and_says_so(fused: Engine) -> None:
     text, stats, done = run(fused.generate([ChatMessage("user", "What is the capital of France?")], GREEDY))
     assert "Paris" in text and done.finish_reason in ("stop", "length")
-    assert stats.decode_path == "fused-int8"
-    assert "fused int8 decode step" in stats.decode_path_note and "prefill in bf16" in stats.decode_path_note
-    assert fused.path.added_bytes > 100 * 2**20  # int8 copies of ~135M parameters, reported as what the path adds
+    assert stats.decode_path == "fused-q4" and "prefill in bf16" in stats.decode_path_note
+    assert "fused Q4_1 (lm_head int8) decode step" in stats.decode_path_note
+    # Q4_1 decoder matrices (~106M weights at 5 bits) and an int8 lm_head (~28M): what the path adds, as planned.
+    assert 85 * 2**20 < fused.path.added_bytes < 100 * 2**20
 
 
-def test_fused_step_agrees_with_the_plain_path_on_the_default_model(plain: Engine, fused: Engine) -> None:
+@pytest.mark.parametrize("path", ["fused-int8", "fused-q4"])
+def test_fused_step_agrees_with_the_plain_path_on_the_default_model(
+    plain: Engine, default_loaded: Any, path: str
+) -> None:
+    fused = Engine(default_loaded, decode_path=path)
+    assert fused.decode_path == path
     ids = plain.prepare_prompt([ChatMessage("user", "Tell me about the history of bread.")]).ids
     reference = greedy_reference(plain, ids, 24)
     picks, _ = teacher_forced(fused, ids, reference)
@@ -72,15 +82,16 @@ def test_fused_step_agrees_with_the_plain_path_on_the_default_model(plain: Engin
     ],
 )
 @pytest.mark.parametrize("quantization", ["bf16", "fp32", "nf4"])
+@pytest.mark.parametrize("path", ["fused-int8", "fused-q4"])
 def test_fused_logits_stay_within_the_bound_on_tiny_models(
-    arch: str, overrides: dict[str, Any], quantization: str, tiny_model_dir: Any
+    arch: str, overrides: dict[str, Any], quantization: str, path: str, tiny_model_dir: Any
 ) -> None:
     from app.core.loader import load_model
 
     loaded = load_model(str(tiny_model_dir(arch, **overrides)), quantization=quantization, device="cpu")
     plain_engine = Engine(loaded, decode_path="eager")
-    fused_engine = Engine(loaded, decode_path="fused-int8")
-    assert fused_engine.decode_path == "fused-int8", fused_engine.decode_path_note
+    fused_engine = Engine(loaded, decode_path=path)
+    assert fused_engine.decode_path == path, fused_engine.decode_path_note
     ids = plain_engine.prepare_prompt([ChatMessage("user", "hello there, how are you today?")]).ids
     reference = greedy_reference(plain_engine, ids, 12)
     _, plain_logits = teacher_forced(plain_engine, ids, reference)
@@ -88,7 +99,7 @@ def test_fused_logits_stay_within_the_bound_on_tiny_models(
     assert torch.equal(plain_logits[0], fused_logits[0])  # prefill: the same kernels, the same logits
     for want, got in zip(plain_logits[1:], fused_logits[1:], strict=True):
         error = float((got - want).abs().max() / want.abs().max())
-        assert error < LOGIT_ERROR_BOUND
+        assert error < LOGIT_ERROR_BOUNDS[path]
 
 
 def test_the_fused_step_and_torch_share_one_kv_cache(default_loaded: Any, fused: Engine, plain: Engine) -> None:
@@ -98,7 +109,7 @@ def test_the_fused_step_and_torch_share_one_kv_cache(default_loaded: Any, fused:
     with torch.inference_mode():
         fused._forward(ids, kv)
         for token in (504, 3458, 282):
-            fused._forward([token], kv)  # C steps append in place
+            fused._forward([token], kv, decode_step=True)  # C steps append in place
         assert native.is_slab_cache(kv.cache) and len(kv.ids) == kv.cache.get_seq_length() == len(ids) + 3
         after_fused = fused._forward([30, 1], kv)  # torch prefill on top of the C-written positions
         reference = KVState()
@@ -131,11 +142,15 @@ def test_slab_layers_grow_keep_their_contents_and_crop() -> None:
         layer.crop(3)
 
 
-def test_regenerate_and_edit_with_the_fused_step_give_identical_replies(fused: Engine) -> None:
+@pytest.mark.parametrize("path", ["fused-int8", "fused-q4"])
+def test_regenerate_and_edit_with_the_fused_step_give_identical_replies(default_loaded_fp32: Any, path: str) -> None:
+    # fp32 prefill, as the engine's other equality tests (tests/conftest.py says why bf16 can flip a near-tie).
+    fused = Engine(default_loaded_fp32, decode_path=path)
+    assert fused.decode_path == path
     session = ChatSession(fused, params=GREEDY, use_response_cache=False)
     first, first_stats, _ = run(session.ask("What is 2 + 2?"))
     again, again_stats, _ = run(session.regenerate())
-    assert again == first and again_stats.decode_path == "fused-int8"
+    assert again == first and again_stats.decode_path == fused.decode_path
     assert again_stats.cached_tokens == first_stats.prompt_tokens - 1
     edited, edited_stats, _ = run(session.edit(0, "What is 3 + 3?"))
     assert 0 < edited_stats.cached_tokens < edited_stats.prompt_tokens
@@ -149,7 +164,7 @@ def test_next_turn_reuses_the_cache_the_fused_step_wrote(fused: Engine) -> None:
     text, stats, done = run(session.ask("Name a colour."))
     # The whole first exchange, the reply's decode-written positions included, is reused.
     assert stats.cached_tokens >= first_stats.prompt_tokens + first_stats.generated_tokens - 2
-    assert text and done.finish_reason in ("stop", "length") and stats.decode_path == "fused-int8"
+    assert text and done.finish_reason in ("stop", "length") and stats.decode_path == fused.decode_path
 
 
 def test_cancel_stops_within_one_token_on_the_fused_step(fused: Engine) -> None:
@@ -174,7 +189,7 @@ def test_sampling_runs_on_the_fused_logits_and_is_reproducible(fused: Engine) ->
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, repetition_penalty=1.1, max_new_tokens=16, seed=7)
     first, stats, _ = run(fused.generate([ChatMessage("user", "Write a haiku about bread.")], params))
     second, _, _ = run(fused.generate([ChatMessage("user", "Write a haiku about bread.")], params))
-    assert first == second and first and stats.decode_path == "fused-int8"
+    assert first == second and first and stats.decode_path == fused.decode_path
 
 
 def test_architectures_the_kernel_lacks_fall_back_with_the_reason(tiny_model_dir: Any) -> None:
@@ -234,10 +249,10 @@ def test_the_kernel_and_the_packed_weights_are_cached_across_loads(
 
     folder = tiny_model_dir("qwen2", hidden_size=96)
     first = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
-    assert first.decode_path == "fused-int8" and "packed in" in first.decode_path_note
+    assert first.decode_path == "fused-q4" and "packed in" in first.decode_path_note
     assert "kernel compiled in" in first.decode_path_note
     assert len(list((isolated_cache / "native").glob("hearth_decode-*"))) == 1
-    assert len(list((isolated_cache / "decode-fused").glob("*.safetensors"))) == 1
+    assert len(list((isolated_cache / "decode-fused-q4").glob("*.safetensors"))) == 1
 
     native.reset_library_for_tests()  # as in a new process: the library file is reused, not rebuilt
     second = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
@@ -246,10 +261,10 @@ def test_the_kernel_and_the_packed_weights_are_cached_across_loads(
     reference = greedy_reference(first, ids, 4)
     assert teacher_forced(first, ids, reference)[0] == teacher_forced(second, ids, reference)[0]
 
-    cached = next((isolated_cache / "decode-fused").glob("*.safetensors"))
+    cached = next((isolated_cache / "decode-fused-q4").glob("*.safetensors"))
     cached.write_bytes(b"not a safetensors file")  # damaged: repacked, never trusted
     third = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
-    assert third.decode_path == "fused-int8" and "packed in" in third.decode_path_note
+    assert third.decode_path == "fused-q4" and "packed in" in third.decode_path_note
 
 
 def test_a_refused_step_ends_the_reply_with_an_error_and_the_engine_recovers(
@@ -280,3 +295,22 @@ def test_a_new_conversation_never_writes_into_a_freed_cache(fused: Engine) -> No
         text, _, _ = run(fused.generate([ChatMessage("user", "What is the capital of France?")], GREEDY, kv=KVState()))
         texts.add(text)
     assert len(texts) == 1 and "Paris" in texts.pop()
+
+
+@pytest.mark.parametrize("arch", ["default", "qwen2"])
+def test_the_planner_counts_exactly_what_the_fused_path_adds(
+    arch: str, default_loaded: Any, tiny_model_dir: Any
+) -> None:
+    from app.core.loader import load_model
+    from app.core.memory.planner import plan_memory
+
+    if arch == "default":
+        loaded, source = default_loaded, None
+    else:
+        folder = tiny_model_dir(arch)
+        loaded, source = load_model(str(folder), quantization="bf16", device="cpu"), str(folder)
+    engine = Engine(loaded)
+    plan = plan_memory(source, quantization="bf16", device="cpu", context=1024)
+    assert engine.decode_path == "fused-q4"
+    assert plan.overhead["decode_copies"] == engine.path.added_bytes
+    assert "decode_copies" not in plan_memory(source, quantization="fp32", device="cpu", context=1024).overhead

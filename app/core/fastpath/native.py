@@ -36,14 +36,17 @@ from app.core.paths import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "hearth_decode.c"
-ABI = 1
+ABI = 2
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")  # inv_freq does not depend on the sequence length
 COMPILE_TIMEOUT_S = 180
 EXTRA_FLAGS: tuple[str, ...] = ()  # appended to the compiler flags (tests build a scalar-only kernel with it)
 SLAB_STEP = 256  # KV slab capacity grows in whole multiples of this many positions
 # Order of the C side's enums (checked against hearth_layout at load).
-CFG_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "embed_bf16", "kv_bf16", "threads")
+CFG_FIELDS = (
+    "layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "embed_bf16", "kv_bf16", "threads", "q4",
+)  # fmt: skip
+WEIGHT_FORMATS = ("int8", "q4")  # decoder matrices: int8 rows (fp32 scale per row), or Q4_1 blocks of 32
 LAYER_FIELDS = (
     "attn_norm", "mlp_norm", "qkv_q", "qkv_s", "qkv_b", "o_q", "o_s", "o_b",
     "gu_q", "gu_s", "gu_b", "down_q", "down_s", "down_b", "k", "v",
@@ -297,6 +300,21 @@ def _kv_dtype(model: Any) -> torch.dtype:
 
 
 # -- the model, packed for the kernel -------------------------------------------------------------------------------
+def quantize_q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_1 (llama.cpp's layout): per block of 32, w ≈ d * q + m with q in 0..15; nibbles [rows, cols/2] (byte j of a
+    block = q[j] | q[j+16] << 4) and fp16 (d, m) pairs [rows, 2 * blocks]."""
+    rows, cols = weight.shape
+    blocks = weight.detach().float().reshape(rows, cols // 32, 32)
+    low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)
+    scale = ((high - low) / 15).to(torch.float16)
+    offset = low.to(torch.float16)
+    step = scale.float()
+    inverse = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
+    q = torch.round((blocks - offset.float()[..., None]) * inverse[..., None]).clamp_(0, 15).to(torch.uint8)
+    packed = (q[..., :16] | (q[..., 16:] << 4)).reshape(rows, cols // 2)
+    return packed.contiguous(), torch.stack([scale, offset], dim=-1).reshape(rows, -1).contiguous()
+
+
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-row int8: w ≈ q * scale[:, None], scale = max|row| / 127."""
     full = weight.detach().float()
@@ -350,8 +368,11 @@ def unsupported_reason(model: Any) -> str:
 class FusedDecoder:
     """One loaded model's int8 copies plus the argument arrays for hearth_step; `step` runs one token."""
 
-    def __init__(self, native: NativeLibrary, model: Any, tensors: Mapping[str, torch.Tensor]) -> None:
+    def __init__(
+        self, native: NativeLibrary, model: Any, tensors: Mapping[str, torch.Tensor], weight_format: str = "int8"
+    ) -> None:
         self.native = native
+        self.weight_format = weight_format
         config = model.config.get_text_config(decoder=True)
         base: Any = model.model
         self.heads = int(config.num_attention_heads)
@@ -375,6 +396,7 @@ class FusedDecoder:
             "embed_bf16": int(embed.dtype == torch.bfloat16),
             "kv_bf16": int(kv_dtype == torch.bfloat16),
             "threads": self.threads,
+            "q4": int(weight_format == "q4"),
         }
         self.cfg = (ctypes.c_int64 * len(CFG_FIELDS))(*(cfg[name] for name in CFG_FIELDS))
         norm = base.norm
@@ -404,7 +426,14 @@ class FusedDecoder:
                 fields[f"{part}_b"] = self._hold(bias) if bias is not None else None
             for offset, name in enumerate(LAYER_FIELDS[:-2]):
                 self.layer_args[index * len(LAYER_FIELDS) + offset] = fields[name]
-        self.added_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        # What this path adds to memory: the packed matrices and the fp32 norm copies (the planner counts the same).
+        norms = [
+            norm.weight,
+            *(m.weight for layer in base.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)),
+        ]
+        self.added_bytes = sum(t.numel() * t.element_size() for t in tensors.values()) + 4 * sum(
+            w.numel() for w in norms
+        )
         self._scratch = torch.empty(0, dtype=torch.float32)
         # The arena (held, so its id can't be reused by a new cache) and version the K/V pointers were set for.
         self._bound: tuple[SlabArena, int] | None = None
@@ -450,8 +479,10 @@ class FusedDecoder:
         return logits
 
 
-def pack_model(model: Any, dense_weight: Any) -> dict[str, torch.Tensor]:
-    """The int8 copies the kernel reads, by name; `dense_weight(module)` gives a linear layer's float weight."""
+def pack_model(model: Any, dense_weight: Any, weight_format: str = "int8") -> dict[str, torch.Tensor]:
+    """The copies the kernel reads, by name: decoder matrices in `weight_format` (WEIGHT_FORMATS), the lm_head in
+    int8 rows; `dense_weight(module)` gives a linear layer's float weight."""
+    quantize = quantize_q4_blocks if weight_format == "q4" else quantize_rows
     base: Any = model.model
     packed: dict[str, torch.Tensor] = {}
 
@@ -469,7 +500,7 @@ def pack_model(model: Any, dense_weight: Any) -> dict[str, torch.Tensor]:
             merged = torch.stack(weights, dim=1).reshape(-1, weights[0].shape[1])
         else:
             merged = torch.cat(weights, dim=0)
-        packed[f"{name}.q"], packed[f"{name}.s"] = quantize_rows(merged)
+        packed[f"{name}.q"], packed[f"{name}.s"] = quantize(merged)
         if any(bias is not None for bias in biases):
             filled = [b if b is not None else torch.zeros(w.shape[0]) for b, w in zip(biases, weights, strict=True)]
             packed[f"{name}.b"] = (
@@ -492,17 +523,25 @@ def pack_model(model: Any, dense_weight: Any) -> dict[str, torch.Tensor]:
     return packed
 
 
-def tensors_fit(model: Any, tensors: Mapping[str, torch.Tensor]) -> bool:
+def tensors_fit(model: Any, tensors: Mapping[str, torch.Tensor], weight_format: str = "int8") -> bool:
     """A cached pack matches this model's shapes (a stale or foreign cache is repacked, not trusted)."""
     config = model.config.get_text_config(decoder=True)
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     hidden, inter = int(config.hidden_size), int(config.intermediate_size)
-    expected = {"0.qkv.q": ((heads + 2 * kv_heads) * head_dim, hidden), "0.gu.q": (2 * inter, hidden)}
+    per_byte = 2 if weight_format == "q4" else 1  # Q4_1 packs two weights per byte
+    dtype = torch.uint8 if weight_format == "q4" else torch.int8
+    expected = {
+        "0.qkv.q": ((heads + 2 * kv_heads) * head_dim, hidden // per_byte),
+        "0.gu.q": (2 * inter, hidden // per_byte),
+    }
     for index in range(int(config.num_hidden_layers)):
-        expected[f"{index}.down.q"] = (hidden, inter)
-        expected[f"{index}.o.q"] = (hidden, heads * head_dim)
-    if "lm.q" not in tensors or tensors["lm.q"].shape[1] != hidden:
+        expected[f"{index}.down.q"] = (hidden, inter // per_byte)
+        expected[f"{index}.o.q"] = (hidden, heads * head_dim // per_byte)
+    if "lm.q" not in tensors or tensors["lm.q"].shape[1] != hidden or tensors["lm.q"].dtype != torch.int8:
         return False
-    return all(name in tensors and tuple(tensors[name].shape) == shape for name, shape in expected.items())
+    return all(
+        name in tensors and tuple(tensors[name].shape) == shape and tensors[name].dtype == dtype
+        for name, shape in expected.items()
+    )

@@ -357,19 +357,25 @@ def device_free_bytes(device: str) -> tuple[int, int]:
 
 
 def fused_decode_copy_bytes(meta: Any, quantization: str, device: str) -> int:
-    """The int8 copies the CPU's fused decode step adds (app.core.fastpath): 1 byte per weight of every decoder matrix
-    and the lm_head, an fp32 scale per row, fp32 copies of the norms; 0 where that path will not run."""
+    """The copies the CPU's fused decode step adds under "auto" (app.core.fastpath): the lm_head as int8 rows (1 byte
+    per weight + an fp32 scale per row), every decoder matrix in its format (Q4_1: 20 bytes per 32 weights; int8 like
+    the lm_head), fp32 biases and norms; 0 where that path will not run."""
     from torch import nn
 
     from app.core.fastpath.native import unsupported_reason
-    from app.core.fastpath.select import AUTO_FUSED_SOURCES
+    from app.core.fastpath.select import AUTO_FUSED_FORMAT
 
-    if not device.startswith("cpu") or quantization not in AUTO_FUSED_SOURCES or unsupported_reason(meta):
+    if not device.startswith("cpu") or quantization not in AUTO_FUSED_FORMAT or unsupported_reason(meta):
         return 0
+    head = meta.get_output_embeddings()
     total = 0
     for module in meta.modules():
         if isinstance(module, nn.Linear):
-            total += module.in_features * module.out_features + 4 * module.out_features
+            weights = module.in_features * module.out_features
+            if module is not head and AUTO_FUSED_FORMAT[quantization] == "q4":
+                total += weights // 32 * 20
+            else:
+                total += weights + 4 * module.out_features
             total += 4 * module.out_features if module.bias is not None else 0
         elif type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor):
             total += 4 * module.weight.numel()

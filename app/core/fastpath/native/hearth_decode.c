@@ -27,7 +27,7 @@
 #define HEARTH_AVX2 0
 #endif
 
-#define HEARTH_ABI 1
+#define HEARTH_ABI 2
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -48,7 +48,7 @@ void hearth_profile(double *out) {
 #endif
 
 enum { C_LAYERS, C_HIDDEN, C_HEADS, C_KV_HEADS, C_HEAD_DIM, C_INTER, C_VOCAB, C_EMBED_BF16, C_KV_BF16, C_THREADS,
-       C_COUNT };
+       C_Q4, C_COUNT };
 enum { F_EPS, F_ATTN_SCALE, F_ROPE_SCALE, F_COUNT };
 enum { G_EMBED, G_FINAL_NORM, G_LM_Q, G_LM_S, G_INV_FREQ, G_COUNT };
 enum { L_ATTN_NORM, L_MLP_NORM, L_QKV_Q, L_QKV_S, L_QKV_B, L_O_Q, L_O_S, L_O_B, L_GU_Q, L_GU_S, L_GU_B, L_DOWN_Q,
@@ -107,7 +107,7 @@ static inline float hsum256(__m256 v) {
 #define PREFETCH_BYTES 8192 /* 2048-12288 measured; 8192 best on the 2-core Zen 3 (bench/engine_speed.py) */
 #endif
 
-static void quantize_q8(const float *x, int n, int8_t *q, float *d) {
+static void quantize_q8(const float *x, int n, int8_t *q, float *d, float *sums) {
     for (int b = 0; b < n / QBLOCK; b++) {
         const float *xb = x + b * QBLOCK;
         int8_t *qb = q + b * QBLOCK;
@@ -131,13 +131,24 @@ static void quantize_q8(const float *x, int n, int8_t *q, float *d) {
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)); /* undo the lane interleave */
         _mm256_storeu_si256((__m256i *)qb, p);
+        const __m256i ones = _mm256_set1_epi16(1);
+        const __m256i pair = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), ones);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+        sums[b] = scale * (float)_mm_cvtsi128_si32(t);
 #else
         float amax = 0.0f;
         for (int i = 0; i < QBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
         const float scale = amax / 127.0f;
         d[b] = scale;
         const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-        for (int i = 0; i < QBLOCK; i++) qb[i] = (int8_t)nearbyintf(xb[i] * inv);
+        int32_t total = 0;
+        for (int i = 0; i < QBLOCK; i++) {
+            qb[i] = (int8_t)nearbyintf(xb[i] * inv);
+            total += qb[i];
+        }
+        sums[b] = scale * (float)total;
 #endif
     }
 }
@@ -148,6 +159,15 @@ static inline __m256 block_dot(__m256i w, __m256i x, __m256 d) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1))), d);
 }
 #endif
+
+/* Quantized activations for one matrix input (`cols` a multiple of QBLOCK): int8 values, a scale per block, and
+ * per block scale * sum(values) (what a Q4_1 weight block's offset multiplies). */
+typedef struct {
+    const int8_t *q;
+    const float *d;
+    const float *s;
+    int cols;
+} qvec;
 
 /* Dot products of 4 consecutive int8 rows (`stride` bytes apart) with the quantized activations. */
 static void dot4_q8(const int8_t *w, int64_t stride, const int8_t *xq, const float *dx, int blocks, float out[4]) {
@@ -198,12 +218,6 @@ static float dot_q8(const int8_t *w, const int8_t *xq, const float *dx, int bloc
     return total;
 }
 
-/* Quantized activations for one matrix input (`cols` a multiple of QBLOCK). */
-typedef struct {
-    const int8_t *q;
-    const float *d;
-    int cols;
-} qvec;
 
 /* y[r] (op)= scale[r] * dot(w[r], x) + bias[r] for rows [r0, r1); `accumulate` adds into y (residual). */
 static void gemv_rows(const int8_t *w, const float *scale, const float *bias, qvec x, int r0, int r1, float *y,
@@ -228,6 +242,141 @@ static void gemv_rows(const int8_t *w, const float *scale, const float *bias, qv
         float v = dot_q8(w + (int64_t)r * cols, x.q, x.d, blocks) * scale[r] + (bias ? bias[r] : 0.0f);
         y[r] = accumulate ? y[r] + v : v;
     }
+}
+
+/* Q4_1 weights (as llama.cpp's): per block of 32, 16 bytes of nibbles (byte j = value j | value j+16 << 4) and an
+ * fp16 pair (d, m); weight = d * q + m with q in 0..15. Against Q8 activations a block's dot product is
+ * d * dx * (q . xq) + m * (dx * sum xq): maddubs takes the unsigned nibbles directly. */
+static inline float half_to_float(uint16_t h) {
+#if HEARTH_AVX2 && defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    uint32_t bits;
+    if (exponent == 0) {
+        if (mantissa == 0) {
+            bits = sign;
+        } else { /* subnormal: normalize */
+            int e = -1;
+            uint32_t m = mantissa;
+            do {
+                e++;
+                m <<= 1;
+            } while (!(m & 0x400u));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((m & 0x3ffu) << 13);
+        }
+    } else if (exponent == 31) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else {
+        bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static float dot_q4(const uint8_t *w, const uint16_t *dm, qvec x, int blocks) {
+    float total = 0.0f;
+#if HEARTH_AVX2
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(w + b * 16));
+        const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x.q + b * QBLOCK));
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(half_to_float(dm[2 * b]) * x.d[b]), acc);
+        total += half_to_float(dm[2 * b + 1]) * x.s[b];
+    }
+    total += hsum256(acc);
+#else
+    for (int b = 0; b < blocks; b++) {
+        int32_t sum = 0;
+        for (int j = 0; j < 16; j++) {
+            sum += (int32_t)(w[b * 16 + j] & 0x0f) * x.q[b * QBLOCK + j];
+            sum += (int32_t)(w[b * 16 + j] >> 4) * x.q[b * QBLOCK + j + 16];
+        }
+        total += half_to_float(dm[2 * b]) * x.d[b] * (float)sum + half_to_float(dm[2 * b + 1]) * x.s[b];
+    }
+#endif
+    return total;
+}
+
+#if HEARTH_AVX2
+static void dot4_q4(const uint8_t *w, int64_t stride, const uint16_t *dm, int64_t dm_stride, qvec x, int blocks,
+                    float out[4]) {
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float offsets[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int b = 0; b < blocks; b++) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x.q + b * QBLOCK));
+        const float dx = x.d[b], sx = x.s[b];
+        for (int k = 0; k < 4; k++) {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(w + k * stride + b * 16));
+            const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
+            const uint16_t *pair = dm + k * dm_stride + 2 * b;
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(half_to_float(pair[0]) * dx), acc[k]);
+            offsets[k] += half_to_float(pair[1]) * sx;
+        }
+    }
+    for (int k = 0; k < 4; k++) out[k] = hsum256(acc[k]) + offsets[k];
+}
+#endif
+
+static void gemv_rows_q4(const uint8_t *w, const uint16_t *dm, const float *bias, qvec x, int r0, int r1, float *y,
+                         int accumulate) {
+    const int cols = x.cols, blocks = cols / QBLOCK;
+    const int64_t stride = cols / 2, dm_stride = 2 * blocks;
+    int r = r0;
+#if HEARTH_AVX2
+    float d[4];
+    for (; r + 4 <= r1; r += 4) {
+        const char *ahead = (const char *)(w + r * stride) + PREFETCH_BYTES;
+        for (int o = 0; o < 4 * stride; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+        dot4_q4(w + r * stride, stride, dm + r * dm_stride, dm_stride, x, blocks, d);
+        for (int k = 0; k < 4; k++) {
+            float v = d[k] + (bias ? bias[r + k] : 0.0f);
+            y[r + k] = accumulate ? y[r + k] + v : v;
+        }
+    }
+#endif
+    for (; r < r1; r++) {
+        float v = dot_q4(w + r * stride, dm + r * dm_stride, x, blocks) + (bias ? bias[r] : 0.0f);
+        y[r] = accumulate ? y[r] + v : v;
+    }
+}
+
+/* One decoder matrix: int8 rows with an fp32 scale each, or Q4_1 blocks. */
+typedef struct {
+    const void *q;
+    const void *s;
+    const float *b;
+    int q4;
+    int cols;
+} mat;
+
+static mat matrix(void *const *p, int q_slot, int q4, int cols) {
+    mat m = {p[q_slot], p[q_slot + 1], (const float *)p[q_slot + 2], q4, cols};
+    return m;
+}
+
+/* The same matrix from row `r` on. */
+static mat from_row(mat m, int r) {
+    const int64_t q_row = m.q4 ? m.cols / 2 : m.cols, s_row = m.q4 ? (m.cols / QBLOCK) * 2 * 2 : 4;
+    m.q = (const char *)m.q + r * q_row;
+    m.s = (const char *)m.s + r * s_row;
+    if (m.b) m.b += r;
+    return m;
+}
+
+/* y[r] (op)= row r of m . x for rows [r0, r1) (bias included); y indexed like the rows. */
+static void gemv(mat m, qvec x, int r0, int r1, float *y, int accumulate) {
+    if (m.q4)
+        gemv_rows_q4((const uint8_t *)m.q, (const uint16_t *)m.s, m.b, x, r0, r1, y, accumulate);
+    else
+        gemv_rows((const int8_t *)m.q, (const float *)m.s, m.b, x, r0, r1, y, accumulate);
 }
 
 /* Split [0, n) into `parts` contiguous chunks aligned to 4 rows; chunk `part` is [*lo, *hi).
@@ -315,7 +464,7 @@ static void store_kv(void *cache, int bf16, int64_t offset, const float *src, in
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
 /* Per-thread scratch: a normalized copy of the residual and the quantized input of the current matrix. */
-static int64_t thread_floats(int64_t hidden, int64_t widest) { return hidden + widest / 4 + widest / QBLOCK; }
+static int64_t thread_floats(int64_t hidden, int64_t widest) { return hidden + widest / 4 + 2 * (widest / QBLOCK); }
 
 /* Scratch floats hearth_step needs for a cache of `capacity` positions. */
 int64_t hearth_scratch_floats(const int64_t *cfg, int64_t capacity) {
@@ -333,6 +482,7 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
     const int n_layers = (int)cfg[C_LAYERS], hidden = (int)cfg[C_HIDDEN], heads = (int)cfg[C_HEADS];
     const int kv_heads = (int)cfg[C_KV_HEADS], hd = (int)cfg[C_HEAD_DIM], inter = (int)cfg[C_INTER];
     const int vocab = (int)cfg[C_VOCAB], embed_bf16 = (int)cfg[C_EMBED_BF16], kv_bf16 = (int)cfg[C_KV_BF16];
+    const int q4 = (int)cfg[C_Q4]; /* decoder matrices in Q4_1; the lm_head is always int8 rows */
     const int threads = cfg[C_THREADS] > 0 ? (int)cfg[C_THREADS] : 1;
     const float eps = cfgf[F_EPS], attn_scale = cfgf[F_ATTN_SCALE], rope_scale = cfgf[F_ROPE_SCALE];
     const int half = hd / 2, qdim = heads * hd, group = kv_heads > 0 ? heads / kv_heads : 1;
@@ -371,21 +521,22 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
         /* Each thread normalizes and quantizes its matrix inputs privately: no barrier or shared write for them. */
         float *xn = per_thread + (int64_t)tid * thread_floats(hidden, widest);
         int8_t *xq = (int8_t *)(xn + hidden);
-        float *xd = xn + hidden + widest / 4;
-        const qvec normed = {xq, xd, hidden}, attended = {xq, xd, qdim}, activated = {xq, xd, inter};
+        float *xd = xn + hidden + widest / 4, *xs = xd + widest / QBLOCK;
+        const qvec normed = {xq, xd, xs, hidden}, attended = {xq, xd, xs, qdim}, activated = {xq, xd, xs, inter};
         int lo, hi;
 #ifdef HEARTH_PROFILE
         if (tid == 0) profile_mark = omp_get_wtime();
 #endif
         for (int l = 0; l < n_layers; l++) {
             void *const *p = layers + (int64_t)l * L_COUNT;
+            const mat qkv_m = matrix(p, L_QKV_Q, q4, hidden), o_m = matrix(p, L_O_Q, q4, qdim);
+            const mat gu_m = matrix(p, L_GU_Q, q4, hidden), down_m = matrix(p, L_DOWN_Q, q4, inter);
             rmsnorm(x, (const float *)p[L_ATTN_NORM], xn, hidden, eps);
-            quantize_q8(xn, hidden, xq, xd);
+            quantize_q8(xn, hidden, xq, xd, xs);
 #pragma omp for schedule(static)
             for (int u = 0; u < units; u++) {
                 float *out = qkv + (int64_t)u * hd;
-                gemv_rows((const int8_t *)p[L_QKV_Q] + (int64_t)u * hd * hidden, (const float *)p[L_QKV_S] + u * hd,
-                          p[L_QKV_B] ? (const float *)p[L_QKV_B] + u * hd : NULL, normed, 0, hd, out, 0);
+                gemv(from_row(qkv_m, u * hd), normed, 0, hd, out, 0);
                 if (u < heads + kv_heads) rope(out, cosv, sinv, half);
                 if (u >= heads) {
                     int is_v = u >= heads + kv_heads, head = (u - heads) % kv_heads;
@@ -418,23 +569,20 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
                     axpy_kv(o, sc[t] * inv_total, vbase + (size_t)t * hd * elem, kv_bf16, hd);
             }
             PHASE(1);
-            quantize_q8(att, qdim, xq, xd);
+            quantize_q8(att, qdim, xq, xd, xs);
             split_rows(hidden, team, tid, &lo, &hi);
-            gemv_rows((const int8_t *)p[L_O_Q], (const float *)p[L_O_S], (const float *)p[L_O_B], attended, lo, hi, x,
-                      1);
+            gemv(o_m, attended, lo, hi, x, 1);
             PHASE(2);
 #pragma omp barrier
             PHASE(3);
             rmsnorm(x, (const float *)p[L_MLP_NORM], xn, hidden, eps);
-            quantize_q8(xn, hidden, xq, xd);
+            quantize_q8(xn, hidden, xq, xd, xs);
             split_rows(2 * inter, team, tid, &lo, &hi); /* 4-row chunks: whole gate/up pairs */
             {
-                const float *bias = (const float *)p[L_GU_B];
                 for (int r = lo; r < hi; r += 4) {
                     const int rows = hi - r < 4 ? hi - r : 4;
                     float gu[4];
-                    gemv_rows((const int8_t *)p[L_GU_Q] + (int64_t)r * hidden, (const float *)p[L_GU_S] + r,
-                              bias ? bias + r : NULL, normed, 0, rows, gu, 0);
+                    gemv(from_row(gu_m, r), normed, 0, rows, gu, 0);
                     for (int k = 0; k + 1 < rows; k += 2) {
                         const float gate = gu[k], up = gu[k + 1];
                         act[(r + k) / 2] = gate / (1.0f + expf(-gate)) * up;
@@ -444,16 +592,15 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
             PHASE(4);
 #pragma omp barrier
             PHASE(3);
-            quantize_q8(act, inter, xq, xd);
+            quantize_q8(act, inter, xq, xd, xs);
             split_rows(hidden, team, tid, &lo, &hi);
-            gemv_rows((const int8_t *)p[L_DOWN_Q], (const float *)p[L_DOWN_S], (const float *)p[L_DOWN_B], activated,
-                      lo, hi, x, 1);
+            gemv(down_m, activated, lo, hi, x, 1);
             PHASE(5);
 #pragma omp barrier
             PHASE(3);
         }
         rmsnorm(x, (const float *)glob[G_FINAL_NORM], xn, hidden, eps);
-        quantize_q8(xn, hidden, xq, xd);
+        quantize_q8(xn, hidden, xq, xd, xs);
         split_rows(vocab, team, tid, &lo, &hi);
         gemv_rows((const int8_t *)glob[G_LM_Q], (const float *)glob[G_LM_S], NULL, normed, lo, hi, logits, 0);
         PHASE(6);
