@@ -51,7 +51,9 @@ def format_stats(stats: dict[str, Any] | None, finish_reason: str | None) -> str
             parts.append("replayed from the response cache")
         else:
             parts.append(f"prefill {float(stats.get('prefill_tokens_per_s', 0.0)):,.0f} tok/s")
-            parts.append(f"decode {float(stats.get('decode_tokens_per_s', 0.0)):.1f} tok/s")
+            decode = f"decode {float(stats.get('decode_tokens_per_s', 0.0)):.1f} tok/s"
+            path = str(stats.get("decode_path") or "")
+            parts.append(f"{decode} ({path})" if path else decode)  # which decode path ran; the why is the tooltip
         parts.append(f"{int(stats.get('generated_tokens', 0)):,} generated")
     if finish_reason:
         parts.append(FINISH_LABELS.get(finish_reason, finish_reason))
@@ -238,6 +240,8 @@ class MessageWidget(QFrame):
         if item.streaming:
             stats_text = "generating…"
         self.stats_label.setText(stats_text + error_line)
+        note = str((item.stats or {}).get("decode_path_note") or "") if is_assistant and not item.streaming else ""
+        self.stats_label.setToolTip(note)
         self.stats_label.setVisible(bool(stats_text or error_line))
         idle = not item.streaming
         self.action_row.setVisible(stored and idle)

@@ -53,6 +53,8 @@ def test_stats_line_lists_every_number() -> None:
         "first token 0.25 s  ·  prompt 120 tok (100 cached / 20 new)  ·  prefill 800 tok/s  ·  decode 15.5 tok/s"
         "  ·  42 generated  ·  stopped at the length limit"
     )
+    with_path = format_stats({**stats, "decode_path": "fused-q4", "decode_path_note": "fused Q4_1 ..."}, "stop")
+    assert "decode 15.5 tok/s (fused-q4)" in with_path
 
 
 def test_memory_panel_draws_bars_and_explains_segments_on_hover(qtbot) -> None:

@@ -393,6 +393,7 @@ def overhead_parts(
     compute_bytes: int,
     free_stated: bool,
     resident_bytes: int,
+    decode_copies: int = 0,
 ) -> dict[str, int]:
     """Memory beyond weights and KV cache: the prefill peak, bnb's dequantized copy, logits and the runtime."""
     chunk = max(1, min(PREFILL_CHUNK, context))
@@ -424,6 +425,8 @@ def overhead_parts(
             parts["cuda_context"] = calibration.CUDA_CONTEXT_BYTES
     else:
         parts["runtime"] = calibration.CPU_RUNTIME_BYTES
+        if decode_copies:  # the fused decode step's packed copies (made after loading, so they can reuse staging)
+            parts["decode_copies"] = decode_copies
         # Quantizing on the CPU leaves the 16-bit staging copies' memory in the allocator's arenas: the load peak.
         # The cache and activations reuse it later, so only what it exceeds them by is extra.
         staging = int(weights.quantized_parameters * compute_bytes * calibration.CPU_QUANTIZE_STAGING_FRACTION)
@@ -488,13 +491,12 @@ def plan_memory(
             compute_bytes=compute_bytes,
             free_stated=stated,
             resident_bytes=resident,
+            decode_copies=decode_copies,
         )
 
     def need_on_device(at: int, weights_on_device: int) -> tuple[int, dict[str, int]]:
         kv_at = kv.bytes_at(at)
         parts = overhead(at, weights_on_device + kv_at)
-        if decode_copies:
-            parts["decode_copies"] = decode_copies
         return weights_on_device + kv_at + sum(parts.values()), parts
 
     total, parts = need_on_device(tokens, weights.total_bytes)
