@@ -1,7 +1,8 @@
-"""The fused int8 decode step: a small C library (native/hearth_decode.c) compiled on first use and cached.
+"""The fused decode step: a small C library (native/hearth_decode.c) compiled on first use and cached.
 
 Prefill keeps running through the model's own (fast, batched) torch kernels; each single-token step runs the whole
-decoder in one C call over weight-only int8 copies of its matrices. Both share one KV cache: `SlabLayer` keeps each
+decoder in one C call over packed copies of its matrices (Q4_1 blocks or int8 rows; the lm_head int8 rows), with
+activations quantized to int8 per block of 32. Both share one KV cache: `SlabLayer` keeps each
 layer's keys and values in a preallocated [1, kv_heads, capacity, head_dim] slab that torch sees as a growing view
 and the C step writes in place, so prefix reuse (crop to the common prefix, overwrite past it) works as before.
 

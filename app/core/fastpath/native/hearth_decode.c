@@ -2,11 +2,12 @@
  *
  * Why: at batch 1 the plain PyTorch path spends most of a token in per-op dispatch and in matrix-vector kernels that
  * move 3-10 GB/s on a small CPU. Here the whole step (RMSNorm, fused QKV + RoPE + KV write, attention, O, gate/up +
- * SiLU, down, final norm, lm_head) runs in one OpenMP parallel region over weight-only int8 matrices (per-row
- * scales), reading each weight byte once.
+ * SiLU, down, final norm, lm_head) runs in one OpenMP parallel region over packed weights (decoder matrices as int8
+ * rows or Q4_1 blocks, the lm_head as int8 rows) and int8 activations, reading each weight byte once.
  *
  * Layouts (all row-major, contiguous; built by app/core/fastpath/native.py):
  *   int8 matrix [rows, cols] + fp32 scale [rows] (+ optional fp32 bias [rows]); y[r] = scale[r] * dot(q[r], x) + b[r]
+ *   Q4_1 matrix: nibbles [rows, cols / 2] + fp16 (d, m) pairs [rows, cols / 32] (see dot_q4)
  *   qkv rows: q heads, then k heads, then v heads (head_dim rows each)
  *   gate_up rows interleaved: 2i = gate row i, 2i+1 = up row i
  *   KV cache per layer: [kv_heads][capacity][head_dim] in fp32 or bf16 (the same memory torch's cache views)
