@@ -119,11 +119,10 @@ def resolve_quantization(choice: str, device: str) -> str:
     if device == "mps":
         return "fp16"
     if device == "cpu":
-        # bitsandbytes 0.50's CPU gemm_4bit dequantizes the whole weight on every call unless the CPU has
-        # AVX512-BF16: SmolLM2-135M decodes at ~4 tok/s in nf4 vs ~16 in bf16 and ~9 in fp32 on the 2-core CI
-        # machine (bench/engine.py). bf16 also gets the int8 decode path (app.core.fastpath; 1.07x eager bf16
-        # on a loaded machine, bench/engine_speed.py), and nf4 would decode through the same int8 copies while
-        # prefilling slower, so bf16 stays the fastest measured CPU default.
+        # Decode on the CPU runs the fused C step over packed copies whatever the loaded precision
+        # (app.core.fastpath; bf16 and nf4 both ~145 tok/s on SmolLM2-135M, bench/engine.py), so the loaded
+        # weights matter for prefill: bf16 runs through fp32 GEMMs (app.core.fastpath.prefill), while
+        # bitsandbytes 0.50's CPU 4-bit path dequantizes every weight per call without AVX512-BF16.
         return "bf16"
     return "nf4"
 

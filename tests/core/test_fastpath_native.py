@@ -314,3 +314,24 @@ def test_the_planner_counts_exactly_what_the_fused_path_adds(
     assert engine.decode_path == "fused-q4"
     assert plan.overhead["decode_copies"] == engine.path.added_bytes
     assert "decode_copies" not in plan_memory(source, quantization="fp32", device="cpu", context=1024).overhead
+
+
+@pytest.mark.parametrize("path", ["fused-int8", "fused-q4"])
+def test_long_contexts_take_the_chunked_attention_and_stay_within_the_bound(path: str, tiny_model_dir: Any) -> None:
+    """Past SHORT_CONTEXT (512, hearth_decode.c) positions attention runs in (kv head, chunk) units, then a merge."""
+    from app.core.loader import load_model
+
+    loaded = load_model(str(tiny_model_dir("llama", max_position_embeddings=2048)), quantization="fp32", device="cpu")
+    with torch.no_grad():  # peaked attention (random weights give near-uniform scores, which hide merge errors)
+        for layer in loaded.model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8)
+            layer.self_attn.k_proj.weight.mul_(8)
+    plain_engine, fused_engine = Engine(loaded, decode_path="eager"), Engine(loaded, decode_path=path)
+    assert fused_engine.decode_path == path
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(100, 40000, (700,), generator=generator).tolist()  # past 512: the chunked pass
+    reference = greedy_reference(plain_engine, ids, 6)
+    _, plain_logits = teacher_forced(plain_engine, ids, reference)
+    _, fused_logits = teacher_forced(fused_engine, ids, reference)
+    for want, got in zip(plain_logits[1:], fused_logits[1:], strict=True):
+        assert float((got - want).abs().max() / want.abs().max()) < LOGIT_ERROR_BOUNDS[path]

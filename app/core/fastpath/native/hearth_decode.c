@@ -467,13 +467,23 @@ static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ?
 /* Per-thread scratch: a normalized copy of the residual and the quantized input of the current matrix. */
 static int64_t thread_floats(int64_t hidden, int64_t widest) { return hidden + widest / 4 + 2 * (widest / QBLOCK); }
 
+/* Attention runs as (kv head, chunk of positions) units, flash-decoding style: each unit reads its K/V rows once
+ * for all the query heads that share them, keeps an unnormalized partial output with its own max and sum, and a
+ * second pass merges the chunks. Both threads stay busy however few kv heads there are, and a long context is read
+ * once per token instead of once per query head. */
+#define ATT_CHUNK 16 /* the shortest chunk; chunks grow with the context so there are ~4 units per thread */
+/* Up to this many positions one pass per query head is faster (no merge pass and its barrier): measured per token
+ * at 200 positions 7.4 vs 7.7 ms; at 1,500 positions the chunked pass wins, 11.8 vs 13.1 ms. */
+#define SHORT_CONTEXT 512
+
 /* Scratch floats hearth_step needs for a cache of `capacity` positions. */
 int64_t hearth_scratch_floats(const int64_t *cfg, int64_t capacity) {
     int64_t hidden = cfg[C_HIDDEN], heads = cfg[C_HEADS], kv = cfg[C_KV_HEADS], hd = cfg[C_HEAD_DIM];
     int64_t threads = cfg[C_THREADS] > 0 ? cfg[C_THREADS] : 1;
     int64_t widest = max3((int)hidden, (int)(heads * hd), (int)cfg[C_INTER]);
+    int64_t chunks = (capacity + ATT_CHUNK - 1) / ATT_CHUNK;
     return hidden + (heads + 2 * kv) * hd + heads * hd + cfg[C_INTER] + hd + heads * capacity +
-           threads * thread_floats(hidden, widest);
+           heads * chunks * (hd + 2) + threads * thread_floats(hidden, widest);
 }
 
 /* One decode step: embeds `token` at position `pos`, writes its K/V at `pos` of every layer's cache and the next
@@ -497,7 +507,10 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
     float *act = att + qdim;
     float *cosv = act + inter, *sinv = cosv + half;
     float *scores = sinv + half;
-    float *per_thread = scores + (int64_t)heads * capacity;
+    const int max_chunks = (int)((capacity + ATT_CHUNK - 1) / ATT_CHUNK);
+    float *partial = scores + (int64_t)heads * capacity; /* [heads][chunk][head_dim] unnormalized outputs */
+    float *part_max = partial + (int64_t)heads * max_chunks * hd, *part_sum = part_max + (int64_t)heads * max_chunks;
+    float *per_thread = part_sum + (int64_t)heads * max_chunks;
 
     if (embed_bf16) {
         const uint16_t *row = (const uint16_t *)glob[G_EMBED] + token * hidden;
@@ -545,29 +558,85 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
                 }
             }
             PHASE(0);
+            if (pos + 1 <= SHORT_CONTEXT) {
 #pragma omp for schedule(static)
-            for (int h = 0; h < heads; h++) {
-                const int g = h / group;
-                const float *q = qkv + (int64_t)h * hd;
-                float *sc = scores + (int64_t)h * capacity;
+                for (int h = 0; h < heads; h++) {
+                    const int g = h / group;
+                    const float *q = qkv + (int64_t)h * hd;
+                    float *sc = scores + (int64_t)h * capacity;
+                    const size_t elem = kv_bf16 ? 2 : 4;
+                    const char *kbase = (const char *)p[L_K] + (size_t)g * capacity * hd * elem;
+                    const char *vbase = (const char *)p[L_V] + (size_t)g * capacity * hd * elem;
+                    float top = -INFINITY;
+                    for (int64_t t = 0; t <= pos; t++) {
+                        sc[t] = dot_kv(kbase + (size_t)t * hd * elem, kv_bf16, q, hd) * attn_scale;
+                        if (sc[t] > top) top = sc[t];
+                    }
+                    float total = 0.0f;
+                    for (int64_t t = 0; t <= pos; t++) {
+                        sc[t] = expf(sc[t] - top);
+                        total += sc[t];
+                    }
+                    float *o = att + (int64_t)h * hd;
+                    memset(o, 0, (size_t)hd * sizeof(float));
+                    const float inv_total = 1.0f / total;
+                    for (int64_t t = 0; t <= pos; t++)
+                        axpy_kv(o, sc[t] * inv_total, vbase + (size_t)t * hd * elem, kv_bf16, hd);
+                }
+            } else {
+                const int64_t positions = pos + 1;
+                int64_t chunk_len = (positions * kv_heads + 4 * threads - 1) / (4 * threads);
+                chunk_len = chunk_len < ATT_CHUNK ? ATT_CHUNK : (chunk_len + ATT_CHUNK - 1) / ATT_CHUNK * ATT_CHUNK;
+                const int chunks = (int)((positions + chunk_len - 1) / chunk_len);
                 const size_t elem = kv_bf16 ? 2 : 4;
-                const char *kbase = (const char *)p[L_K] + (size_t)g * capacity * hd * elem;
-                const char *vbase = (const char *)p[L_V] + (size_t)g * capacity * hd * elem;
-                float top = -INFINITY;
-                for (int64_t t = 0; t <= pos; t++) {
-                    sc[t] = dot_kv(kbase + (size_t)t * hd * elem, kv_bf16, q, hd) * attn_scale;
-                    if (sc[t] > top) top = sc[t];
+#pragma omp for schedule(static)
+                for (int u = 0; u < kv_heads * chunks; u++) {
+                    const int g = u / chunks, c = u % chunks;
+                    const int64_t t0 = c * chunk_len, t1 = t0 + chunk_len <= positions ? t0 + chunk_len : positions;
+                    const char *kbase = (const char *)p[L_K] + (size_t)g * capacity * hd * elem;
+                    const char *vbase = (const char *)p[L_V] + (size_t)g * capacity * hd * elem;
+                    for (int j = 0; j < group; j++) {
+                        const int h = g * group + j;
+                        const float *q = qkv + (int64_t)h * hd;
+                        float *sc = scores + (int64_t)h * capacity;
+                        float top = -INFINITY;
+                        for (int64_t t = t0; t < t1; t++) {
+                            sc[t] = dot_kv(kbase + (size_t)t * hd * elem, kv_bf16, q, hd) * attn_scale;
+                            if (sc[t] > top) top = sc[t];
+                        }
+                        float total = 0.0f;
+                        for (int64_t t = t0; t < t1; t++) {
+                            sc[t] = expf(sc[t] - top);
+                            total += sc[t];
+                        }
+                        part_max[(int64_t)h * max_chunks + c] = top;
+                        part_sum[(int64_t)h * max_chunks + c] = total;
+                        memset(partial + ((int64_t)h * max_chunks + c) * hd, 0, (size_t)hd * sizeof(float));
+                    }
+                    for (int64_t t = t0; t < t1; t++) { /* each V row once, into every head of the group */
+                        const char *vrow = vbase + (size_t)t * hd * elem;
+                        for (int j = 0; j < group; j++) {
+                            const int h = g * group + j;
+                            axpy_kv(partial + ((int64_t)h * max_chunks + c) * hd, scores[(int64_t)h * capacity + t],
+                                    vrow, kv_bf16, hd);
+                        }
+                    }
                 }
-                float total = 0.0f;
-                for (int64_t t = 0; t <= pos; t++) {
-                    sc[t] = expf(sc[t] - top);
-                    total += sc[t];
+#pragma omp for schedule(static)
+                for (int h = 0; h < heads; h++) { /* merge the chunks: rescale each to the overall max */
+                    float top = -INFINITY, total = 0.0f;
+                    for (int c = 0; c < chunks; c++) top = fmaxf(top, part_max[(int64_t)h * max_chunks + c]);
+                    float *o = att + (int64_t)h * hd;
+                    memset(o, 0, (size_t)hd * sizeof(float));
+                    for (int c = 0; c < chunks; c++) {
+                        const float weight = expf(part_max[(int64_t)h * max_chunks + c] - top);
+                        total += weight * part_sum[(int64_t)h * max_chunks + c];
+                        const float *part = partial + ((int64_t)h * max_chunks + c) * hd;
+                        for (int i = 0; i < hd; i++) o[i] += weight * part[i];
+                    }
+                    const float inv_total = 1.0f / total;
+                    for (int i = 0; i < hd; i++) o[i] *= inv_total;
                 }
-                float *o = att + (int64_t)h * hd;
-                memset(o, 0, (size_t)hd * sizeof(float));
-                const float inv_total = 1.0f / total;
-                for (int64_t t = 0; t <= pos; t++)
-                    axpy_kv(o, sc[t] * inv_total, vbase + (size_t)t * hd * elem, kv_bf16, hd);
             }
             PHASE(1);
             quantize_q8(att, qdim, xq, xd, xs);
