@@ -214,8 +214,10 @@ class InferenceWorker(QObject):
             return
         if done is None:
             done = DoneEvent("error", "".join(pieces), error="The model stopped without finishing the reply.")
-        self.finished.emit(rid, done.finish_reason, done.text, done.error or "")
+        # The reading first: queued signals arrive in order, so the panel shows the reply's KV cache by the time the
+        # window hears the reply finished (a short, fast reply may end before any reading while streaming).
         self._emit_memory()
+        self.finished.emit(rid, done.finish_reason, done.text, done.error or "")
 
     def _finish_failure(self, rid: int, pieces: list[str], message: str) -> None:
         if pieces:  # part of a reply exists: keep it, marked as failed
