@@ -1,6 +1,7 @@
 """Decode paths side by side in one process: plain (eager) vs each fast path, interleaved, paired per trial.
 
-    python bench/engine_speed.py [--quant bf16] [--trials 5] [--tokens 64] [--threads N] [--paths eager,int8-decode]
+    python bench/engine_speed.py [--quant bf16] [--trials 5] [--tokens 64] [--threads N]
+                                  [--paths eager,fused-q4,fused-int8]
 
 Prints per path: median decode tok/s, median prefill tok/s, the paired ratio to eager per trial, and greedy-token
 agreement with eager (the same prompt, teacher-forced on eager's tokens, so one early divergence doesn't hide the
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--paths", default="eager,fused-int8,int8-decode")
+    parser.add_argument("--paths", default="eager,fused-q4,fused-int8")
     args = parser.parse_args(argv)
 
     import torch
