@@ -178,22 +178,27 @@ def test_next_turn_reuses_the_cache_with_the_fast_path(fast: Engine) -> None:
     assert text and done.finish_reason in ("stop", "length")
 
 
-def test_cancel_stops_within_one_token_on_the_fast_path(fast: Engine) -> None:
+def cancel_after_first_token(engine: Engine) -> tuple[str, int]:
+    """Set cancel at the first token; return the finish reason and how many tokens still came after it."""
     cancel = threading.Event()
     tokens_after_cancel = 0
-    events = fast.generate(
+    events = engine.generate(
         [ChatMessage("user", "Count from 1 to 100.")], SamplingParams(temperature=0, max_new_tokens=200), cancel=cancel
     )
-    done = None
+    finish = ""
     for event in events:
         if isinstance(event, TokenEvent):
             if cancel.is_set():
                 tokens_after_cancel += 1
             cancel.set()
         elif isinstance(event, DoneEvent):
-            done = event
-    assert done is not None and done.finish_reason == "cancelled"
-    assert tokens_after_cancel <= 1
+            finish = event.finish_reason
+    return finish, tokens_after_cancel
+
+
+def test_cancel_stops_within_one_token_on_the_fast_path(fast: Engine) -> None:
+    finish, tokens_after_cancel = cancel_after_first_token(fast)
+    assert finish == "cancelled" and tokens_after_cancel <= 1
 
 
 def test_missing_kernel_falls_back_to_the_plain_path_with_the_reason(

@@ -9,7 +9,6 @@ no outliers for the block range to adapt to, so the bound is looser there; the d
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,19 @@ import torch
 
 from app.core import fastpath
 from app.core.engine import Engine, KVState, kv_cache_bytes
-from app.core.events import ChatMessage, DoneEvent, TokenEvent
+from app.core.events import ChatMessage, DoneEvent
 from app.core.fastpath import native
 from app.core.sampling import SamplingParams
 from app.core.session import ChatSession
-from tests.core.test_fastpath import AGREEMENT_BOUND, GREEDY, LOGIT_ERROR_BOUND, greedy_reference, run, teacher_forced
+from tests.core.test_fastpath import (
+    AGREEMENT_BOUND,
+    GREEDY,
+    LOGIT_ERROR_BOUND,
+    cancel_after_first_token,
+    greedy_reference,
+    run,
+    teacher_forced,
+)
 
 LOGIT_ERROR_BOUNDS = {"fused-int8": LOGIT_ERROR_BOUND, "fused-q4": 0.15}
 KERNEL = native.load_library()
@@ -172,21 +179,8 @@ def test_next_turn_reuses_the_cache_the_fused_step_wrote(fused: Engine) -> None:
 
 
 def test_cancel_stops_within_one_token_on_the_fused_step(fused: Engine) -> None:
-    cancel = threading.Event()
-    tokens_after_cancel = 0
-    done = None
-    events = fused.generate(
-        [ChatMessage("user", "Count from 1 to 100.")], SamplingParams(temperature=0, max_new_tokens=200), cancel=cancel
-    )
-    for event in events:
-        if isinstance(event, TokenEvent):
-            if cancel.is_set():
-                tokens_after_cancel += 1
-            cancel.set()
-        elif isinstance(event, DoneEvent):
-            done = event
-    assert done is not None and done.finish_reason == "cancelled"
-    assert tokens_after_cancel <= 1
+    finish, tokens_after_cancel = cancel_after_first_token(fused)
+    assert finish == "cancelled" and tokens_after_cancel <= 1
 
 
 def test_sampling_runs_on_the_fused_logits_and_is_reproducible(fused: Engine) -> None:
