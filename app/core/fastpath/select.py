@@ -30,19 +30,18 @@ CACHE_FORMAT = 2  # bump when the packed layout or the quantization recipe chang
 # bf16 weights (bench/engine_speed.py): eager 25 tok/s, fused-int8 107 (4.25x), fused-q4 147 (5.85x); teacher-forced
 # greedy agreement with eager 93/96 (int8) and 90/96 (Q4_1), both inside the 90 % bound the tests hold. The fastest
 # measured path is the default; fp32 stays exact (see below); forcing a fused path also takes fp32.
-AUTO_FUSED_SOURCES = ("bf16", "nf4", "nf4-nodq")
 # The decoder matrices' format per source precision under "auto" (the lm_head is int8 rows in both).
 AUTO_FUSED_FORMAT = {"bf16": "q4", "nf4": "q4", "nf4-nodq": "q4"}
+AUTO_FUSED_SOURCES = tuple(AUTO_FUSED_FORMAT)
 FUSED_PATHS = {"fused-int8": "int8", "fused-q4": "q4"}
 FORCED_FUSED_SOURCES = (*AUTO_FUSED_SOURCES, "fp32")
-# Weights "auto" repacks to int8 on the CPU. fp32 stays exact (a user who picks fp32 asks for precision; the tests
-# that compare reused-cache runs with fresh ones rely on it); bnb int8 (LLM.int8) already is int8; fp16 matmuls are
-# slow on CPUs in any form. Forcing "int8-decode" also repacks fp32 and fp16.
-# bf16 is not auto-repacked: the int8 copies decoded only 1.07x faster (trials 0.98-1.18, 1.03x per CPU-second) for
-# +1 byte per decoder parameter (+38 % weights memory on SmolLM2-135M); for nf4 they are 4.6x faster than bnb's.
+# Where the fused step can't run, "auto" repacks nf4 to int8 for torch's int8 kernel (4.6x faster than bnb's CPU
+# 4-bit path). fp32 stays exact (a user who picks fp32 asks for precision; the tests that compare reused-cache runs
+# with fresh ones rely on it); bnb int8 (LLM.int8) already is int8; fp16 matmuls are slow on CPUs in any form. bf16
+# without the fused step stays eager: the int8 copies decoded only 1.07x faster for +38 % weights memory. Forcing
+# "int8-decode" also repacks bf16, fp32 and fp16.
 AUTO_INT8_SOURCES = ("nf4", "nf4-nodq")
 FORCED_INT8_SOURCES = (*AUTO_INT8_SOURCES, "bf16", "fp32", "fp16")
-BF16_NOTE = "bf16: int8 decode measured ~1.07x for +38% weight memory; HEARTH_DECODE_PATH=int8-decode forces it"
 
 
 @dataclass(frozen=True)
@@ -86,10 +85,9 @@ def apply_decode_path(
         elif forced_fused:
             return DecodePathChoice("eager", f"the fused decode step does not take {quantization} weights")
     if forced_fused or quantization not in (AUTO_INT8_SOURCES if requested == "auto" else FORCED_INT8_SOURCES):
-        notes = {"fp32": "exact path for fp32", "bf16": BF16_NOTE}
-        return DecodePathChoice(
-            "eager", fused_reason or notes.get(quantization, f"no faster CPU decode path for {quantization}")
-        )
+        # Under "auto", bf16 always tried the fused step, so only fp32 and the weights no path takes get here bare.
+        exact = "exact path for fp32" if quantization == "fp32" else f"no faster CPU decode path for {quantization}"
+        return DecodePathChoice("eager", fused_reason or exact)
     reason = int8.int8_kernel_available()
     if reason:
         return DecodePathChoice("eager", reason)
