@@ -41,13 +41,19 @@ def active() -> Iterator[None]:
         _state.on = previous
 
 
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: w ≈ q * scale[:, None], scale = max|row| / 127 (fp32)."""
+    full = weight.detach().float()
+    scale = full.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+    q = torch.round(full / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
 class PackedInt8:
     """An int8 weight [N, K] and its per-row scales, ready for `_weight_int8pack_mm`."""
 
     def __init__(self, weight: torch.Tensor) -> None:
-        full = weight.detach().float()
-        scale = full.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-        self.qweight = torch.round(full / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+        self.qweight, scale = quantize_rows(weight)
         self.scale = scale.to(KERNEL_DTYPE).contiguous()
 
     @classmethod

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from app.core.fastpath.int8 import quantize_rows
 from app.core.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -279,9 +280,7 @@ class SlabLayer(DynamicLayer):
 
 def new_slab_cache(model: Any, limit: int) -> DynamicCache:
     config = model.config.get_text_config(decoder=True)
-    heads = int(config.num_attention_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    _, kv_heads, head_dim = attention_shape(config)
     dtype = _kv_dtype(model)
     cache = DynamicCache(config=model.config)
     arena = SlabArena(limit)
@@ -292,6 +291,13 @@ def new_slab_cache(model: Any, limit: int) -> DynamicCache:
 def is_slab_cache(cache: Any) -> bool:
     layers = getattr(cache, "layers", None) or []
     return bool(layers) and all(isinstance(layer, SlabLayer) for layer in layers)
+
+
+def attention_shape(config: Any) -> tuple[int, int, int]:
+    """(query heads, kv heads, head dim) of a decoder config."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    return heads, kv_heads, int(getattr(config, "head_dim", None) or config.hidden_size // heads)
 
 
 def _kv_dtype(model: Any) -> torch.dtype:
@@ -316,12 +322,12 @@ def quantize_q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return packed.contiguous(), torch.stack([scale, offset], dim=-1).reshape(rows, -1).contiguous()
 
 
-def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8: w ≈ q * scale[:, None], scale = max|row| / 127."""
-    full = weight.detach().float()
-    scale = full.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-    q = torch.round(full / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q.contiguous(), scale.contiguous()
+def packed_matrix_bytes(rows: int, cols: int, weight_format: str) -> int:
+    """What pack_model stores for a [rows, cols] matrix: Q4_1 nibbles + fp16 (d, m) per 32 weights (20 bytes per 32),
+    or int8 rows + an fp32 scale per row."""
+    if weight_format == "q4":
+        return rows * cols // 2 + rows * (cols // 32) * 4
+    return rows * cols + 4 * rows
 
 
 def unsupported_reason(model: Any) -> str:
@@ -343,8 +349,7 @@ def unsupported_reason(model: Any) -> str:
     rope_type = str(getattr(rotary, "rope_type", "default"))
     if rope_type not in STATIC_ROPE_TYPES:
         return f"RoPE type {rope_type} is not in the fused kernel"
-    heads = int(config.num_attention_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    heads, _, head_dim = attention_shape(config)
     inv_freq = getattr(rotary, "inv_freq", None)
     if not isinstance(inv_freq, torch.Tensor) or inv_freq.numel() * 2 != head_dim:
         return "partial rotary embeddings are not in the fused kernel"
@@ -376,9 +381,7 @@ class FusedDecoder:
         self.weight_format = weight_format
         config = model.config.get_text_config(decoder=True)
         base: Any = model.model
-        self.heads = int(config.num_attention_heads)
-        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
-        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.heads, self.kv_heads, self.head_dim = attention_shape(config)
         self.layers = int(config.num_hidden_layers)
         self.hidden = int(config.hidden_size)
         self.vocab = int(tensors["lm.q"].shape[0])
@@ -527,9 +530,7 @@ def pack_model(model: Any, dense_weight: Any, weight_format: str = "int8") -> di
 def tensors_fit(model: Any, tensors: Mapping[str, torch.Tensor], weight_format: str = "int8") -> bool:
     """A cached pack matches this model's shapes (a stale or foreign cache is repacked, not trusted)."""
     config = model.config.get_text_config(decoder=True)
-    heads = int(config.num_attention_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    heads, kv_heads, head_dim = attention_shape(config)
     hidden, inter = int(config.hidden_size), int(config.intermediate_size)
     per_byte = 2 if weight_format == "q4" else 1  # Q4_1 packs two weights per byte
     dtype = torch.uint8 if weight_format == "q4" else torch.int8

@@ -362,7 +362,7 @@ def fused_decode_copy_bytes(meta: Any, quantization: str, device: str) -> int:
     the lm_head), fp32 biases and norms; 0 where that path will not run."""
     from torch import nn
 
-    from app.core.fastpath.native import unsupported_reason
+    from app.core.fastpath.native import packed_matrix_bytes, unsupported_reason
     from app.core.fastpath.select import AUTO_FUSED_FORMAT
 
     if not device.startswith("cpu") or quantization not in AUTO_FUSED_FORMAT or unsupported_reason(meta):
@@ -371,11 +371,8 @@ def fused_decode_copy_bytes(meta: Any, quantization: str, device: str) -> int:
     total = 0
     for module in meta.modules():
         if isinstance(module, nn.Linear):
-            weights = module.in_features * module.out_features
-            if module is not head and AUTO_FUSED_FORMAT[quantization] == "q4":
-                total += weights // 32 * 20
-            else:
-                total += weights + 4 * module.out_features
+            weight_format = "int8" if module is head else AUTO_FUSED_FORMAT[quantization]
+            total += packed_matrix_bytes(module.out_features, module.in_features, weight_format)
             total += 4 * module.out_features if module.bias is not None else 0
         elif type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor):
             total += 4 * module.weight.numel()
