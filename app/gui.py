@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from app import APP_NAME
     from app.core.crash import install_hooks
-    from app.core.errors import HearthError
-    from app.core.settings import Settings, load_settings
+    from app.core.settings import read_settings
     from app.ui import theme
     from app.ui.main_window import MainWindow
 
@@ -67,17 +66,22 @@ def main(argv: list[str] | None = None) -> int:
 
     early_errors: list[str] = []
     hooks = install_hooks(lambda message, details: early_errors.append(message))
-    startup_error = None
-    try:
-        settings = load_settings()
-    except HearthError as exc:
-        settings, startup_error = Settings(), str(exc)
+    # A damaged or mistyped settings file never stops the window: it runs on defaults and says so in a banner.
+    settings_file = read_settings()
+    settings = settings_file.settings
+    startup_notes = [settings_file.window_line()] if not settings_file.ok else []
+    if settings_file.unknown_keys:
+        startup_notes.append(settings_file.unknown_line())
     if args.model:
         settings = settings.with_changes(model=args.model)  # this run only: not saved
     theme.apply(app, settings.theme)
-    window = MainWindow(settings, autoload=not (args.no_autoload or args.first_paint_report))
+    window = MainWindow(
+        settings,
+        autoload=not (args.no_autoload or args.first_paint_report),
+        settings_file_rejected=not settings_file.ok,
+    )
     hooks.callback = window.errors.report
-    for message in [*early_errors, *([startup_error] if startup_error else [])]:
+    for message in [*early_errors, *startup_notes]:
         window.show_error(message)
 
     freeze_startup_objects()

@@ -134,6 +134,8 @@ def emit(events: Iterator[Event], *, as_json: bool, show_stats: bool) -> DoneEve
             print("[stopped at the length limit: raise --max-tokens for longer replies]", file=sys.stderr)
         elif done is not None and done.finish_reason == "error":
             print(f"hearth: the reply failed: {done.error}", file=sys.stderr)
+        for notice in done.notices if done is not None else ():
+            print(f"hearth: note: {notice}", file=sys.stderr)
     return done
 
 
@@ -153,10 +155,10 @@ def open_session(settings: Settings, args: argparse.Namespace) -> Any:
         progress=progress_to_stderr,
         ignore_fit=bool(getattr(args, "ignore_fit", False)),
     )
-    for notice in loaded.notices:
-        print(f"hearth: note: {notice}", file=sys.stderr)
     cache = ResponseCache() if settings.response_cache and not args.no_response_cache else None
     engine = Engine(loaded, response_cache=cache)
+    for notice in [*loaded.notices, *engine.recovery_notices()]:
+        print(f"hearth: note: {notice}", file=sys.stderr)
     return ChatSession(
         engine,
         system_prompt=args.system if args.system is not None else settings.system_prompt,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.core.settings import DEVICES, QUANTIZATIONS, Settings, load_settings
+from app.core.errors import InvalidSettingError
+from app.core.settings import DEVICES, QUANTIZATIONS, Settings, read_settings
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +16,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         "-m",
         help="folder, .gguf file or Hub repo id in the local cache (default: the embedded SmolLM2-135M-Instruct)",
     )
-    group.add_argument("--quant", choices=QUANTIZATIONS, help="weights precision (default: auto = nf4)")
+    group.add_argument(
+        "--quant", choices=QUANTIZATIONS, help="weights precision (default: auto = nf4 on a GPU, bf16 on the CPU)"
+    )
     group.add_argument("--device", choices=DEVICES, help="where to run (default: auto = CUDA, then MPS, then CPU)")
     group.add_argument("--context", type=int, metavar="TOKENS", help="context window (default: the model's maximum)")
     group.add_argument(
@@ -37,9 +40,20 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def saved_settings() -> Settings:
+    """The settings file for a command: unknown keys are a warning; a bad value or a damaged file is an error
+    (one line, exit 2), since a command line must not run on a half-understood file."""
+    found = read_settings()
+    if found.unknown_keys:
+        print(f"hearth: warning: {found.unknown_line()}", file=sys.stderr)
+    if not found.ok:
+        raise InvalidSettingError(found.error_line())
+    return found.settings
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Saved settings, overridden by whatever flags were given."""
-    settings = load_settings()
+    settings = saved_settings()
     changes = {
         "model": args.model,
         "quantization": args.quant,

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from app.cli import Subparsers
-from app.core.settings import DEVICES, QUANTIZATIONS, load_settings
+from app.cli.common import saved_settings
+from app.core.settings import DEVICES, QUANTIZATIONS
 
 
 def register(subparsers: Subparsers) -> None:
@@ -38,7 +39,7 @@ def _verdict(verdict: object) -> str:
 def run(args: argparse.Namespace) -> int:
     from app.core import library
 
-    settings = load_settings()
+    settings = saved_settings()
     quant = args.quant or settings.quantization
     device = args.device or settings.device
     if args.add is not None:

@@ -48,13 +48,13 @@ class ProgressBar:
 
 
 def run(args: argparse.Namespace) -> int:
+    from app.cli.common import saved_settings
     from app.core.hub import DownloadCancelled, HubClient
     from app.core.library import model_verdict
-    from app.core.settings import load_settings
 
     client = HubClient.default()
     plan = client.prepare(args.repo, file=args.file)
-    settings = load_settings()
+    settings = saved_settings()
     verdict = model_verdict(plan.config, quantization=settings.quantization, device=settings.device)
     licence = f", licence {plan.license}" if plan.license else ""
     resumed = f", {format_bytes(plan.present_bytes)} already here" if plan.present_bytes else ""

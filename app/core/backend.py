@@ -25,6 +25,11 @@ class LoadRequest:
     quantization: str = "auto"
     device: str = "auto"
     context_length: int | None = None
+    # Every load option travels here: the worker never re-reads the settings file behind the window's back.
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    ignore_fit: bool = False
+    response_cache: bool = True
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class ModelInfo:
     context_window: int
     load_seconds: float = 0.0
     notices: tuple[str, ...] = ()
+    recovered: tuple[str, ...] = ()  # damaged derived files moved aside and rebuilt at load: the banner shows them
     tokenizer_file: str | None = None  # tokenizer.json, for torch-free token counts in the GUI
 
 

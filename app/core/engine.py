@@ -210,10 +210,13 @@ class Engine:
                 self.loaded.quantization,
                 prompt_ids,
                 # The decode path is part of the key: the fused int8 step's greedy text can differ from eager's.
+                # So are the weights the reply comes from: files on disk and the decode path's packed copy.
                 {
                     "max_new_tokens": budget,
                     "repetition_penalty": params.repetition_penalty,
                     "decode_path": self.decode_path,
+                    "weights": self.loaded.weights_fingerprint,
+                    "decode_weights": getattr(self.path, "weights_digest", ""),
                 },
             )
             if use_response_cache and (hit := self.response_cache.get(key)) is not None:
@@ -239,7 +242,14 @@ class Engine:
         text = "".join(pieces)
         if key is not None and self.response_cache is not None and finish in ("stop", "length"):
             self.response_cache.put(key, CachedReply(pieces, finish, len(pieces)))
-        yield DoneEvent(finish_reason=finish, text=text, error=error)
+        yield DoneEvent(finish_reason=finish, text=text, error=error, notices=self._take_notices())
+
+    def recovery_notices(self) -> tuple[str, ...]:
+        """Derived files found damaged and rebuilt while the engine started (response cache, packed copies)."""
+        return tuple(getattr(self.path, "recovery_notices", ())) + self._take_notices()
+
+    def _take_notices(self) -> tuple[str, ...]:
+        return tuple(self.response_cache.take_notices()) if self.response_cache is not None else ()
 
     def _replay(self, hit: CachedReply, prompt_ids: list[int], started: float, dropped_turns: int) -> Iterator[Event]:
         for piece in hit.pieces:

@@ -39,6 +39,7 @@ class EngineBackend:
             context_window=loaded.context_window,
             load_seconds=loaded.load_seconds,
             notices=tuple(loaded.notices),
+            recovered=self.engine.recovery_notices(),
             tokenizer_file=str(loaded.folder / "tokenizer.json")
             if (loaded.folder / "tokenizer.json").is_file()
             else None,
@@ -181,18 +182,16 @@ def _reading_from_snapshot(snapshot: Any) -> MemoryReading:
 
 def load_engine_backend(request: LoadRequest, progress: ProgressCallback, cancel: threading.Event) -> EngineBackend:
     """The default backend factory the GUI's worker uses."""
-    from app.core.settings import load_settings
-
-    settings = load_settings()
     loaded = load_model(
         request.model,
         quantization=request.quantization,
         device=request.device,
         context_length=request.context_length,
-        allow_pickle=settings.allow_pickle,
-        trust_remote_code=settings.trust_remote_code,
+        allow_pickle=request.allow_pickle,
+        trust_remote_code=request.trust_remote_code,
+        ignore_fit=request.ignore_fit,
         progress=progress,
         cancel=cancel,
     )
-    cache = ResponseCache() if settings.response_cache else None
+    cache = ResponseCache() if request.response_cache else None
     return EngineBackend(loaded, response_cache=cache)

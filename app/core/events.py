@@ -59,6 +59,7 @@ class DoneEvent:
     finish_reason: FinishReason
     text: str  # the whole reply, also when cancelled (the partial reply is kept)
     error: str | None = None
+    notices: tuple[str, ...] = ()  # e.g. a damaged cache entry dropped while answering: shown, never fatal
     type: Literal["done"] = "done"
 
 
@@ -74,6 +75,8 @@ def event_to_json(event: Event) -> dict[str, Any]:
     data: dict[str, Any] = {"type": "done", "finish_reason": event.finish_reason}
     if event.error:
         data["error"] = event.error
+    if event.notices:
+        data["notices"] = list(event.notices)
     return data
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from app.core import paths
 from app.core.errors import CorruptModelError, UnsupportedModelError
+from app.core.gguf_meta import check_gguf_complete
 from app.core.model_source import check_gguf_header
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ def is_converted(folder: Path) -> bool:
 def ensure_converted(gguf_path: Path, progress: ProgressCallback | None = None) -> Path:
     """The converted folder for this GGUF, converting it first if needed (atomic: a crash leaves no half folder)."""
     check_gguf_header(gguf_path)
+    check_gguf_complete(gguf_path)
     target = converted_folder_for(gguf_path)
     if is_converted(target):
         return target

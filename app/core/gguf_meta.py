@@ -50,6 +50,33 @@ def _read_value(handle: BinaryIO, kind: int) -> Any:
     raise ValueError(f"unknown GGUF value type {kind}")
 
 
+_TENSOR_EXTENTS = "hearth.tensor_extents"  # not a GGUF key: (data start, tensor table), for the size check
+
+
+def _tensor_bytes(kind: int, count: int) -> int:
+    """Bytes of one tensor's data; 0 for a type this gguf package does not know (never a false 'incomplete')."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        return 0
+    return count // block * size
+
+
+def check_gguf_complete(path: Path) -> None:
+    """A GGUF file cut short (an interrupted download or copy) is named as such before anything reads its tensors."""
+    stat = path.stat()
+    fields, _, _ = _read_metadata(path.resolve(), stat.st_size, stat.st_mtime_ns)
+    data_start, extents = fields[_TENSOR_EXTENTS]
+    needed = data_start + max((offset + _tensor_bytes(kind, count) for kind, count, offset in extents), default=0)
+    if stat.st_size < needed:
+        raise CorruptModelError(
+            f"{path.name} is an incomplete GGUF file: it has {stat.st_size:,} bytes but its tensors need "
+            f"{needed:,} (the download or copy was cut short). Download it again. File: {path}"
+        )
+
+
 class _ArrayLength(int):
     """An array value, kept only as its length (vocab size from tokenizer.ggml.tokens)."""
 
@@ -69,16 +96,21 @@ def _read_metadata(path: Path, size: int, mtime_ns: int) -> tuple[dict[str, Any]
                 fields[key] = _read_value(handle, _read(handle, "I"))
             parameters = 0
             names: set[str] = set()
+            extents: list[tuple[int, int, int]] = []  # (type, elements, offset): what a whole file must hold
             for _ in range(tensor_count):
                 name = _read_string(handle)
                 dims = [_read(handle, "Q") for _ in range(_read(handle, "I"))]
-                _read(handle, "I")  # tensor type
-                _read(handle, "Q")  # offset
+                kind = _read(handle, "I")
+                offset = _read(handle, "Q")
                 count = 1
                 for dim in dims:
                     count *= dim
                 parameters += count
                 names.add(name)
+                extents.append((kind, count, offset))
+            alignment = fields.get("general.alignment")
+            alignment = alignment if isinstance(alignment, int) and alignment > 0 else 32
+            fields[_TENSOR_EXTENTS] = (-(-handle.tell() // alignment) * alignment, tuple(extents))
     except (EOFError, ValueError, struct.error, UnicodeDecodeError) as exc:
         raise CorruptModelError(f"{path} has unreadable GGUF metadata; the file may be truncated.") from exc
     except OSError as exc:

@@ -42,6 +42,11 @@ class HistoryError(HearthError):
     """The history database cannot be used as asked."""
 
 
+class HistoryDamagedError(HistoryError):
+    """The file at the history's path is not a usable Hearth history (not SQLite, damaged, another program's).
+    It is never modified; the user may move it aside and start a new history (HistoryStore.move_aside)."""
+
+
 class HistoryNotFoundError(HistoryError):
     """A conversation or message id that does not exist (any more)."""
 
@@ -156,12 +161,51 @@ def _casefold(value: str | None) -> str | None:
 class HistoryStore:
     """The one connection to the history database, shared by the GUI and worker threads under a lock."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, in_memory: bool = False) -> None:
+        """in_memory: a store that lives only in this process (the window's stand-in while the file at `path`
+        cannot be used); `path` then only names the file it stands in for."""
         self.path = Path(path) if path is not None else default_history_path()
+        self.in_memory = in_memory
         self._lock = threading.RLock()
-        self._db: sqlite3.Connection | None = self._open()
+        self._db: sqlite3.Connection | None = self._open_memory() if in_memory else self._open()
 
     # -- opening, closing, transactions --------------------------------------------------------------------------
+
+    def _open_memory(self) -> sqlite3.Connection:
+        db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        db.create_function("hearth_casefold", 1, _casefold, deterministic=True)
+        db.execute("PRAGMA foreign_keys = ON")
+        self._migrate(db)
+        return db
+
+    @staticmethod
+    def move_aside(path: Path) -> Path:
+        """Rename a history file Hearth cannot use (with its WAL and shared-memory files) to a free
+        `NAME.damaged-YYYYmmdd-HHMMSS` name beside it; nothing is deleted. Returns the new path."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = path.with_name(f"{path.name}.damaged-{stamp}")
+        counter = 1
+        while target.exists():
+            counter += 1
+            target = path.with_name(f"{path.name}.damaged-{stamp}-{counter}")
+        for suffix in ("-wal", "-shm"):
+            sidecar = path.with_name(path.name + suffix)
+            if sidecar.exists():
+                sidecar.rename(target.with_name(target.name + suffix))
+        path.rename(target)
+        return target
+
+    def copy_into(self, path: Path) -> None:
+        """Write this store's conversations into a new database file at `path` (which must not exist)."""
+        if path.exists():
+            raise HistoryError(f"{path} already exists; the history was not copied over it.")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        target = sqlite3.connect(path)
+        try:
+            with self._lock:
+                self._connection().backup(target)
+        finally:
+            target.close()
 
     def _open(self) -> sqlite3.Connection:
         path = self.path
@@ -176,7 +220,7 @@ class HistoryStore:
             except OSError as err:
                 raise HistoryError(f"The history database {path} cannot be read: {err.strerror}.") from err
             if header != _SQLITE_HEADER:
-                raise HistoryError(
+                raise HistoryDamagedError(
                     f"The file {path} is not a SQLite database, so it cannot be the conversation history; "
                     "it was left untouched (move it away to start a new history)."
                 )
@@ -196,7 +240,11 @@ class HistoryStore:
             raise
         except sqlite3.DatabaseError as err:
             db.close()
-            raise HistoryError(
+            if isinstance(err, sqlite3.OperationalError) and "locked" in str(err):
+                raise HistoryError(
+                    f"The history database {path} is busy: another Hearth window may be using it."
+                ) from err
+            raise HistoryDamagedError(
                 f"The history database {path} is damaged or cannot be opened ({err}); it was left untouched."
             ) from err
         return db
@@ -208,7 +256,7 @@ class HistoryStore:
         has_tables = db.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0] > 0
         fresh = version == 0 and application_id == 0 and not has_tables
         if not fresh and application_id != APPLICATION_ID:
-            raise HistoryError(
+            raise HistoryDamagedError(
                 f"The file {self.path} is a SQLite database of another program, not Hearth's conversation "
                 "history; it was left untouched."
             )

@@ -5,6 +5,7 @@ Never falls back silently: a missing GPU is an error when asked for, and a notic
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -64,6 +65,7 @@ class LoadedModel:
     load_seconds: float
     placements: list[DevicePlacement] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
+    weights_fingerprint: str = ""  # which weight files, as they were on disk (part of the response cache key)
 
     @property
     def model_id(self) -> str:
@@ -257,7 +259,19 @@ def load_model(
         load_seconds=time.perf_counter() - started,
         placements=placements,
         notices=notices,
+        weights_fingerprint=weights_fingerprint(folder),
     )
+
+
+def weights_fingerprint(folder: Path) -> str:
+    """Names, sizes and modification times of a folder's weight files: a replaced or rewritten file gives a new
+    fingerprint, so a cached reply made by other weights is never replayed (no re-hash of GBs per launch)."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.suffix in (".safetensors", ".bin", ".pt", ".pth", ".gguf"):
+            stat = path.stat()
+            digest.update(f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:20]
 
 
 # Without --context, a model whose full context does not fit gets a shorter window if at least this much fits.

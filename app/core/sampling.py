@@ -3,33 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from app.core.errors import InvalidSettingError
+from pydantic import Field
+
+from app.core.schema import Rule, check_fields
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.7  # 0 = greedy
-    top_p: float = 0.95
-    top_k: int = 40  # 0 = off
-    min_p: float = 0.0  # 0 = off
-    repetition_penalty: float = 1.0  # 1 = off
-    max_new_tokens: int = 512
-    seed: int | None = None
+    temperature: Annotated[float, Field(ge=0), Rule("temperature", "0 or more")] = 0.7  # 0 = greedy
+    top_p: Annotated[float, Field(gt=0, le=1), Rule("top-p", "in (0, 1]")] = 0.95
+    top_k: Annotated[int, Field(ge=0), Rule("top-k", "0 (off) or more")] = 40  # 0 = off
+    min_p: Annotated[float, Field(ge=0, lt=1), Rule("min-p", "in [0, 1)")] = 0.0  # 0 = off
+    repetition_penalty: Annotated[float, Field(gt=0), Rule("repetition penalty", "above 0")] = 1.0  # 1 = off
+    max_new_tokens: Annotated[int, Field(ge=1), Rule("max new tokens", "at least 1")] = 512
+    seed: Annotated[int | None, Rule("seed")] = None
 
     def __post_init__(self) -> None:
-        checks: list[tuple[bool, str]] = [
-            (self.temperature >= 0, f"temperature must be 0 or more (got {self.temperature})"),
-            (0 < self.top_p <= 1, f"top-p must be in (0, 1] (got {self.top_p})"),
-            (self.top_k >= 0, f"top-k must be 0 (off) or more (got {self.top_k})"),
-            (0 <= self.min_p < 1, f"min-p must be in [0, 1) (got {self.min_p})"),
-            (self.repetition_penalty > 0, f"repetition penalty must be above 0 (got {self.repetition_penalty})"),
-            (self.max_new_tokens >= 1, f"max new tokens must be at least 1 (got {self.max_new_tokens})"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise InvalidSettingError(message)
+        check_fields(self)  # types (strict: no "0.7" strings, no inf/nan) and ranges, named in the error
 
     @property
     def greedy(self) -> bool:
@@ -40,5 +32,5 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+        """Strict: the first bad value raises InvalidSettingError naming it; unknown keys are ignored."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})

@@ -8,13 +8,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field
 
 from app.core import paths
 from app.core.errors import InvalidSettingError
 from app.core.sampling import SamplingParams
+from app.core.schema import Rule, check_fields, from_mapping
 
 Quantization = Literal["auto", "nf4", "nf4-nodq", "int8", "bf16", "fp16", "fp32"]
 DeviceChoice = Literal["auto", "cuda", "cpu", "mps"]
@@ -31,36 +34,25 @@ SETTINGS_VERSION = 1
 
 @dataclass(frozen=True)
 class Settings:
-    model: str | None = None  # None = the embedded default model
-    quantization: Quantization = "auto"
-    device: DeviceChoice = "auto"
-    context_length: int | None = None  # None = the model's maximum
-    system_prompt: str = "You are a helpful assistant."
+    # Each annotation is the field's schema (app.core.schema): strict types, ranges, and the name errors use.
+    model: Annotated[str | None, Rule("model")] = None  # None = the embedded default model
+    quantization: Annotated[Quantization, Rule("quantization")] = "auto"
+    device: Annotated[DeviceChoice, Rule("device")] = "auto"
+    # None = the model's maximum
+    context_length: Annotated[int | None, Field(ge=16), Rule("context length", "at least 16 tokens")] = None
+    system_prompt: Annotated[str, Rule("system prompt")] = "You are a helpful assistant."
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    context_policy: ContextPolicy = "error"
-    theme: Theme = "system"
-    response_cache: bool = True
-    attachment_limit_mb: int = 50  # largest document file read into a prompt
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
+    context_policy: Annotated[ContextPolicy, Rule("context policy")] = "error"
+    theme: Annotated[Theme, Rule("theme")] = "system"
+    response_cache: Annotated[bool, Rule("response cache")] = True
+    # the largest document file read into a prompt
+    attachment_limit_mb: Annotated[int, Field(ge=1), Rule("attachment limit", "at least 1 MB")] = 50
+    # Safety opt-ins: only a JSON `true` switches them on (strict bool); anything else is an error.
+    allow_pickle: Annotated[bool, Rule("allow pickle")] = False
+    trust_remote_code: Annotated[bool, Rule("trust remote code")] = False
 
     def __post_init__(self) -> None:
-        choices = {
-            "quantization": QUANTIZATIONS,
-            "device": DEVICES,
-            "theme": THEMES,
-            "context_policy": CONTEXT_POLICIES,
-        }
-        for name, allowed in choices.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                raise InvalidSettingError(
-                    f"{name.replace('_', ' ')} must be one of {', '.join(allowed)} (got {value!r})"
-                )
-        if self.attachment_limit_mb < 1:
-            raise InvalidSettingError(f"attachment limit must be at least 1 MB (got {self.attachment_limit_mb})")
-        if self.context_length is not None and self.context_length < 16:
-            raise InvalidSettingError(f"context length must be at least 16 tokens (got {self.context_length})")
+        check_fields(self)
 
     def with_changes(self, **changes: Any) -> Settings:
         return replace(self, **changes)
@@ -72,32 +64,97 @@ class Settings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Settings:
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        if isinstance(values.get("sampling"), dict):
-            values["sampling"] = SamplingParams.from_dict(values["sampling"])
-        return cls(**values)
+        """Strict: the first bad value raises InvalidSettingError naming its key."""
+        parsed = from_mapping(cls, data, ignore=FILE_ONLY_KEYS)
+        if parsed.problems:
+            raise InvalidSettingError(parsed.problems[0].message)
+        settings: Settings = parsed.value
+        return settings
+
+
+SAFETY_OPT_INS: tuple[str, ...] = ("allow_pickle", "trust_remote_code")
+FILE_ONLY_KEYS = frozenset({"version"})
+
+
+@dataclass(frozen=True)
+class SettingsFile:
+    """What reading settings.json found. Never raises: the front ends decide what to do with the problems."""
+
+    path: Path
+    settings: Settings  # the file's valid values, defaults for everything else
+    problems: tuple[str, ...] = ()  # values rejected (their defaults kept), or why the file could not be read
+    unknown_keys: tuple[str, ...] = ()  # reported, not fatal
+    unreadable: bool = False  # the file did not parse at all: run on defaults, never rewrite it
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def error_line(self) -> str:
+        """One line for the command line and the window's banner."""
+        if self.unreadable:
+            return self.problems[0]
+        kept = "The default was kept" if len(self.problems) == 1 else "The defaults were kept"
+        return f"Settings file {self.path}: {'; '.join(self.problems)}. {kept}; fix or delete the file."
+
+    def window_line(self) -> str:
+        """The banner's text: the window runs anyway, on defaults where the file could not be used."""
+        running = "on the default settings" if self.unreadable else "with the defaults in their place"
+        return f"{self.error_line()} Hearth is running {running}; saving settings keeps this file as .rejected."
+
+    def unknown_line(self) -> str:
+        keys = ", ".join(self.unknown_keys)
+        return f"Settings file {self.path}: unknown setting{'s' if len(self.unknown_keys) > 1 else ''} {keys} ignored."
 
 
 def settings_path() -> Path:
     return paths.config_dir() / "settings.json"
 
 
-def load_settings(path: Path | None = None) -> Settings:
-    """Read settings; a missing file gives the defaults, a broken one a clear error."""
+def read_settings(path: Path | None = None) -> SettingsFile:
+    """Read settings.json: a missing file gives the defaults, a damaged one a report (the file is left alone)."""
     path = path or settings_path()
     if not path.exists():
-        return Settings()
+        return SettingsFile(path, Settings())
+
+    def unreadable(why: str) -> SettingsFile:
+        line = f"Settings file {path} {why}; it was left as it is: fix or delete it."
+        return SettingsFile(path, Settings(), (line,), unreadable=True)
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InvalidSettingError(f"Settings file {path} is unreadable ({exc}); fix or delete it.") from exc
+        raw = path.read_bytes()
+    except OSError as exc:
+        return unreadable(f"cannot be read ({exc.strerror or exc})")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return unreadable(f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})")
+    except json.JSONDecodeError as exc:
+        return unreadable(f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})")
+    except RecursionError:
+        return unreadable("is nested too deeply to read")
     if not isinstance(data, dict):
-        raise InvalidSettingError(f"Settings file {path} does not hold a JSON object; fix or delete it.")
-    try:
-        return Settings.from_dict(data)
-    except (TypeError, InvalidSettingError) as exc:
-        raise InvalidSettingError(f"Settings file {path}: {exc}") from exc
+        return unreadable(f"does not hold a JSON object (found {type(data).__name__})")
+    parsed = from_mapping(Settings, data, ignore=FILE_ONLY_KEYS)
+    return SettingsFile(path, parsed.value, tuple(problem.message for problem in parsed.problems), parsed.unknown_keys)
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Settings for code that must not run on a half-understood file: any problem raises, naming the key."""
+    found = read_settings(path)
+    if not found.ok:
+        raise InvalidSettingError(found.error_line())
+    return found.settings
+
+
+def keep_rejected_file(path: Path | None = None) -> Path | None:
+    """Before settings are saved over a file Hearth could not fully read: keep that file beside, never lose it."""
+    path = path or settings_path()
+    if not path.exists():
+        return None
+    kept = path.with_name(f"{path.name}.rejected")
+    kept.write_bytes(path.read_bytes())
+    return kept
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> None:

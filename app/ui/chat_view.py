@@ -36,7 +36,9 @@ FINISH_LABELS = {
     "length": "stopped at the length limit",
     "cancelled": "stopped by you",
     "error": "failed",
+    "interrupted": "interrupted: Hearth closed before this reply finished (continue or regenerate it)",
 }
+CONTINUABLE = ("length", "interrupted")
 
 
 def format_stats(stats: dict[str, Any] | None, finish_reason: str | None) -> str:
@@ -248,7 +250,7 @@ class MessageWidget(QFrame):
         self.copy_button.setVisible(stored)
         self.edit_button.setVisible(item.role == "user")
         self.regenerate_button.setVisible(is_assistant)
-        self.continue_button.setVisible(is_assistant and item.finish_reason == "length")
+        self.continue_button.setVisible(is_assistant and item.finish_reason in CONTINUABLE)
         self.delete_button.setVisible(stored)
         many = item.sibling_count > 1
         for widget in (self.prev_branch, self.branch_label, self.next_branch):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,6 +23,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
     QMessageBox,
+    QPushButton,
     QSplitter,
     QToolButton,
     QVBoxLayout,
@@ -31,8 +33,8 @@ from PySide6.QtWidgets import (
 from app.core.backend import BackendFactory, ContextUsage, LoadRequest, MemoryReading, ModelInfo
 from app.core.errors import HearthError
 from app.core.events import ChatMessage, ReplyStats
-from app.core.history import HistoryStore, Message
-from app.core.settings import Settings, save_settings
+from app.core.history import HistoryDamagedError, HistoryError, HistoryStore, Message, default_history_path
+from app.core.settings import Settings, keep_rejected_file, save_settings
 from app.core.token_counter import load_token_counter
 from app.ui import theme
 from app.ui.chat_model import ChatItem, ChatModel
@@ -78,7 +80,8 @@ class ErrorBridge(QObject):
 
 
 class Banner(QWidget):
-    """A dismissible notice above the chat: errors the user should see without a modal dialog."""
+    """A dismissible notice above the chat: errors the user should see without a modal dialog. Messages that
+    arrive while it is showing stack up (a start-up can have several); an optional button offers the fix."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -91,15 +94,39 @@ class Banner(QWidget):
         self.label.setWordWrap(True)
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout.addWidget(self.label, 1)
+        self.action_button = QPushButton()
+        self.action_button.hide()
+        self.action_button.clicked.connect(self._run_action)
+        layout.addWidget(self.action_button)
         close = QToolButton()
         close.setText("✕")
-        close.clicked.connect(self.hide)
+        close.clicked.connect(self.dismiss)
         layout.addWidget(close)
+        self.messages: list[str] = []
+        self._action: Callable[[], None] | None = None
         self.hide()
 
     def show_message(self, text: str) -> None:
-        self.label.setText(text)
+        if text not in self.messages:
+            self.messages.append(text)
+        self.label.setText("\n\n".join(self.messages))
         self.show()
+
+    def offer(self, label: str, action: Callable[[], None]) -> None:
+        """A button beside the messages that runs `action` once."""
+        self._action = action
+        self.action_button.setText(label)
+        self.action_button.show()
+
+    def _run_action(self) -> None:
+        action, self._action = self._action, None
+        self.action_button.hide()
+        if action is not None:
+            action()
+
+    def dismiss(self) -> None:
+        self.messages.clear()
+        self.hide()
 
 
 class MainWindow(QMainWindow):
@@ -115,11 +142,14 @@ class MainWindow(QMainWindow):
         planner: Planner | None = None,
         autoload: bool = True,
         save_settings_to_disk: bool = True,
+        settings_file_rejected: bool = False,
     ) -> None:
         super().__init__()
         self.settings = settings
         self.save_settings_to_disk = save_settings_to_disk
-        self.store = store or HistoryStore()
+        self.settings_file_rejected = settings_file_rejected  # saving first keeps that file as .rejected
+        self.history_problem: HistoryError | None = None
+        self.store = store or self._open_history(default_history_path())
         self.palette_ = theme.resolve(settings.theme)
         self.confirm_deletes = True
         self.setWindowTitle("Hearth")
@@ -203,6 +233,7 @@ class MainWindow(QMainWindow):
             (worker.finished, self._on_finished),
             (worker.failed, self._on_failed),
             (worker.memory, self._on_memory),
+            (worker.notice, self.show_error),
         ):
             signal.connect(slot, Qt.ConnectionType.QueuedConnection)
 
@@ -223,6 +254,8 @@ class MainWindow(QMainWindow):
         self.chat_view.edit_submitted.connect(self.edit_message)
         self.chat_view.branch_requested.connect(self.switch_branch)
 
+        if self.history_problem is not None:
+            self._explain_history_problem(self.history_problem)
         conversations = self.store.list_conversations()
         if conversations:
             self.open_conversation(conversations[0].id)
@@ -234,6 +267,45 @@ class MainWindow(QMainWindow):
         self._painted = False
 
     first_painted = Signal()
+
+    # -- the history file ---------------------------------------------------------------------------------
+    def _open_history(self, path: Path) -> HistoryStore:
+        """The history at `path`, or, when that file cannot be used, a store in memory: the window always
+        starts, the file is never modified, and the banner explains (and offers to move a damaged file aside)."""
+        store: HistoryStore | None = None
+        try:
+            store = HistoryStore(path)
+            store.list_conversations()  # a file damaged past its header fails here, not in the middle of a chat
+            return store
+        except HistoryError as exc:
+            if store is not None:
+                store.close()
+            log.warning("history unavailable: %s", exc)
+            self.history_problem = exc
+            return HistoryStore(path, in_memory=True)
+
+    def _explain_history_problem(self, problem: HistoryError) -> None:
+        self.show_error(f"{problem} Conversations in this window are kept in memory only and are lost when it closes.")
+        if isinstance(problem, HistoryDamagedError):
+            self.banner.offer("Move it aside and start a new history", self.start_new_history)
+
+    def start_new_history(self) -> None:
+        """Move the unusable file aside (never deleted) and start a new history there, keeping this window's
+        conversations."""
+        path = self.store.path
+        try:
+            old = HistoryStore.move_aside(path)
+            self.store.copy_into(path)
+            fresh = HistoryStore(path)
+        except (OSError, HistoryError) as exc:
+            self.show_error(f"A new history could not be started at {path}: {exc}")
+            return
+        self.store.close()
+        self.store = fresh
+        self.history_problem = None
+        self.banner.dismiss()
+        self.show_error(f"Started a new conversation history at {path}. The old file is kept, unchanged, at {old}.")
+        self._refresh_sidebar()
 
     def paintEvent(self, event: QPaintEvent) -> None:
         super().paintEvent(event)
@@ -372,12 +444,15 @@ class MainWindow(QMainWindow):
                 continue
             siblings = self.store.siblings(message.id)
             index = next((i for i, s in enumerate(siblings) if s.id == message.id), 0)
+            finish = message.finish_reason
+            if message.role == "assistant" and finish is None and (reply is None or message.id != reply.message_id):
+                finish = "interrupted"  # saved while streaming, never finished: the app died or was killed
             items.append(
                 ChatItem(
                     role=message.role,
                     content=message.content,
                     message_id=message.id,
-                    finish_reason=message.finish_reason,
+                    finish_reason=finish,
                     stats=message.stats,
                     sibling_index=index,
                     sibling_count=len(siblings),
@@ -398,6 +473,13 @@ class MainWindow(QMainWindow):
 
     # -- model loading ----------------------------------------------------------------------------
     def load_model(self, request: LoadRequest) -> None:
+        # The opt-ins come from the window's one settings object, never from re-reading the file.
+        request = replace(
+            request,
+            allow_pickle=self.settings.allow_pickle,
+            trust_remote_code=self.settings.trust_remote_code,
+            response_cache=self.settings.response_cache,
+        )
         self.stop()
         self.loading = True
         self.model_info = None
@@ -422,6 +504,8 @@ class MainWindow(QMainWindow):
         self.loading = False
         self.model_info = info
         self.model_bar.set_loaded(info)
+        for line in info.recovered:
+            self.show_error(line)
         self._connect_attachment_counts(info)
         self.model_ready.emit()
         if self.pending_parent is not None:
@@ -778,6 +862,11 @@ class MainWindow(QMainWindow):
         self.settings = settings
         if self.save_settings_to_disk:
             try:
+                if self.settings_file_rejected:  # the file Hearth could not read is kept, never written over
+                    kept = keep_rejected_file()
+                    self.settings_file_rejected = False
+                    if kept is not None:
+                        self.show_error(f"Settings saved. The file Hearth could not read is kept at {kept}.")
                 save_settings(settings)
             except OSError as exc:
                 self.show_error(f"The settings could not be saved: {exc}")

@@ -87,6 +87,7 @@ class InferenceWorker(QObject):
     context = Signal(int, object)  # request id, ContextUsage
     finished = Signal(int, str, str, str)  # request id, finish reason, whole reply text, error ("" if none)
     failed = Signal(int, str)  # request id, message: nothing was generated
+    notice = Signal(str)  # something the user should know that did not stop the reply (a damaged cache entry)
     memory = Signal(object)  # MemoryReading
     stopped = Signal()
 
@@ -217,6 +218,8 @@ class InferenceWorker(QObject):
         # The reading first: queued signals arrive in order, so the panel shows the reply's KV cache by the time the
         # window hears the reply finished (a short, fast reply may end before any reading while streaming).
         self._emit_memory()
+        for line in done.notices:
+            self.notice.emit(line)
         self.finished.emit(rid, done.finish_reason, done.text, done.error or "")
 
     def _finish_failure(self, rid: int, pieces: list[str], message: str) -> None:

@@ -53,7 +53,7 @@ def test_bad_sampling_values_are_named(changes: dict[str, object], message: str)
 def test_broken_settings_file_is_reported_not_overwritten(hearth_home: Path) -> None:
     path = settings_path()
     path.write_text("{not json")
-    with pytest.raises(InvalidSettingError, match="unreadable"):
+    with pytest.raises(InvalidSettingError, match="is not valid JSON"):
         load_settings()
     assert path.read_text() == "{not json"
     path.write_text('{"quantization": "q9"}')

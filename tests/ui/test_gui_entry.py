@@ -49,7 +49,7 @@ def test_broken_settings_file_still_opens_the_window_and_says_why(tmp_path: Path
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True
     )
     banner = next(line for line in result.stdout.splitlines() if line.startswith("BANNER="))
-    assert "is unreadable" in banner and "settings.json" in banner
+    assert "is not valid JSON" in banner and "settings.json" in banner
 
 
 def test_uncaught_error_in_any_thread_reaches_the_window_banner(make_window, qtbot) -> None:
