@@ -61,5 +61,16 @@ bench-peer: $(STAMP)
 	@$(PEER_VENV)/bin/python -c "import llama_cpp" 2>/dev/null || $(PEER_VENV)/bin/python -m pip install -q "llama-cpp-python==0.3.36" numpy
 	$(BIN)/python bench/peer.py --peer-python $(PEER_VENV)/bin/python
 
+# The cross toolchain tests/core/test_native_arm.py needs (the kernel's AArch64 build, run under qemu); .ci/run
+# runs this before `make test`. Best effort: where apt-get can't run (no apt, not root and no passwordless sudo,
+# offline) it says so and that test skips with the reason; `make test` never depends on it.
+.PHONY: cross-tools
+cross-tools:
+	@if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null; then :; \
+	elif ! command -v apt-get >/dev/null; then echo "cross-tools: no apt-get here; the ARM kernel test will skip"; \
+	else apt="env DEBIAN_FRONTEND=noninteractive apt-get -qq"; [ "$$(id -u)" = 0 ] || apt="sudo -n $$apt"; \
+		{ $$apt update && $$apt install -y --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
+			qemu-user; } || echo "cross-tools: apt-get failed; the ARM kernel test will skip"; fi
+
 clean:
 	rm -rf $(VENV) .cache build dist *.egg-info

@@ -14,6 +14,13 @@
  *
  * Compiled at run time with -march=native (app/core/fastpath/native.py caches the library per source, compiler and
  * CPU); without AVX2+FMA it still computes correctly with scalar loops, and the Python side declines to use it.
+ *
+ * Architectures: x86-64 with AVX2+FMA, and AArch64 with NEON (always present there); anything else, scalar loops.
+ * The NEON code mirrors the AVX2 code lane for lane (the same 8 float lanes per 32-value block as two 4-lane
+ * registers, the same horizontal-sum order, FMA exactly where AVX2 uses one), so both give the same floats: the int8
+ * dot products are exact on both, and with no implicit FMA contraction (gcc's default under -std=c11; clang needs
+ * -ffp-contract=off) the float steps round alike.
+ * tests/core/test_native_arm.py checks an AArch64 build under qemu against the x86 build on fixed inputs.
  */
 #include <math.h>
 #include <stdint.h>
@@ -21,12 +28,26 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__AVX2__) && defined(__FMA__)
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define HEARTH_AVX2 1
 #else
 #define HEARTH_AVX2 0
 #endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define HEARTH_NEON 1
+/* sdot (Armv8.2 DotProd: Apple M1+, Cortex-A55/A76+): 16 int8 MACs into 4 int32 lanes in one instruction. */
+#if defined(__ARM_FEATURE_DOTPROD)
+#define HEARTH_DOTPROD 1
+#else
+#define HEARTH_DOTPROD 0
+#endif
+#else
+#define HEARTH_NEON 0
+#define HEARTH_DOTPROD 0
+#endif
+#define HEARTH_SIMD (HEARTH_AVX2 || HEARTH_NEON)
 
 #define HEARTH_ABI 2
 
@@ -56,7 +77,7 @@ enum { L_ATTN_NORM, L_MLP_NORM, L_QKV_Q, L_QKV_S, L_QKV_B, L_O_Q, L_O_S, L_O_B, 
        L_DOWN_S, L_DOWN_B, L_K, L_V, L_COUNT };
 
 int hearth_abi(void) { return HEARTH_ABI; }
-int hearth_simd(void) { return HEARTH_AVX2; }
+int hearth_simd(void) { return HEARTH_SIMD; }
 int hearth_layout(int which) {
     switch (which) {
     case 0: return C_COUNT;
@@ -100,6 +121,59 @@ static inline float hsum256(__m256 v) {
 }
 #endif
 
+#if HEARTH_NEON
+/* An AVX2 register's 8 float lanes as two NEON registers (lo = lanes 0-3, hi = 4-7); summed in hsum256's order,
+ * ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)), so the result rounds exactly as on x86. */
+typedef struct {
+    float32x4_t lo, hi;
+} f32x8;
+
+static inline f32x8 f32x8_zero(void) {
+    f32x8 v = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    return v;
+}
+
+static inline float hsum8(f32x8 v) {
+    const float32x4_t s = vaddq_f32(v.lo, v.hi);
+    const float32x2_t p = vpadd_f32(vget_low_f32(s), vget_high_f32(s)); /* (s0 + s1, s2 + s3) */
+    return vget_lane_f32(p, 0) + vget_lane_f32(p, 1);
+}
+
+/* One 16-byte half of a block: int32 lane i = sum of the 4 products of bytes 4i..4i+3 (what AVX2's maddubs + madd
+ * with ones gives per 32-bit lane). Exact either way: products fit int16 (|w| <= 128, |x| <= 127), pairs too. */
+static inline int32x4_t dot16(int8x16_t w, int8x16_t x) {
+#if HEARTH_DOTPROD
+    return vdotq_s32(vdupq_n_s32(0), w, x);
+#else
+    const int16x8_t lo = vmull_s8(vget_low_s8(w), vget_low_s8(x)), hi = vmull_high_s8(w, x);
+    return vpaddlq_s16(vpaddq_s16(lo, hi));
+#endif
+}
+
+/* acc += float(int8 . int8 per lane) * d for a 32-value block (AVX2 block_dot + add: multiply, then add, unfused). */
+static inline f32x8 block_dot_add(f32x8 acc, const int8_t *w, int8x16_t x0, int8x16_t x1, float32x4_t d) {
+    acc.lo = vaddq_f32(acc.lo, vmulq_f32(vcvtq_f32_s32(dot16(vld1q_s8(w), x0)), d));
+    acc.hi = vaddq_f32(acc.hi, vmulq_f32(vcvtq_f32_s32(dot16(vld1q_s8(w + 16), x1)), d));
+    return acc;
+}
+
+/* acc += float(q4 . int8 per lane) * d, fused (AVX2 dot_q4's fmadd): low nibbles pair with values 0-15, high with
+ * 16-31; the nibbles (0..15) are valid signed bytes, so the signed dot product takes them as they are. */
+static inline f32x8 q4_block_fma(f32x8 acc, const uint8_t *w, int8x16_t x0, int8x16_t x1, float32x4_t d) {
+    const uint8x16_t raw = vld1q_u8(w);
+    const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f)));
+    const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+    acc.lo = vfmaq_f32(acc.lo, vcvtq_f32_s32(dot16(lo, x0)), d);
+    acc.hi = vfmaq_f32(acc.hi, vcvtq_f32_s32(dot16(hi, x1)), d);
+    return acc;
+}
+
+static inline void prefetch_rows(const char *ahead, int64_t bytes) {
+    /* The x86 distance (PREFETCH_BYTES); not yet tuned on ARM hardware. */
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
+}
+#endif
+
 /* Activations are quantized like llama.cpp's Q8_0 before each matrix: int8 in blocks of 32 with one fp32 scale per
  * block, so a row's dot product is sum_b d[b] * (int8 . int8)_b, done with maddubs (32 MACs in 2 instructions) instead
  * of converting every weight to float (measured: the float path ran at ~10 GB/s, below this CPU's ~25 GB/s). */
@@ -138,6 +212,24 @@ static void quantize_q8(const float *x, int n, int8_t *q, float *d, float *sums)
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
         sums[b] = scale * (float)_mm_cvtsi128_si32(t);
+#elif HEARTH_NEON
+        float32x4_t v[8];
+        for (int i = 0; i < 8; i++) v[i] = vld1q_f32(xb + 4 * i);
+        float32x4_t m = vabsq_f32(v[0]);
+        for (int i = 1; i < 8; i++) m = vmaxq_f32(m, vabsq_f32(v[i]));
+        const float amax = vmaxvq_f32(m);
+        const float scale = amax / 127.0f;
+        d[b] = scale;
+        const float32x4_t mul = vdupq_n_f32(scale > 0.0f ? 1.0f / scale : 0.0f);
+        int16x8_t h[4];
+        for (int i = 0; i < 4; i++) /* round half to even (as _mm256_round_ps), saturate (as packs) */
+            h[i] = vcombine_s16(vqmovn_s32(vcvtnq_s32_f32(vmulq_f32(v[2 * i], mul))),
+                                vqmovn_s32(vcvtnq_s32_f32(vmulq_f32(v[2 * i + 1], mul))));
+        const int8x16_t q0 = vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1]));
+        const int8x16_t q1 = vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3]));
+        vst1q_s8(qb, q0);
+        vst1q_s8(qb + 16, q1);
+        sums[b] = scale * (float)(vaddlvq_s8(q0) + vaddlvq_s8(q1));
 #else
         float amax = 0.0f;
         for (int i = 0; i < QBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
@@ -187,6 +279,15 @@ static void dot4_q8(const int8_t *w, int64_t stride, const int8_t *xq, const flo
     out[1] = hsum256(a1);
     out[2] = hsum256(a2);
     out[3] = hsum256(a3);
+#elif HEARTH_NEON
+    f32x8 a[4] = {f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()};
+    for (int b = 0; b < blocks; b++) {
+        const int8x16_t x0 = vld1q_s8(xq + b * QBLOCK), x1 = vld1q_s8(xq + b * QBLOCK + 16);
+        const float32x4_t d = vdupq_n_f32(dx[b]);
+        const int8_t *wb = w + b * QBLOCK;
+        for (int k = 0; k < 4; k++) a[k] = block_dot_add(a[k], wb + k * stride, x0, x1, d);
+    }
+    for (int k = 0; k < 4; k++) out[k] = hsum8(a[k]);
 #else
     for (int k = 0; k < 4; k++) {
         float total = 0.0f;
@@ -209,6 +310,12 @@ static float dot_q8(const int8_t *w, const int8_t *xq, const float *dx, int bloc
                                            _mm256_loadu_si256((const __m256i *)(xq + b * QBLOCK)),
                                            _mm256_set1_ps(dx[b])));
     total = hsum256(acc);
+#elif HEARTH_NEON
+    f32x8 acc = f32x8_zero();
+    for (int b = 0; b < blocks; b++)
+        acc = block_dot_add(acc, w + b * QBLOCK, vld1q_s8(xq + b * QBLOCK), vld1q_s8(xq + b * QBLOCK + 16),
+                            vdupq_n_f32(dx[b]));
+    total = hsum8(acc);
 #else
     for (int b = 0; b < blocks; b++) {
         int32_t sum = 0;
@@ -232,6 +339,8 @@ static void gemv_rows(const int8_t *w, const float *scale, const float *bias, qv
          * alone does not keep four row streams fed at this compute rate). */
         const char *ahead = (const char *)(w + (int64_t)r * cols) + PREFETCH_BYTES;
         for (int o = 0; o < 4 * cols; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+#elif HEARTH_NEON
+        prefetch_rows((const char *)(w + (int64_t)r * cols) + PREFETCH_BYTES, 4 * (int64_t)cols);
 #endif
         dot4_q8(w + (int64_t)r * cols, cols, x.q, x.d, blocks, d);
         for (int k = 0; k < 4; k++) {
@@ -251,6 +360,10 @@ static void gemv_rows(const int8_t *w, const float *scale, const float *bias, qv
 static inline float half_to_float(uint16_t h) {
 #if HEARTH_AVX2 && defined(__F16C__)
     return _cvtsh_ss(h);
+#elif HEARTH_NEON /* fcvt; exact, as every fp16 -> fp32 conversion */
+    __fp16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
 #else
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
     uint32_t bits;
@@ -291,6 +404,14 @@ static float dot_q4(const uint8_t *w, const uint16_t *dm, qvec x, int blocks) {
         total += half_to_float(dm[2 * b + 1]) * x.s[b];
     }
     total += hsum256(acc);
+#elif HEARTH_NEON
+    f32x8 acc = f32x8_zero();
+    for (int b = 0; b < blocks; b++) {
+        acc = q4_block_fma(acc, w + b * 16, vld1q_s8(x.q + b * QBLOCK), vld1q_s8(x.q + b * QBLOCK + 16),
+                           vdupq_n_f32(half_to_float(dm[2 * b]) * x.d[b]));
+        total += half_to_float(dm[2 * b + 1]) * x.s[b];
+    }
+    total += hsum8(acc);
 #else
     for (int b = 0; b < blocks; b++) {
         int32_t sum = 0;
@@ -324,6 +445,22 @@ static void dot4_q4(const uint8_t *w, int64_t stride, const uint16_t *dm, int64_
     }
     for (int k = 0; k < 4; k++) out[k] = hsum256(acc[k]) + offsets[k];
 }
+#elif HEARTH_NEON
+static void dot4_q4(const uint8_t *w, int64_t stride, const uint16_t *dm, int64_t dm_stride, qvec x, int blocks,
+                    float out[4]) {
+    f32x8 acc[4] = {f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()};
+    float offsets[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int b = 0; b < blocks; b++) {
+        const int8x16_t x0 = vld1q_s8(x.q + b * QBLOCK), x1 = vld1q_s8(x.q + b * QBLOCK + 16);
+        const float dx = x.d[b], sx = x.s[b];
+        for (int k = 0; k < 4; k++) {
+            const uint16_t *pair = dm + k * dm_stride + 2 * b;
+            acc[k] = q4_block_fma(acc[k], w + k * stride + b * 16, x0, x1, vdupq_n_f32(half_to_float(pair[0]) * dx));
+            offsets[k] += half_to_float(pair[1]) * sx;
+        }
+    }
+    for (int k = 0; k < 4; k++) out[k] = hsum8(acc[k]) + offsets[k];
+}
 #endif
 
 static void gemv_rows_q4(const uint8_t *w, const uint16_t *dm, const float *bias, qvec x, int r0, int r1, float *y,
@@ -331,11 +468,15 @@ static void gemv_rows_q4(const uint8_t *w, const uint16_t *dm, const float *bias
     const int cols = x.cols, blocks = cols / QBLOCK;
     const int64_t stride = cols / 2, dm_stride = 2 * blocks;
     int r = r0;
-#if HEARTH_AVX2
+#if HEARTH_SIMD
     float d[4];
     for (; r + 4 <= r1; r += 4) {
         const char *ahead = (const char *)(w + r * stride) + PREFETCH_BYTES;
+#if HEARTH_AVX2
         for (int o = 0; o < 4 * stride; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+#else
+        prefetch_rows(ahead, 4 * stride);
+#endif
         dot4_q4(w + r * stride, stride, dm + r * dm_stride, dm_stride, x, blocks, d);
         for (int k = 0; k < 4; k++) {
             float v = d[k] + (bias ? bias[r + k] : 0.0f);
@@ -405,6 +546,14 @@ static float dot_kv(const void *k, int bf16, const float *q, int n) {
             acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(q + i), acc);
         }
         s = hsum256(acc);
+#elif HEARTH_NEON /* 8 at a time like AVX2, so the scalar tail and the sum order match */
+        f32x8 acc = f32x8_zero();
+        for (; i + 8 <= n; i += 8) {
+            const uint16x8_t v = vld1q_u16(kb + i);
+            acc.lo = vfmaq_f32(acc.lo, vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(v), 16)), vld1q_f32(q + i));
+            acc.hi = vfmaq_f32(acc.hi, vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(v), 16)), vld1q_f32(q + i + 4));
+        }
+        s = hsum8(acc);
 #endif
         for (; i < n; i++) s += bf16_to_f32(kb[i]) * q[i];
     } else {
@@ -413,6 +562,13 @@ static float dot_kv(const void *k, int bf16, const float *q, int n) {
         __m256 acc = _mm256_setzero_ps();
         for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(kf + i), _mm256_loadu_ps(q + i), acc);
         s = hsum256(acc);
+#elif HEARTH_NEON
+        f32x8 acc = f32x8_zero();
+        for (; i + 8 <= n; i += 8) {
+            acc.lo = vfmaq_f32(acc.lo, vld1q_f32(kf + i), vld1q_f32(q + i));
+            acc.hi = vfmaq_f32(acc.hi, vld1q_f32(kf + i + 4), vld1q_f32(q + i + 4));
+        }
+        s = hsum8(acc);
 #endif
         for (; i < n; i++) s += kf[i] * q[i];
     }
@@ -429,6 +585,15 @@ static void axpy_kv(float *out, float p, const void *v, int bf16, int n) {
             __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(vb + i)));
             __m256 o = _mm256_loadu_ps(out + i);
             _mm256_storeu_ps(out + i, _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), pp, o));
+        }
+#elif HEARTH_NEON /* fused like AVX2's fmadd; 8 at a time so the unfused scalar tail covers the same elements */
+        const float32x4_t pp = vdupq_n_f32(p);
+        for (; i + 8 <= n; i += 8) {
+            const uint16x8_t w = vld1q_u16(vb + i);
+            const float32x4_t lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(w), 16));
+            const float32x4_t hi = vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(w), 16));
+            vst1q_f32(out + i, vfmaq_f32(vld1q_f32(out + i), lo, pp));
+            vst1q_f32(out + i + 4, vfmaq_f32(vld1q_f32(out + i + 4), hi, pp));
         }
 #endif
         for (; i < n; i++) out[i] += p * bf16_to_f32(vb[i]);

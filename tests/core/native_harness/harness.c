@@ -1,0 +1,213 @@
+/* Drives hearth_step on tiny random Llama models built in memory from fixed seeds, and prints every step's logits
+ * as hex floats (exact), so builds for different architectures can be compared bit for bit
+ * (tests/core/test_native_arm.py: x86-64 natively, AArch64 with and without DotProd under qemu).
+ *
+ * Built as one translation unit with the kernel (cc -I app/core/fastpath/native ... harness.c), so it reads the
+ * kernel's own enums for the argument slots. Weights are packed as app/core/fastpath/native.py's pack_model packs
+ * them: int8 rows with an fp32 scale per row (int8.quantize_rows) or Q4_1 blocks with fp16 (d, m) pairs
+ * (native.quantize_q4_blocks). Every input is made with exact float arithmetic (no libm), so all builds see the same
+ * bits; only the kernel itself can make outputs differ.
+ *
+ * Output: "simd S openmp O dotprod D", then per variant and step: "V POS TOKEN" and `vocab` logits in %a.
+ */
+#include "hearth_decode.c"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static uint64_t rng; /* splitmix64: the same sequence on every architecture */
+
+static uint64_t next_u64(void) {
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1): a 24-bit integer times a power of two, exact in float. */
+static float uniform(void) { return (float)(next_u64() >> 40) * (1.0f / 8388608.0f) - 1.0f; }
+
+static void *alloc(size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static float *random_floats(int64_t n, float scale, float offset) {
+    float *v = alloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = offset + scale * uniform();
+    return v;
+}
+
+static uint16_t f32_to_f16(float f) { /* round to nearest even, as torch's .to(float16) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u;  /* NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00u; /* rounds past 65504: inf */
+    if (a < 0x38800000u) {                       /* below 2^-14: a multiple of 2^-24 (exact scaling, RNE) */
+        float v;
+        memcpy(&v, &a, 4);
+        return sign | (uint16_t)nearbyintf(v * 16777216.0f);
+    }
+    uint32_t h = ((a >> 23) - 112u) << 10 | ((a & 0x7fffffu) >> 13);
+    const uint32_t rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++; /* a carry into the exponent is still right */
+    return sign | (uint16_t)h;
+}
+
+/* int8.quantize_rows: scale = max(max|row|, 1e-8) / 127, q = round(w / scale) clamped to +-127. */
+static void pack_int8(const float *w, int rows, int cols, int8_t *q, float *scale) {
+    for (int r = 0; r < rows; r++) {
+        const float *row = w + (int64_t)r * cols;
+        float amax = 0.0f;
+        for (int c = 0; c < cols; c++) amax = fmaxf(amax, fabsf(row[c]));
+        const float s = fmaxf(amax, 1e-8f) / 127.0f;
+        scale[r] = s;
+        for (int c = 0; c < cols; c++)
+            q[(int64_t)r * cols + c] = (int8_t)fmaxf(-127.0f, fminf(127.0f, nearbyintf(row[c] / s)));
+    }
+}
+
+/* native.quantize_q4_blocks: per 32 values d = fp16((max - min) / 15), m = fp16(min), q = round((w - m) / d) in
+ * 0..15; byte j of a block = q[j] | q[j + 16] << 4; pairs (d, m) per block. */
+static void pack_q4(const float *w, int rows, int cols, uint8_t *nibbles, uint16_t *pairs) {
+    const int blocks = cols / QBLOCK;
+    for (int r = 0; r < rows; r++) {
+        for (int b = 0; b < blocks; b++) {
+            const float *v = w + (int64_t)r * cols + b * QBLOCK;
+            float low = v[0], high = v[0];
+            for (int i = 1; i < QBLOCK; i++) low = fminf(low, v[i]), high = fmaxf(high, v[i]);
+            const uint16_t d = f32_to_f16((high - low) / 15.0f), m = f32_to_f16(low);
+            const float step = half_to_float(d), inverse = step > 0.0f ? 1.0f / step : 0.0f;
+            uint8_t q[QBLOCK];
+            for (int i = 0; i < QBLOCK; i++)
+                q[i] = (uint8_t)fmaxf(0.0f, fminf(15.0f, nearbyintf((v[i] - half_to_float(m)) * inverse)));
+            for (int j = 0; j < 16; j++)
+                nibbles[(int64_t)r * (cols / 2) + b * 16 + j] = (uint8_t)(q[j] | q[j + 16] << 4);
+            pairs[((int64_t)r * blocks + b) * 2] = d;
+            pairs[((int64_t)r * blocks + b) * 2 + 1] = m;
+        }
+    }
+}
+
+/* A decoder matrix [rows, cols] in the variant's format, written into the layer's three slots (q, s, b). */
+static void add_matrix(void **slots, int rows, int cols, int q4, int bias) {
+    float *w = random_floats((int64_t)rows * cols, 1.0f / (float)(cols / 16), 0.0f);
+    if (q4) {
+        slots[0] = alloc((size_t)rows * cols / 2);
+        slots[1] = alloc((size_t)rows * (cols / QBLOCK) * 2 * sizeof(uint16_t));
+        pack_q4(w, rows, cols, slots[0], slots[1]);
+    } else {
+        slots[0] = alloc((size_t)rows * cols);
+        slots[1] = alloc((size_t)rows * sizeof(float));
+        pack_int8(w, rows, cols, slots[0], slots[1]);
+    }
+    slots[2] = bias ? random_floats(rows, 0.25f, 0.0f) : NULL;
+    free(w);
+}
+
+typedef struct {
+    int layers, hidden, heads, kv_heads, head_dim, inter, vocab;
+    int q4, embed_bf16, kv_bf16, bias, threads;
+} variant;
+
+/* Both weight formats, both KV/embedding dtypes, biases (Qwen2-style) or none, 1 and 2 threads, GQA groups of 2 and
+ * 4, and a head_dim (40) that leaves a scalar tail after the 8-wide attention loops. */
+static const variant VARIANTS[] = {
+    {2, 128, 4, 2, 32, 256, 258, 1, 0, 0, 0, 2},
+    {2, 128, 4, 2, 32, 256, 258, 0, 1, 1, 1, 2},
+    {2, 96, 8, 2, 40, 160, 101, 1, 1, 1, 1, 1},
+    {2, 96, 8, 2, 40, 160, 101, 0, 0, 0, 0, 1},
+};
+#define CAPACITY 640
+static const int64_t POSITIONS[] = {0, 1, 2, 3, 4, 5, 6, 600, 601, 602, 603}; /* both attention paths (> 512) */
+
+static void run(int index, const variant *v) {
+    rng = 0x4845415254480000ull + (uint64_t)index; /* "HEARTH" + variant */
+    const int hd = v->head_dim, qdim = v->heads * hd, units = v->heads + 2 * v->kv_heads;
+    int64_t cfg[C_COUNT] = {0};
+    cfg[C_LAYERS] = v->layers, cfg[C_HIDDEN] = v->hidden, cfg[C_HEADS] = v->heads, cfg[C_KV_HEADS] = v->kv_heads;
+    cfg[C_HEAD_DIM] = hd, cfg[C_INTER] = v->inter, cfg[C_VOCAB] = v->vocab, cfg[C_EMBED_BF16] = v->embed_bf16;
+    cfg[C_KV_BF16] = v->kv_bf16, cfg[C_THREADS] = v->threads, cfg[C_Q4] = v->q4;
+    float cfgf[F_COUNT];
+    cfgf[F_EPS] = 1e-5f, cfgf[F_ATTN_SCALE] = 1.0f / 8.0f, cfgf[F_ROPE_SCALE] = 1.0f;
+
+    void *glob[G_COUNT];
+    float *embed = random_floats((int64_t)v->vocab * v->hidden, 1.0f, 0.0f);
+    if (v->embed_bf16) {
+        uint16_t *e = alloc((size_t)v->vocab * v->hidden * sizeof(uint16_t));
+        for (int64_t i = 0; i < (int64_t)v->vocab * v->hidden; i++) e[i] = f32_to_bf16(embed[i]);
+        glob[G_EMBED] = e;
+        free(embed);
+    } else {
+        glob[G_EMBED] = embed;
+    }
+    glob[G_FINAL_NORM] = random_floats(v->hidden, 0.5f, 1.0f);
+    float *head = random_floats((int64_t)v->vocab * v->hidden, 1.0f, 0.0f);
+    glob[G_LM_Q] = alloc((size_t)v->vocab * v->hidden);
+    glob[G_LM_S] = alloc((size_t)v->vocab * sizeof(float));
+    pack_int8(head, v->vocab, v->hidden, glob[G_LM_Q], glob[G_LM_S]);
+    free(head);
+    float *inv_freq = alloc((size_t)(hd / 2) * sizeof(float));
+    for (int i = 0; i < hd / 2; i++) inv_freq[i] = i == 0 ? 1.0f : inv_freq[i - 1] * 0.75f; /* geometric, like RoPE's */
+    glob[G_INV_FREQ] = inv_freq;
+
+    void **layers = alloc((size_t)v->layers * L_COUNT * sizeof(void *));
+    const size_t elem = v->kv_bf16 ? 2 : 4, cache = (size_t)v->kv_heads * CAPACITY * hd;
+    for (int l = 0; l < v->layers; l++) {
+        void **p = layers + (int64_t)l * L_COUNT;
+        p[L_ATTN_NORM] = random_floats(v->hidden, 0.5f, 1.0f);
+        p[L_MLP_NORM] = random_floats(v->hidden, 0.5f, 1.0f);
+        add_matrix(p + L_QKV_Q, units * hd, v->hidden, v->q4, v->bias);
+        add_matrix(p + L_O_Q, v->hidden, qdim, v->q4, v->bias);
+        add_matrix(p + L_GU_Q, 2 * v->inter, v->hidden, v->q4, v->bias);
+        add_matrix(p + L_DOWN_Q, v->hidden, v->inter, v->q4, v->bias);
+        /* The cache past the first steps holds random K/V, so the long-context steps attend over 600 positions
+         * without running 600 steps under an emulator. */
+        for (int kv = 0; kv < 2; kv++) {
+            float *values = random_floats((int64_t)cache, 1.0f, 0.0f);
+            if (v->kv_bf16) {
+                uint16_t *c = alloc(cache * elem);
+                for (size_t i = 0; i < cache; i++) c[i] = f32_to_bf16(values[i]);
+                free(values);
+                p[kv ? L_V : L_K] = c;
+            } else {
+                p[kv ? L_V : L_K] = values;
+            }
+        }
+    }
+
+    float *scratch = alloc((size_t)hearth_scratch_floats(cfg, CAPACITY) * sizeof(float));
+    float *logits = alloc((size_t)v->vocab * sizeof(float));
+    for (size_t s = 0; s < sizeof POSITIONS / sizeof POSITIONS[0]; s++) {
+        const int64_t token = (int64_t)(next_u64() % (uint64_t)v->vocab);
+        const int code = hearth_step(cfg, cfgf, glob, (void *const *)layers, token, POSITIONS[s], CAPACITY, logits,
+                                     scratch);
+        if (code != 0) {
+            fprintf(stderr, "variant %d: hearth_step refused position %lld (code %d)\n", index,
+                    (long long)POSITIONS[s], code);
+            exit(1);
+        }
+        printf("%d %lld %lld", index, (long long)POSITIONS[s], (long long)token);
+        for (int i = 0; i < v->vocab; i++) printf(" %a", logits[i]);
+        printf("\n");
+    }
+
+    for (int l = 0; l < v->layers; l++)
+        for (int f = 0; f < L_COUNT; f++) free(layers[(int64_t)l * L_COUNT + f]);
+    free(layers);
+    for (int g = 0; g < G_COUNT; g++) free(glob[g]);
+    free(scratch);
+    free(logits);
+}
+
+int main(void) {
+    printf("simd %d openmp %d dotprod %d\n", hearth_simd(), hearth_openmp(), HEARTH_DOTPROD);
+    for (int i = 0; i < (int)(sizeof VARIANTS / sizeof VARIANTS[0]); i++) run(i, &VARIANTS[i]);
+    return 0;
+}

@@ -1,0 +1,125 @@
+"""The fused decode kernel's AArch64 NEON code against its x86-64 AVX2 code, on fixed inputs (no ARM machine here).
+
+tests/core/native_harness/harness.c builds tiny random Llama models from fixed seeds (both weight formats, fp32 and
+bf16 KV caches and embeddings, biases, GQA, 1 and 2 OpenMP threads, short and >512-position attention), runs
+hearth_step and prints every logit as a hex float. It is built natively for x86-64 (-march=native, as native.py
+builds the kernel) and cross-built for AArch64 twice: -march=armv8.2-a+dotprod (int8 dots with sdot) under
+`qemu-aarch64 -cpu max`, and -march=armv8-a (widening multiplies) under `-cpu cortex-a53`, a core without DotProd,
+so that build can't lean on it. Correctness only: qemu says nothing about speed on real ARM hardware.
+
+Bound: per step, max |ARM - x86| <= 1e-6 × max |x86 logit|. The NEON code mirrors the AVX2 code lane for lane
+(same float lanes, same horizontal-sum order, FMA in the same places; int8 dot products are exact on both), and no
+other float op is fused (-ffp-contract=off), so the builds are meant to agree bit for bit: they do here (Debian 12,
+gcc 12; clang 14 too, also for -mcpu=apple-m1). The slack admits last-bit differences that reach the logits without
+crossing an int8 rounding step, e.g. another sum order (a reordered horizontal sum measured 3e-7) or an ULP from
+another libm's expf/sinf. Anything that moves one activation across a rounding step shows as ~1e-3 (unfusing one
+FMA measured 5e-3) and fails on purpose: the builds no longer compute the same thing. A wrong lane or nibble
+measured > 1.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HARNESS = REPO_ROOT / "tests" / "core" / "native_harness" / "harness.c"
+KERNEL_DIR = REPO_ROOT / "app" / "core" / "fastpath" / "native"
+CROSS_CC = "aarch64-linux-gnu-gcc"
+QEMU = "qemu-aarch64"
+INSTALL_HINT = "Debian/Ubuntu: `make cross-tools` (apt-get install gcc-aarch64-linux-gnu qemu-user)"
+# As native.py compiles the kernel with gcc: -O3, C11, OpenMP. -ffp-contract=off is gcc's default under -std=c11;
+# said outright so a clang (which fuses a * b + c within an expression by default) builds the same floats too.
+FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fopenmp"]
+RELATIVE_BOUND = 1e-6
+VARIANTS, STEPS = 4, 11  # harness.c's VARIANTS and POSITIONS
+# The CPU qemu emulates per build: `max` has DotProd; a Cortex-A53 (Armv8.0) faults on sdot.
+ARM_BUILDS = {"dotprod": ("armv8.2-a+dotprod", "max"), "plain": ("armv8-a", "cortex-a53")}
+
+Logits = dict[tuple[int, int, int], list[float]]  # (variant, position, token) -> logits
+
+
+def compile_harness(compiler: str, flags: list[str], target: Path) -> None:
+    command = [compiler, *FLAGS, *flags, f"-I{KERNEL_DIR}", "-o", str(target), str(HARNESS), "-lm"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stderr}"
+
+
+def run_harness(command: list[str]) -> tuple[dict[str, int], Logits]:
+    """The build's header (simd, openmp, dotprod) and its logits per step."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-2000:]}"
+    header, *lines = result.stdout.splitlines()
+    words = header.split()
+    flags = {words[i]: int(words[i + 1]) for i in range(0, len(words), 2)}
+    logits: Logits = {}
+    for line in lines:
+        variant, position, token, *values = line.split()
+        logits[(int(variant), int(position), int(token))] = [float.fromhex(v) for v in values]
+    return flags, logits
+
+
+@pytest.fixture(scope="module")
+def x86_logits(tmp_path_factory: pytest.TempPathFactory) -> Logits:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(f"the reference build is x86-64 (AVX2); this machine is {platform.machine()}")
+    compiler = shutil.which("gcc") or shutil.which("cc")  # gcc first: the cross compiler's family
+    if compiler is None:
+        pytest.skip("no C compiler (gcc or cc) for the x86-64 reference build")
+    binary = tmp_path_factory.mktemp("harness") / "harness-x86_64"
+    compile_harness(compiler, ["-march=native"], binary)
+    flags, logits = run_harness([str(binary)])
+    if not flags["simd"]:
+        pytest.skip("this CPU lacks AVX2+FMA, so the x86-64 reference would run the scalar loops")
+    assert len(logits) == VARIANTS * STEPS
+    assert all(math.isfinite(v) for values in logits.values() for v in values)
+    assert all(max(values) - min(values) > 1.0 for values in logits.values())  # real spreads, not zeros
+    return logits
+
+
+@pytest.fixture(scope="module")
+def cross_tools(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    compiler, qemu = shutil.which(CROSS_CC), shutil.which(QEMU)
+    if compiler is None or qemu is None:
+        pytest.skip(f"{CROSS_CC if compiler is None else QEMU} is not installed; {INSTALL_HINT}")
+    # A toolchain without the arm64 libc/libgomp can't link anything: a missing install, not a kernel failure.
+    probe = tmp_path_factory.mktemp("probe")
+    (probe / "probe.c").write_text("#include <omp.h>\nint main(void) { return omp_get_max_threads() > 0 ? 0 : 1; }\n")
+    result = subprocess.run(
+        [compiler, "-static", "-fopenmp", "-o", str(probe / "probe"), str(probe / "probe.c")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"{CROSS_CC} can't link a static OpenMP program ({result.stderr.strip()[:200]}); {INSTALL_HINT}")
+    return compiler, qemu
+
+
+@pytest.mark.parametrize("build", list(ARM_BUILDS))
+def test_the_aarch64_build_computes_the_x86_builds_logits(
+    build: str, x86_logits: Logits, cross_tools: tuple[str, str], tmp_path: Path
+) -> None:
+    compiler, qemu = cross_tools
+    march, cpu = ARM_BUILDS[build]
+    binary = tmp_path / f"harness-aarch64-{build}"
+    # Static: libc and libgomp travel inside the binary, so qemu needs no arm64 library prefix.
+    compile_harness(compiler, [f"-march={march}", "-static"], binary)
+    flags, logits = run_harness([qemu, "-cpu", cpu, str(binary)])
+
+    # hearth_simd() is what native.py checks before using a library: NEON counts, as AVX2+FMA does on x86.
+    assert flags == {"simd": 1, "openmp": 1, "dotprod": int(build == "dotprod")}
+    assert logits.keys() == x86_logits.keys()  # the same steps on the same tokens
+    worst = 0.0
+    for step, reference in x86_logits.items():
+        scale = max(abs(v) for v in reference)
+        difference = max(abs(a - b) for a, b in zip(logits[step], reference, strict=True))
+        assert difference <= RELATIVE_BOUND * scale, f"{build}, step (variant, pos, token) {step}: {difference / scale}"
+        worst = max(worst, difference / scale)
+    print(f"{build}: max |ARM - x86| / max |logit| = {worst:.3g} over {len(logits)} steps")
