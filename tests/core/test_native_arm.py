@@ -5,7 +5,8 @@ bf16 KV caches and embeddings, biases, GQA, 1 and 2 OpenMP threads, short and >5
 hearth_step and prints every logit as a hex float. It is built natively for x86-64 (-march=native, as native.py
 builds the kernel) and cross-built for AArch64 twice: -march=armv8.2-a+dotprod (int8 dots with sdot) under
 `qemu-aarch64 -cpu max`, and -march=armv8-a (widening multiplies) under `-cpu cortex-a53`, a core without DotProd,
-so that build can't lean on it. Correctness only: qemu says nothing about speed on real ARM hardware.
+so that build can't lean on it. Correctness only: qemu says nothing about speed on real ARM hardware. The harness
+packs its weights with C ports of native.py's packers; a third test checks they give native.py's bytes.
 
 Bound: per step, max |ARM - x86| <= 1e-6 × max |x86 logit|. The NEON code mirrors the AVX2 code lane for lane
 (same float lanes, same horizontal-sum order, FMA in the same places; int8 dot products are exact on both), and no
@@ -26,6 +27,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
+
+from app.core.fastpath.int8 import quantize_rows
+from app.core.fastpath.native import quantize_q4_blocks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARNESS = REPO_ROOT / "tests" / "core" / "native_harness" / "harness.c"
@@ -65,7 +70,7 @@ def run_harness(command: list[str]) -> tuple[dict[str, int], Logits]:
 
 
 @pytest.fixture(scope="module")
-def x86_logits(tmp_path_factory: pytest.TempPathFactory) -> Logits:
+def x86_harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip(f"the reference build is x86-64 (AVX2); this machine is {platform.machine()}")
     compiler = shutil.which("gcc") or shutil.which("cc")  # gcc first: the cross compiler's family
@@ -73,7 +78,12 @@ def x86_logits(tmp_path_factory: pytest.TempPathFactory) -> Logits:
         pytest.skip("no C compiler (gcc or cc) for the x86-64 reference build")
     binary = tmp_path_factory.mktemp("harness") / "harness-x86_64"
     compile_harness(compiler, ["-march=native"], binary)
-    flags, logits = run_harness([str(binary)])
+    return binary
+
+
+@pytest.fixture(scope="module")
+def x86_logits(x86_harness: Path) -> Logits:
+    flags, logits = run_harness([str(x86_harness)])
     if not flags["simd"]:
         pytest.skip("this CPU lacks AVX2+FMA, so the x86-64 reference would run the scalar loops")
     assert len(logits) == VARIANTS * STEPS
@@ -123,3 +133,18 @@ def test_the_aarch64_build_computes_the_x86_builds_logits(
         assert difference <= RELATIVE_BOUND * scale, f"{build}, step (variant, pos, token) {step}: {difference / scale}"
         worst = max(worst, difference / scale)
     print(f"{build}: max |ARM - x86| / max |logit| = {worst:.3g} over {len(logits)} steps")
+
+
+def test_the_harness_packs_weights_exactly_as_native_py_does(x86_harness: Path) -> None:
+    """The harness's C packers (what the ARM comparison runs on) give native.py's bytes for the same floats."""
+    result = subprocess.run([str(x86_harness), "pack"], capture_output=True, text=True, timeout=60, check=True)
+    fields = {name: values for name, *values in (line.split() for line in result.stdout.splitlines())}
+    rows, cols = (int(v) for v in fields["shape"])
+    weight = torch.tensor([float.fromhex(v) for v in fields["weights"]]).reshape(rows, cols)
+    assert not weight[0].any() and (weight[1, :32] == 0.125).all()  # the zero row and the constant block
+    q, scale = quantize_rows(weight)
+    assert q.flatten().tolist() == [int(v) for v in fields["int8_q"]]
+    assert scale.tolist() == [float.fromhex(v) for v in fields["int8_s"]]
+    nibbles, pairs = quantize_q4_blocks(weight)
+    assert nibbles.flatten().tolist() == [int(v) for v in fields["q4_nibbles"]]
+    assert pairs.view(torch.uint16).flatten().tolist() == [int(v) for v in fields["q4_pairs"]]

@@ -9,6 +9,7 @@
  * bits; only the kernel itself can make outputs differ.
  *
  * Output: "simd S openmp O dotprod D", then per variant and step: "V POS TOKEN" and `vocab` logits in %a.
+ * `harness pack` prints one matrix and its two packings instead (the test checks them against native.py's).
  */
 #include "hearth_decode.c"
 
@@ -206,7 +207,39 @@ static void run(int index, const variant *v) {
     free(logits);
 }
 
-int main(void) {
+/* `harness pack`: one matrix's floats and both packings of it, for the test to check against native.py's packers.
+ * Row 0 is all zeros (int8's 1e-8 floor), row 1's first block constant (a Q4_1 step of 0). */
+static void print_packings(void) {
+    enum { ROWS = 6, COLS = 96 };
+    rng = 0x5041434b00000000ull; /* "PACK" */
+    float *w = random_floats((int64_t)ROWS * COLS, 1.0f / (float)(COLS / 16), 0.0f);
+    for (int c = 0; c < COLS; c++) w[c] = 0.0f;
+    for (int c = 0; c < QBLOCK; c++) w[COLS + c] = 0.125f;
+    int8_t q[ROWS * COLS];
+    float scale[ROWS];
+    uint8_t nibbles[ROWS * COLS / 2];
+    uint16_t pairs[ROWS * (COLS / QBLOCK) * 2];
+    pack_int8(w, ROWS, COLS, q, scale);
+    pack_q4(w, ROWS, COLS, nibbles, pairs);
+    printf("shape %d %d\nweights", ROWS, COLS);
+    for (int i = 0; i < ROWS * COLS; i++) printf(" %a", w[i]);
+    printf("\nint8_q");
+    for (int i = 0; i < ROWS * COLS; i++) printf(" %d", q[i]);
+    printf("\nint8_s");
+    for (int i = 0; i < ROWS; i++) printf(" %a", scale[i]);
+    printf("\nq4_nibbles");
+    for (int i = 0; i < ROWS * COLS / 2; i++) printf(" %d", nibbles[i]);
+    printf("\nq4_pairs");
+    for (int i = 0; i < ROWS * (COLS / QBLOCK) * 2; i++) printf(" %d", pairs[i]);
+    printf("\n");
+    free(w);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "pack") == 0) {
+        print_packings();
+        return 0;
+    }
     printf("simd %d openmp %d dotprod %d\n", hearth_simd(), hearth_openmp(), HEARTH_DOTPROD);
     for (int i = 0; i < (int)(sizeof VARIANTS / sizeof VARIANTS[0]); i++) run(i, &VARIANTS[i]);
     return 0;
