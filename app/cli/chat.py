@@ -157,7 +157,7 @@ def open_session(settings: Settings, args: argparse.Namespace) -> Any:
     )
     cache = ResponseCache() if settings.response_cache and not args.no_response_cache else None
     engine = Engine(loaded, response_cache=cache)
-    for notice in [*loaded.notices, *engine.recovery_notices()]:
+    for notice in [*loaded.notices, *loaded.recovered, *engine.recovery_notices()]:
         print(f"hearth: note: {notice}", file=sys.stderr)
     return ChatSession(
         engine,

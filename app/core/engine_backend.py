@@ -39,7 +39,7 @@ class EngineBackend:
             context_window=loaded.context_window,
             load_seconds=loaded.load_seconds,
             notices=tuple(loaded.notices),
-            recovered=self.engine.recovery_notices(),
+            recovered=(*loaded.recovered, *self.engine.recovery_notices()),
             tokenizer_file=str(loaded.folder / "tokenizer.json")
             if (loaded.folder / "tokenizer.json").is_file()
             else None,

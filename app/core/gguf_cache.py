@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from app.core import paths
 from app.core.errors import CorruptModelError, UnsupportedModelError
@@ -64,20 +65,87 @@ def is_converted(folder: Path) -> bool:
     return (folder / _MARKER).is_file()
 
 
-def ensure_converted(gguf_path: Path, progress: ProgressCallback | None = None) -> Path:
-    """The converted folder for this GGUF, converting it first if needed (atomic: a crash leaves no half folder)."""
+def _file_record(path: Path) -> dict[str, Any]:
+    stat = path.stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_sha256(path)}
+
+
+def converted_damage(folder: Path) -> str | None:
+    """Why a converted folder cannot be trusted, or None. Each file's size is checked on every load; a file whose
+    modification time changed is hashed again against the sha256 recorded at conversion (re-hashing every
+    launch would cost ~0.5 s for the default model, ~30 s for an 8B one)."""
+    marker = folder / _MARKER
+    try:
+        record = json.loads(marker.read_text(encoding="utf-8"))
+        files: dict[str, dict[str, Any]] | None = record.get("files")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        return f"its record {marker.name} is unreadable ({exc})"
+    if files is None:  # converted by an older Hearth: record what is there now
+        record["files"] = {p.name: _file_record(p) for p in sorted(folder.iterdir()) if p.name != _MARKER}
+        _write_json(marker, record)
+        return None
+    changed = False
+    for name, expected in files.items():
+        path = folder / name
+        try:
+            stat = path.stat()
+        except OSError:
+            return f"{name} is missing"
+        if stat.st_size != expected.get("size"):
+            return f"{name} has {stat.st_size:,} bytes, not the {expected.get('size'):,} written"
+        if stat.st_mtime_ns != expected.get("mtime_ns"):
+            if file_sha256(path) != expected.get("sha256"):
+                return f"{name} was changed after conversion (its content hash differs)"
+            expected["mtime_ns"], changed = stat.st_mtime_ns, True  # touched or copied, not changed
+    if changed:
+        _write_json(marker, record)
+    return None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    tmp.replace(path)
+
+
+def quarantine(path: Path) -> Path:
+    """Move a damaged derived artifact to `NAME.damaged` (replacing an older one) so it is rebuilt, never trusted."""
+    damaged = path.with_name(path.name + ".damaged")
+    if damaged.is_dir():
+        shutil.rmtree(damaged)
+    elif damaged.exists():
+        damaged.unlink()
+    path.rename(damaged)
+    return damaged
+
+
+def ensure_converted(
+    gguf_path: Path, progress: ProgressCallback | None = None, notices: list[str] | None = None
+) -> Path:
+    """The converted folder for this GGUF, converting it first if needed (atomic: a crash leaves no half folder).
+    A damaged converted folder is quarantined and converted again, with a line in `notices`."""
     check_gguf_header(gguf_path)
     check_gguf_complete(gguf_path)
     target = converted_folder_for(gguf_path)
     if is_converted(target):
-        return target
+        damage = converted_damage(target)
+        if damage is None:
+            return target
+        moved = quarantine(target)
+        log.warning("converted model %s damaged (%s); moved to %s", target, damage, moved)
+        if notices is not None:
+            notices.append(
+                f"The converted copy of {gguf_path.name} was damaged ({damage}); it was moved to {moved.name} "
+                "and converted again."
+            )
     if progress:
         progress(f"Converting {gguf_path.name} once (cached for next time)…", None)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         _convert(gguf_path, staging)
+        files = {p.name: _file_record(p) for p in sorted(staging.iterdir())}
         (staging / _MARKER).write_text(
-            json.dumps({"source": str(gguf_path), "sha256": gguf_hash(gguf_path)}), encoding="utf-8"
+            json.dumps({"source": str(gguf_path), "sha256": gguf_hash(gguf_path), "files": files}), encoding="utf-8"
         )
         if target.exists():
             shutil.rmtree(target)

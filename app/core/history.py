@@ -154,6 +154,10 @@ def schema_version() -> int:
     return len(MIGRATIONS)
 
 
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
+
+
 def _casefold(value: str | None) -> str | None:
     return value.casefold() if value is not None else None
 
@@ -229,6 +233,8 @@ class HistoryStore:
         except sqlite3.Error as err:
             raise HistoryError(f"The history database {path} cannot be opened: {err}.") from err
         try:
+            # A damaged byte inside a message shows as U+FFFD instead of making the whole conversation unreadable.
+            db.text_factory = _lenient_text
             db.create_function("hearth_casefold", 1, _casefold, deterministic=True)
             db.execute("PRAGMA foreign_keys = ON")
             self._check_ownership(db)
@@ -322,7 +328,7 @@ class HistoryStore:
                 f"The history database {self.path} is busy: another Hearth window may be writing to it."
             )
         if "malformed" in str(err) or "not a database" in str(err):
-            return HistoryError(
+            return HistoryDamagedError(
                 f"The history database {self.path} is damaged ({err}): restore it from a backup or move it away "
                 "to start a new history."
             )

@@ -66,6 +66,7 @@ class LoadedModel:
     placements: list[DevicePlacement] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
     weights_fingerprint: str = ""  # which weight files, as they were on disk (part of the response cache key)
+    recovered: list[str] = field(default_factory=list)  # damaged derived files moved aside and rebuilt
 
     @property
     def model_id(self) -> str:
@@ -156,14 +157,18 @@ def quantization_kwargs(quantization: str, device: str) -> dict[str, Any]:
 
 
 def prepare_folder(
-    source: ModelSource, *, allow_pickle: bool = False, progress: ProgressCallback | None = None
+    source: ModelSource,
+    *,
+    allow_pickle: bool = False,
+    progress: ProgressCallback | None = None,
+    notices: list[str] | None = None,
 ) -> Path:
     """A HF-layout folder for the source: GGUF files are converted once and cached."""
     if source.kind == "gguf":
-        return gguf_cache.ensure_converted(source.path, progress)
+        return gguf_cache.ensure_converted(source.path, progress, notices)
     weights = check_folder_weights(source.path, allow_pickle=allow_pickle)
     if weights[0].suffix == ".gguf":
-        return gguf_cache.ensure_converted(weights[0], progress)
+        return gguf_cache.ensure_converted(weights[0], progress, notices)
     return source.path
 
 
@@ -194,7 +199,8 @@ def load_model(
     torch_device, notices = resolve_device(device)
     quant = resolve_quantization(quantization, torch_device)
     step(f"Preparing {source.display_name}…", 0.05)
-    folder = prepare_folder(source, allow_pickle=allow_pickle, progress=progress)
+    recovered: list[str] = []
+    folder = prepare_folder(source, allow_pickle=allow_pickle, progress=progress, notices=recovered)
     config_data = read_config(folder)
     _check_remote_code(folder, config_data, trust_remote_code)
     step("Reading the tokenizer…", 0.15)
@@ -260,6 +266,7 @@ def load_model(
         placements=placements,
         notices=notices,
         weights_fingerprint=weights_fingerprint(folder),
+        recovered=recovered,
     )
 
 

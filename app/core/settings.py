@@ -136,7 +136,8 @@ def read_settings(path: Path | None = None) -> SettingsFile:
     if not isinstance(data, dict):
         return unreadable(f"does not hold a JSON object (found {type(data).__name__})")
     parsed = from_mapping(Settings, data, ignore=FILE_ONLY_KEYS)
-    return SettingsFile(path, parsed.value, tuple(problem.message for problem in parsed.problems), parsed.unknown_keys)
+    problems = tuple(f"{p.message}, so it stays off" if p.key in SAFETY_OPT_INS else p.message for p in parsed.problems)
+    return SettingsFile(path, parsed.value, problems, parsed.unknown_keys)
 
 
 def load_settings(path: Path | None = None) -> Settings:
