@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 from app.core.events import ChatMessage, DoneEvent, Event, FinishReason, ReplyStats, StatsEvent, TokenEvent
 from app.core.sampling import SamplingParams
@@ -82,6 +82,32 @@ class ContextUsage:
 
     def with_reply(self, reply: int) -> ContextUsage:
         return ContextUsage(self.system, self.history, self.current, reply, self.window)
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema (enforced while decoding)."""
+
+    kind: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: dict[str, Any] | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class ReplyRequest:
+    """One reply to generate, spelled once: every front end (window, command line, API server) builds one and every
+    backend (local engine, remote engine, scripted) takes one."""
+
+    messages: tuple[ChatMessage, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    conversation_id: int | None = None  # the local KV cache slot; None = reuse whichever cached prefix matches
+    assistant_prefix: str = ""  # continue this reply
+    context_policy: str = "error"  # or "drop-oldest"
+    use_response_cache: bool = True
+    stop: tuple[str, ...] = ()  # stop sequences (not included in the reply)
+    response_format: ResponseFormat = field(default_factory=ResponseFormat)
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI-style tool definitions, for chat templates that support tools
+    model: str | None = None  # a remote engine's model id; local backends serve the model they loaded
 
 
 class ChatBackend(Protocol):
