@@ -18,6 +18,7 @@ from app.core.errors import HearthError
 # Each module defines `register(subparsers)`, which adds its parser and sets `handler=run`.
 COMMANDS: tuple[str, ...] = (
     "app.cli.chat",
+    "app.cli.engines",
     "app.cli.models",
     "app.cli.plan",
     "app.cli.pull",

@@ -51,6 +51,9 @@ def register(subparsers: Subparsers) -> None:
         action="store_true",
         help="events as JSON lines (see README); with no PROMPT, each stdin line is a turn",
     )
+    parser.add_argument(
+        "--engine", metavar="NAME", help="a remote engine (`hearth engines add`); --model picks its model"
+    )
     add_attach_flags(parser)
     parser.set_defaults(handler=run)
 
@@ -109,6 +112,10 @@ def format_stats(stats: ReplyStats) -> str:
         parts.append(f"dropped {stats.dropped_turns} old messages to fit")
     if stats.decode_path_note:
         parts.append(stats.decode_path_note)
+    if stats.cost:
+        from app.core.remote.pricing import format_cost
+
+        parts.append(format_cost(stats.cost))
     return "[" + " · ".join(parts) + "]"
 
 
@@ -140,6 +147,10 @@ def emit(events: Iterator[Event], *, as_json: bool, show_stats: bool) -> DoneEve
 
 
 def open_session(settings: Settings, args: argparse.Namespace) -> Any:
+    if getattr(args, "engine", None):  # a remote engine instead of a local model
+        from app.core.remote.session import open_remote_session
+
+        return open_remote_session(settings, args, sampling_from_args(args, settings.sampling))
     from app.core.engine import Engine
     from app.core.loader import load_model
     from app.core.response_cache import ResponseCache

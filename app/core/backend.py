@@ -64,6 +64,7 @@ class MemoryReading:
     devices: tuple[DeviceMemory, ...]
     kv_bytes_per_token: int = 0
     forecast_kv_full_at_tokens: int | None = None  # context length at which the KV cache would fill memory
+    remote: str = ""  # a remote engine: what its server reports (e.g. "vLLM KV cache 12% used"), else why not
 
 
 @dataclass(frozen=True)

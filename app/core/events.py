@@ -34,6 +34,8 @@ class ReplyStats:
     decode_path: str = "eager"
     decode_path_note: str = ""
     context_window: int = 0
+    # What the reply cost, an estimate (app.core.remote.pricing.ReplyCost.to_dict); None = not priced.
+    cost: dict[str, Any] | None = None
 
     @property
     def new_prompt_tokens(self) -> int:
