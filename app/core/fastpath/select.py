@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -14,10 +15,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from app.core.fastpath import int8, native, prefill
+from app.core.fastpath import int8, integrity, native, prefill
 from app.core.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -25,7 +27,7 @@ log = logging.getLogger(__name__)
 # "auto" picks the fastest measured path for the device and weights; the others force one (bench, tests).
 DECODE_PATHS = ("auto", "eager", "fused-int8", "fused-q4", "int8-decode")
 ENV_OVERRIDE = "HEARTH_DECODE_PATH"
-CACHE_FORMAT = 2  # bump when the packed layout or the quantization recipe changes
+CACHE_FORMAT = 3  # bump when the packed layout, the quantization recipe or the file's checks change (3: sha256)
 # Weights "auto" runs through the fused C decode step on the CPU. Measured on SmolLM2-135M, 2-core AVX2 machine,
 # bf16 weights (bench/engine_speed.py): eager 25 tok/s, fused-int8 107 (4.25x), fused-q4 147 (5.85x); teacher-forced
 # greedy agreement with eager 93/96 (int8) and 90/96 (Q4_1), both inside the 90 % bound the tests hold. The fastest
@@ -52,6 +54,13 @@ class DecodePathChoice:
     added_bytes: int = 0  # memory the path adds (the int8 copies) on top of the loaded weights
     prepare_seconds: float = 0.0
     fused: native.FusedDecoder | None = None  # the C decode step, for the "fused-*" paths
+    # Which weights single-token steps read, for keys that must change when they do (the response cache):
+    # "sha256:<hex>" of the packed copy's file (fused-*, int8-decode), or "dense:<fingerprint>" of the model folder's
+    # weight files (names, sizes, modification times) when steps run the loaded weights; "" with no folder.
+    weights_digest: str = ""
+    # Derived files found damaged while the path was set up, each moved to NAME.damaged and rebuilt: one line each
+    # for the user (the CLI prints them as `hearth: note:`, the window as a banner; see Engine.recovery_notices).
+    recovery_notices: tuple[str, ...] = ()
 
     def step(self) -> AbstractContextManager[None]:
         """Wrap one single-token forward pass: the fast path is active only inside it."""
@@ -64,8 +73,20 @@ def apply_decode_path(
     """Apply the requested (or the best) decode path to `model` in place.
 
     With the model's `folder`, the int8 copies are cached under cache_dir()/decode-int8, keyed by the folder's weight
-    files (path, size, mtime) and the precision, so the next load reads them instead of packing again.
+    files (path, size, mtime) and the precision, so the next load reads them instead of packing again. Each copy is
+    written with its sha256 and checked before use: a damaged one is moved to NAME.damaged and packed again, with a
+    line in `recovery_notices`.
     """
+    notices: list[str] = []
+    choice = _choose(model, device, quantization, requested, folder, notices)
+    notices[:0] = native.take_library_notices()  # the kernel library's, found while loading it
+    digest = choice.weights_digest or (_dense_digest(folder) if choice.fused is None and folder is not None else "")
+    return dataclasses.replace(choice, weights_digest=digest, recovery_notices=(*notices, *choice.recovery_notices))
+
+
+def _choose(
+    model: Any, device: str, quantization: str, requested: str, folder: Path | None, notices: list[str]
+) -> DecodePathChoice:
     requested = os.environ.get(ENV_OVERRIDE, "") or requested
     if requested not in DECODE_PATHS:
         return DecodePathChoice("eager", f"unknown decode path {requested!r} (use {', '.join(DECODE_PATHS)})")
@@ -78,7 +99,7 @@ def apply_decode_path(
     if requested == "auto" or forced_fused:
         if quantization in (FORCED_FUSED_SOURCES if forced_fused else AUTO_FUSED_SOURCES):
             weight_format = FUSED_PATHS[requested] if forced_fused else AUTO_FUSED_FORMAT[quantization]
-            fused = _apply_fused(model, quantization, folder, weight_format)
+            fused = _apply_fused(model, quantization, folder, weight_format, notices)
             if isinstance(fused, DecodePathChoice):
                 return fused
             fused_reason = f"fused decode unavailable: {fused}"
@@ -93,9 +114,11 @@ def apply_decode_path(
         return DecodePathChoice("eager", reason)
     started = time.perf_counter()
     cache_file = _cache_file(folder, quantization) if folder is not None else None
+    stored = _read_cache(cache_file, notices)
+    digest = stored[1] if stored is not None else ""
     try:
         skip = _output_embedding_ids(model)
-        result = int8.patch_linears(model, skip, _read_cache(cache_file))
+        result = int8.patch_linears(model, skip, stored[0] if stored is not None else None)
     except Exception as exc:  # a model we can't repack still runs, on the plain path
         log.exception("int8 decode path failed")
         int8.unpatch_linears(model)
@@ -103,7 +126,9 @@ def apply_decode_path(
     if result.patched == 0:
         return DecodePathChoice("eager", "no linear layers the int8 decode path can run")
     if cache_file is not None and result.fresh and not result.reused:
-        _write_cache(cache_file, result.fresh)
+        digest = _write_cache(cache_file, result.fresh)
+    elif result.fresh:
+        digest = ""  # repacked over a stale copy without writing it: the copy's hash says nothing
     seconds = time.perf_counter() - started
     how = "packed" if result.fresh else "loaded from the cache" if result.reused else "already packed, ready"
     note = (
@@ -112,10 +137,14 @@ def apply_decode_path(
     )
     if fused_reason:
         note = f"{note}; {fused_reason}"
-    return DecodePathChoice("int8-decode", note, result.patched, result.added_bytes, seconds)
+    return DecodePathChoice(
+        "int8-decode", note, result.patched, result.added_bytes, seconds, weights_digest=_digest_key(digest)
+    )
 
 
-def _apply_fused(model: Any, quantization: str, folder: Path | None, weight_format: str) -> DecodePathChoice | str:
+def _apply_fused(
+    model: Any, quantization: str, folder: Path | None, weight_format: str, notices: list[str]
+) -> DecodePathChoice | str:
     """The fused C decode step with copies of every decoder matrix (int8 rows or Q4_1 blocks) and the lm_head (int8),
     or why not."""
     reason = native.unsupported_reason(model)
@@ -127,14 +156,13 @@ def _apply_fused(model: Any, quantization: str, folder: Path | None, weight_form
     started = time.perf_counter()
     kind = f"decode-fused-{weight_format}"
     cache_file = _cache_file(folder, quantization, kind=kind) if folder is not None else None
-    stored = _read_cache(cache_file)
+    stored = _read_cache(cache_file, notices)
     try:
-        if stored is not None and native.tensors_fit(model, stored, weight_format):
-            tensors, how = stored, "loaded from the cache"
+        if stored is not None and native.tensors_fit(model, stored[0], weight_format):
+            (tensors, digest), how = stored, "loaded from the cache"
         else:
             tensors, how = native.pack_model(model, int8.dense_weight, weight_format), "packed"
-            if cache_file is not None:
-                _write_cache(cache_file, tensors)
+            digest = _write_cache(cache_file, tensors)
         decoder = native.FusedDecoder(library, model, tensors, weight_format)
     except Exception as exc:  # an odd model still runs, on the plain path
         log.exception("fused decode path failed")
@@ -143,12 +171,17 @@ def _apply_fused(model: Any, quantization: str, folder: Path | None, weight_form
     built = f", kernel compiled in {library.build_seconds:.1f} s" if library.build_seconds else ""
     threads = f"{decoder.threads} thread{'s' if decoder.threads > 1 else ''}"
     described = {"int8": "int8", "q4": "Q4_1 (lm_head int8)"}[weight_format]
+    kernel = library.origin or "C kernel"
+    if library.fallback:  # compiled here although kernels may ship prebuilt: say why none was used
+        kernel = f"{kernel}; {library.fallback}"
     note = (
-        f"fused {described} decode step (C kernel, AVX2, {threads}; weights {how} in {seconds:.1f} s{built}); "
+        f"fused {described} decode step (C kernel {kernel}; {threads}; weights {how} in {seconds:.1f} s{built}); "
         f"prefill in {_prefill_description(model, quantization)}"
     )
     name = f"fused-{weight_format}"
-    return DecodePathChoice(name, note, decoder.layers, decoder.added_bytes, seconds, decoder)
+    return DecodePathChoice(
+        name, note, decoder.layers, decoder.added_bytes, seconds, decoder, weights_digest=_digest_key(digest)
+    )
 
 
 def _prefill_description(model: Any, quantization: str) -> str:
@@ -168,25 +201,53 @@ def _cache_file(folder: Path, quantization: str, kind: str = "decode-int8") -> P
     return cache_dir() / kind / f"{folder.name[:40]}-{quantization}-{digest}.safetensors"
 
 
-def _read_cache(cache_file: Path | None) -> dict[str, torch.Tensor] | None:
-    if cache_file is None or not cache_file.exists():
+def _read_cache(cache_file: Path | None, notices: list[str]) -> tuple[dict[str, torch.Tensor], str] | None:
+    """The packed copies and their sha256, read once and checked against the hash written with them; a damaged file
+    is moved to NAME.damaged (with a line in `notices`) and None tells the caller to pack again."""
+    if cache_file is None:
+        return None
+    checked = integrity.check_or_quarantine(cache_file, "packed decode copy", "packed again", notices)
+    if checked is None:
         return None
     try:
-        return load_file(cache_file)
-    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:  # a damaged cache is rebuilt, not trusted
-        log.warning("ignoring the unreadable int8 cache %s: %s", cache_file, exc)
+        tensors = load_file(cache_file)  # memory-mapped: no second read of the bytes just hashed
+        if integrity.identity(cache_file) != checked.identity:  # replaced meanwhile (another process packing)
+            return None
+        return tensors, checked.sha256
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:  # our hash, not our format: repack
+        log.warning("ignoring the unreadable packed copy %s: %s", cache_file, exc)
         return None
 
 
-def _write_cache(cache_file: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Atomic: a crash mid-write leaves no half file under the final name."""
+def _write_cache(cache_file: Path | None, tensors: dict[str, torch.Tensor]) -> str:
+    """The copies' sha256 (of the file as written), writing them atomically with it first where there is a file."""
+    data = save_safetensors(tensors)
+    digest = integrity.digest_bytes(data)
+    if cache_file is None:
+        return digest
     try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        partial = cache_file.with_suffix(f".{os.getpid()}.partial")
-        save_file(tensors, partial)
-        os.replace(partial, cache_file)
+        integrity.write_bytes(cache_file, data, digest)
     except OSError as exc:  # a full or read-only disk costs the next load a repack, nothing more
-        log.warning("could not cache the int8 weights in %s: %s", cache_file, exc)
+        log.warning("could not cache the packed weights in %s: %s", cache_file, exc)
+    return digest
+
+
+def _digest_key(sha256: str) -> str:
+    return f"sha256:{sha256}" if sha256 else ""
+
+
+def _dense_digest(folder: Path) -> str:
+    """The loaded weight files by name, size and modification time (as the loader fingerprints them): single-token
+    steps that run the loaded weights are identified by those files, without re-hashing gigabytes per launch."""
+    digest = hashlib.sha256()
+    try:
+        for path in sorted(folder.iterdir()):
+            if path.suffix in (".safetensors", ".bin", ".pt", ".pth", ".gguf"):
+                stat = path.stat()
+                digest.update(f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    except OSError:
+        return ""
+    return f"dense:{digest.hexdigest()[:20]}"
 
 
 def remove_decode_path(model: Any) -> None:

@@ -1,0 +1,193 @@
+"""Build the fused decode kernel (app/core/fastpath/native/hearth_decode.c) once per CPU target, for installs that
+have no C compiler (most Windows machines, many Macs).
+
+    python packaging/build_kernels.py [--out DIR] [--targets x86-64-avx2,...] [--cc gcc]
+
+Writes one shared library per target this machine's compilers can build, with fixed -march flags (never -march=
+native: the library runs on the user's CPU, not this one), and `manifest.json`: each library's sha256, size and the
+CPU flags (/proc/cpuinfo names) it needs, best target first. At run time app/core/fastpath/native.py picks the first
+entry this CPU has every flag for, checks the file's sha256 against the manifest before ctypes loads it, and falls
+back to compiling from source when none fits. hearth.spec runs this for the bundle; for a wheel, run it before
+`python -m build` (the libraries are package data).
+
+OpenMP: the libraries link libgomp.so.1 (GCC's OpenMP runtime); torch's Linux wheels ship that same soname and load
+it first, so no system libgomp is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SOURCE = REPO / "app" / "core" / "fastpath" / "native" / "hearth_decode.c"
+DEFAULT_OUT = SOURCE.parent / "prebuilt"
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = 1  # app.core.fastpath.native.MANIFEST_FORMAT reads this
+COMMON_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11", "-fopenmp", "-ffp-contract=off")
+# x86-64-v3: what every AVX2 CPU (Haswell, Zen 1 and later) has; Linux's /proc/cpuinfo names.
+AVX2_FLAGS = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe")
+AVX512_FLAGS = (*AVX2_FLAGS, "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni")
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    arch: str  # platform.machine(), normalized as native.machine_arch() does
+    march: tuple[str, ...]
+    requires: tuple[str, ...]
+    # An extension used only where the compiler knows it, with the CPU flag it then requires.
+    optional: tuple[tuple[str, str], ...] = ()
+
+
+# Best first: the run time takes the first one the CPU can run.
+TARGETS = (
+    Target(
+        "x86-64-avx512", "x86_64", ("-march=x86-64-v4", "-mavx512vnni"), AVX512_FLAGS,
+        (("-mavx512bf16", "avx512_bf16"),),
+    ),
+    Target("x86-64-avx2", "x86_64", ("-march=x86-64-v3",), AVX2_FLAGS),
+    Target("arm64-dotprod", "aarch64", ("-march=armv8.2-a+dotprod",), ("asimd", "asimddp")),
+    Target("arm64", "aarch64", ("-march=armv8-a",), ("asimd",)),
+)  # fmt: skip
+CROSS_COMPILERS = {"aarch64": "aarch64-linux-gnu-gcc", "x86_64": "x86_64-linux-gnu-gcc"}
+
+
+def host_arch() -> str:
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def suffix() -> str:
+    return ".dll" if sys.platform == "win32" else ".dylib" if sys.platform == "darwin" else ".so"
+
+
+def compiler_for(arch: str, cc: str | None) -> str | None:
+    """The host compiler for the host's architecture; Debian's cross gcc for the other one (Linux only)."""
+    if arch == host_arch():
+        for candidate in (cc or os.environ.get("CC", ""), "cc", "gcc", "clang"):
+            if candidate and (found := shutil.which(candidate)):
+                return found
+        return None
+    if sys.platform.startswith("linux") and arch in CROSS_COMPILERS:
+        return shutil.which(CROSS_COMPILERS[arch])
+    return None
+
+
+def accepts(compiler: str, flags: tuple[str, ...]) -> bool:
+    with tempfile.TemporaryDirectory() as folder:
+        probe = Path(folder) / "probe.c"
+        probe.write_text("int probe(void) { return 0; }\n")
+        result = subprocess.run(
+            [compiler, *flags, "-c", str(probe), "-o", str(Path(folder) / "probe.o")], capture_output=True, timeout=60
+        )
+    return result.returncode == 0
+
+
+def source_abi() -> int:
+    match = re.search(r"^#define HEARTH_ABI (\d+)", SOURCE.read_text(encoding="utf-8"), re.MULTILINE)
+    if match is None:
+        raise SystemExit(f"build_kernels: no HEARTH_ABI in {SOURCE}")
+    return int(match.group(1))
+
+
+def sha256_file(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def build_target(target: Target, compiler: str, out: Path) -> dict[str, object] | str:
+    """Compile one target into `out`; its manifest entry, or why it was skipped."""
+    flags = [*COMMON_FLAGS, *target.march]
+    requires = list(target.requires)
+    for flag, cpu_flag in target.optional:
+        if accepts(compiler, (*target.march, flag)):
+            flags.append(flag)
+            requires.append(cpu_flag)
+    name = f"hearth_decode-{target.name}{suffix()}"
+    partial = out / f"{name}.partial"
+    command = [compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        first = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip()[:200])
+        return f"{compiler} failed: {first.strip()}"
+    final = out / name
+    os.replace(partial, final)
+    return {
+        "target": target.name,
+        "arch": target.arch,
+        "platform": sys.platform,
+        "file": name,
+        "sha256": sha256_file(final),
+        "bytes": final.stat().st_size,
+        "requires": sorted(set(requires)),
+        "openmp": True,
+        "compiler": Path(compiler).name,
+        "flags": flags,
+    }
+
+
+def build(out: Path = DEFAULT_OUT, names: list[str] | None = None, cc: str | None = None) -> dict[str, object]:
+    """Build every target this machine can, replace `out`'s libraries and manifest; returns the manifest, with the
+    targets that were not built and why under "skipped"."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("hearth_decode-*"):
+        old.unlink()
+    libraries: list[dict[str, object]] = []
+    skipped: dict[str, str] = {}
+    for target in TARGETS:
+        if names and target.name not in names:
+            continue
+        compiler = compiler_for(target.arch, cc)
+        if compiler is None:
+            skipped[target.name] = f"no compiler for {target.arch} on this {host_arch()} machine"
+            continue
+        entry = build_target(target, compiler, out)
+        if isinstance(entry, str):
+            skipped[target.name] = entry
+        else:
+            libraries.append(entry)
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "abi": source_abi(),
+        "source_sha256": sha256_file(SOURCE),
+        "libraries": libraries,
+        "skipped": skipped,
+    }
+    partial = out / f"{MANIFEST_NAME}.partial"
+    partial.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    os.replace(partial, out / MANIFEST_NAME)
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--targets", default="", help=f"comma-separated subset of {[t.name for t in TARGETS]}")
+    parser.add_argument("--cc", default=None, help="the host C compiler (default: CC, cc, gcc, clang)")
+    args = parser.parse_args(argv)
+    names = [name for name in args.targets.split(",") if name]
+    unknown = set(names) - {t.name for t in TARGETS}
+    if unknown:
+        parser.error(f"unknown targets {sorted(unknown)}")
+    manifest = build(args.out, names, args.cc)
+    for entry in manifest["libraries"]:  # type: ignore[attr-defined]
+        print(f"built {entry['target']}: {entry['file']} ({entry['bytes']} bytes, needs {' '.join(entry['requires'])})")
+    for name, why in manifest["skipped"].items():  # type: ignore[attr-defined]
+        print(f"skipped {name}: {why}")
+    return 0 if manifest["libraries"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,372 @@
+"""The kernel library and the packed decode copies are verified before use; prebuilt kernels are picked per CPU.
+
+Fault cases (issue 12): a compiled library cut short (a Bus error on every later run before), replaced by random
+bytes (a second, single-threaded kernel was compiled silently) or with a same-size byte flip, and a packed copy with
+the same damage (a garbage reply, then replayed by the response cache): each is moved to NAME.damaged, rebuilt, named
+in a notice, never passed to ctypes, and the reply equals a clean run's.
+
+Prebuilt kernels (issue 16): packaging/build_kernels.py builds them here into a temporary folder; the CPU's flags go
+through a seam (native.cpu_flags) so both the AVX-512 and the AVX2 choice are covered on any x86-64 machine, and the
+ones this CPU can run are loaded and decode for real.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from app.core import fastpath
+from app.core.engine import Engine
+from app.core.events import ChatMessage, DoneEvent
+from app.core.fastpath import integrity, native
+from app.core.sampling import SamplingParams
+from tests.helpers.damage import flipped, random_bytes, truncated
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GREEDY = SamplingParams(temperature=0, max_new_tokens=6)
+MESSAGES = [ChatMessage("user", "What is the capital of France?")]
+IS_X86 = platform.machine().lower() in ("x86_64", "amd64")
+HAS_CC = native._compiler() is not None
+AVX2_CPU = frozenset(("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"))
+AVX512_CPU = AVX2_CPU | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16"}
+LIBRARY_DAMAGE = {
+    "truncated": lambda data: truncated(data, len(data) // 3),
+    "random bytes": lambda data: random_bytes(len(data)),
+    "same-size flip": lambda data: flipped(data, len(data) // 2),
+}
+REAL_FLAGS = native.cpu_flags()  # read before any test replaces the seam
+needs_kernel = pytest.mark.skipif(not (IS_X86 and HAS_CC), reason="needs an x86-64 machine with a C compiler")
+
+
+def damage(path: Path, data: bytes) -> None:
+    """Put damaged bytes under `path` as a new file: this process may have the old one mapped (a library), and
+    writing into a mapped file kills the writer with SIGBUS, which is the very fault under test, for the next run."""
+    fresh = path.with_name(path.name + ".test-damage")
+    fresh.write_bytes(data)
+    os.replace(fresh, path)
+
+
+def reply(engine: Engine) -> str:
+    done = list(engine.generate(MESSAGES, GREEDY))[-1]
+    assert isinstance(done, DoneEvent) and done.finish_reason in ("stop", "length"), done
+    return done.text
+
+
+def load_build_kernels() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("hearth_build_kernels", REPO_ROOT / "packaging" / "build_kernels.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["hearth_build_kernels"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def dlopened(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, str]]:
+    """Every hearth library ctypes is asked to load, with the sha256 its file had at that moment."""
+    seen: list[tuple[Path, str]] = []
+    real = ctypes.CDLL
+
+    def spy(name: Any, *args: Any, **kwargs: Any) -> Any:
+        if "hearth_decode" in str(name):
+            seen.append((Path(name), integrity.sha256_file(Path(name))))
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(native.ctypes, "CDLL", spy)
+    return seen
+
+
+@pytest.fixture
+def compiled_only(monkeypatch: pytest.MonkeyPatch, isolated_cache: Path) -> Any:
+    """A fresh process's view with no prebuilt kernels: the library is compiled into the isolated cache."""
+    monkeypatch.setenv(native.KERNEL_ENV, "compile")
+    native.reset_library_for_tests()
+    yield isolated_cache
+    native.reset_library_for_tests()
+
+
+@pytest.fixture(scope="module")
+def prebuilt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not (IS_X86 and HAS_CC):
+        pytest.skip("needs an x86-64 machine with a C compiler")
+    out = tmp_path_factory.mktemp("prebuilt")
+    manifest = load_build_kernels().build(out, ["x86-64-avx512", "x86-64-avx2"])
+    assert [entry["target"] for entry in manifest["libraries"]] == ["x86-64-avx512", "x86-64-avx2"]
+    return out
+
+
+@pytest.fixture
+def prebuilt(prebuilt_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path) -> Path:
+    """A private copy of the prebuilt folder (tests damage it) that native.py ships with."""
+    folder = tmp_path / "prebuilt"
+    shutil.copytree(prebuilt_dir, folder)
+    monkeypatch.setattr(native, "PREBUILT_DIR", folder)
+    monkeypatch.delenv(native.KERNEL_ENV, raising=False)
+    native.reset_library_for_tests()
+    yield folder
+    native.reset_library_for_tests()
+
+
+def with_flags(monkeypatch: pytest.MonkeyPatch, flags: frozenset[str]) -> None:
+    monkeypatch.setattr(native, "cpu_flags", lambda: flags)
+
+
+# -- the compiled library --------------------------------------------------------------------------------------------
+@needs_kernel
+@pytest.mark.parametrize("case", list(LIBRARY_DAMAGE))
+def test_a_damaged_compiled_library_is_moved_aside_rebuilt_and_never_loaded(
+    case: str, default_loaded: Any, compiled_only: Path, dlopened: list[tuple[Path, str]]
+) -> None:
+    clean = Engine(default_loaded)
+    assert clean.decode_path == "fused-q4", clean.decode_path_note
+    clean_text = reply(clean)
+    (library,) = (compiled_only / "native").glob("hearth_decode-*.so")
+    good = library.read_bytes()
+    damaged = LIBRARY_DAMAGE[case](good)
+    damage(library, damaged)
+    native.reset_library_for_tests()  # as in the next run
+
+    engine = Engine(default_loaded)
+    assert engine.decode_path == "fused-q4" and "kernel compiled in" in engine.decode_path_note
+    assert reply(engine) == clean_text
+    (notice,) = engine.recovery_notices()
+    assert f"compiled kernel library {library.name} was damaged" in notice
+    assert f"{library.name}.damaged" in notice and "compiled again" in notice
+    assert (library.parent / f"{library.name}.damaged").read_bytes() == damaged
+    assert library.read_bytes() != damaged and integrity.verify(library) is not None
+    assert hashlib.sha256(damaged).hexdigest() not in {digest for _, digest in dlopened}
+    assert native.load_library() is not None and engine.path.fused is not None
+    assert engine.path.fused.native.threaded  # the same OpenMP kernel again, not a silent single-threaded one
+
+
+@needs_kernel
+def test_a_cut_short_library_no_longer_crashes_the_next_process(compiled_only: Path) -> None:
+    """Before: dlopen mapped the cut-short file and the process died of SIGBUS (exit 135) on every run."""
+    script = "from app.core.fastpath import native; lib = native.load_library(); print(lib.origin, lib.threaded)"
+    env = {**os.environ, native.KERNEL_ENV: "compile", "HEARTH_CACHE_DIR": str(compiled_only)}
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    (library,) = (compiled_only / "native").glob("hearth_decode-*.so")
+    damage(library, truncated(library.read_bytes(), 4096))
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "compiled here" in second.stdout and "True" in second.stdout
+    assert (library.parent / f"{library.name}.damaged").stat().st_size == 4096
+
+
+@needs_kernel
+def test_a_library_whose_checksum_file_is_gone_is_rebuilt(default_loaded: Any, compiled_only: Path) -> None:
+    assert isinstance(native.load_library(), native.NativeLibrary)
+    (library,) = (compiled_only / "native").glob("hearth_decode-*.so")
+    integrity.sidecar(library).unlink()
+    native.reset_library_for_tests()
+    assert isinstance(native.load_library(), native.NativeLibrary)
+    (notice,) = native.take_library_notices()
+    assert "its checksum file is missing" in notice and integrity.verify(library) is not None
+
+
+@needs_kernel
+def test_a_library_that_changes_after_it_was_written_is_not_loaded(
+    compiled_only: Path, monkeypatch: pytest.MonkeyPatch, dlopened: list[tuple[Path, str]]
+) -> None:
+    real_publish = integrity.publish
+
+    def publish_then_damage(partial: Path, final: Path) -> str:
+        digest = real_publish(partial, final)
+        damage(final, flipped(final.read_bytes(), 1000))  # between writing and loading
+        return digest
+
+    monkeypatch.setattr(integrity, "publish", publish_then_damage)
+    found = native.load_library()
+    assert isinstance(found, str) and "changed before it could be loaded" in found
+    assert dlopened == []
+
+
+# -- packed copies ---------------------------------------------------------------------------------------------------
+@needs_kernel
+@pytest.mark.parametrize("case", list(LIBRARY_DAMAGE))
+def test_a_damaged_packed_copy_is_moved_aside_repacked_and_never_multiplied_into_a_reply(
+    case: str, default_loaded: Any, isolated_cache: Path
+) -> None:
+    clean = Engine(default_loaded)
+    assert clean.decode_path == "fused-q4", clean.decode_path_note
+    clean_text = reply(clean)
+    (copy,) = (isolated_cache / "decode-fused-q4").glob("*.safetensors")
+    assert clean.path.weights_digest == f"sha256:{integrity.digest_file(copy)}"
+    damaged = LIBRARY_DAMAGE[case](copy.read_bytes())
+    damage(copy, damaged)
+
+    engine = Engine(default_loaded)
+    assert engine.decode_path == "fused-q4" and "packed in" in engine.decode_path_note
+    assert reply(engine) == clean_text
+    notices = engine.recovery_notices()
+    assert [n for n in notices if "packed decode copy" in n] == [
+        next(n for n in notices if f"{copy.name} was damaged" in n and f"{copy.name}.damaged" in n)
+    ]
+    assert "packed again" in notices[-1]
+    assert (copy.parent / f"{copy.name}.damaged").read_bytes() == damaged
+    # Packing is deterministic: the rebuilt copy is byte for byte the clean one, so replies keyed by it still match.
+    assert engine.path.weights_digest == clean.path.weights_digest
+    again = Engine(default_loaded)
+    assert "loaded from the cache" in again.decode_path_note and again.recovery_notices() == ()
+
+
+def test_the_plain_path_names_the_dense_weights(default_loaded: Any) -> None:
+    eager = fastpath.apply_decode_path(default_loaded.model, "cpu", "bf16", "eager", folder=default_loaded.folder)
+    assert eager.weights_digest.startswith("dense:") and len(eager.weights_digest) == len("dense:") + 20
+    assert fastpath.apply_decode_path(default_loaded.model, "cpu", "bf16", "eager").weights_digest == ""
+
+
+# -- prebuilt kernels ------------------------------------------------------------------------------------------------
+def test_cpu_flags_are_read_from_this_machine() -> None:
+    flags = native.cpu_flags()
+    if sys.platform.startswith("linux"):
+        text = Path("/proc/cpuinfo").read_text()
+        assert flags and all(flag in text for flag in flags)
+    if IS_X86:
+        import torch
+
+        level = torch.backends.cpu.get_cpu_capability()
+        assert ("avx2" in flags) == (level in ("AVX2", "AVX512")) or not sys.platform.startswith("linux")
+
+
+@pytest.mark.parametrize(
+    ("flags", "target"), [(AVX512_CPU, "x86-64-avx512"), (AVX2_CPU, "x86-64-avx2")], ids=["avx512", "avx2"]
+)
+def test_the_best_prebuilt_target_for_the_cpu_is_verified_loaded_and_decodes(
+    flags: frozenset[str],
+    target: str,
+    prebuilt: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    dlopened: list[tuple[Path, str]],
+    default_loaded: Any,
+) -> None:
+    with_flags(monkeypatch, flags)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no compiler: prebuilt or nothing
+    monkeypatch.delenv("CC", raising=False)
+    manifest = json.loads((prebuilt / "manifest.json").read_text())
+    entry = next(e for e in manifest["libraries"] if e["target"] == target)
+    if not set(entry["requires"]) <= REAL_FLAGS:
+        pytest.skip(f"this CPU can't run {target} (selection covered by the next test)")
+    engine = Engine(default_loaded)
+    assert engine.decode_path == "fused-q4", engine.decode_path_note
+    assert f"C kernel prebuilt {target};" in engine.decode_path_note and "compiled" not in engine.decode_path_note
+    assert dlopened == [(prebuilt / entry["file"], entry["sha256"])]
+    assert "Paris" in reply(engine)
+
+
+@pytest.mark.parametrize(
+    ("flags", "target"), [(AVX512_CPU, "x86-64-avx512"), (AVX2_CPU, "x86-64-avx2")], ids=["avx512", "avx2"]
+)
+def test_the_choice_follows_the_cpu_flags_not_the_build_machine(
+    flags: frozenset[str], target: str, prebuilt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with_flags(monkeypatch, flags)
+    monkeypatch.setattr(native, "_load", lambda path, *args: f"(test) would load {path.name}")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CC", raising=False)
+    found = native.load_library()
+    assert isinstance(found, str)
+    # The first library the flags allow is the one handed to the loader (which this test stubs out), best first.
+    assert re.findall(r"would load (\S+?\.so)", found)[0] == f"hearth_decode-{target}.so"
+
+
+def test_a_cpu_without_avx2_compiles_from_source_and_says_why(
+    prebuilt: Path, monkeypatch: pytest.MonkeyPatch, default_loaded: Any
+) -> None:
+    with_flags(monkeypatch, frozenset({"sse2", "avx"}))
+    library = native.load_library()
+    assert isinstance(library, native.NativeLibrary) and library.origin.startswith("compiled here")
+    assert "x86-64-avx512 needs " in library.fallback and "x86-64-avx2 needs abm, avx2," in library.fallback
+    choice = fastpath.apply_decode_path(default_loaded.model, "cpu", "bf16")
+    assert "prebuilt kernels: x86-64-avx512 needs" in choice.note
+
+
+def test_a_damaged_prebuilt_library_is_never_loaded_and_the_next_target_is(
+    prebuilt: Path, monkeypatch: pytest.MonkeyPatch, dlopened: list[tuple[Path, str]]
+) -> None:
+    with_flags(monkeypatch, AVX512_CPU)
+    best = prebuilt / "hearth_decode-x86-64-avx512.so"
+    damage(best, flipped(best.read_bytes(), 2000))
+    monkeypatch.setattr(native, "_load", lambda path, *args: f"(test) would load {path.name}")
+    found = native.load_library()
+    assert isinstance(found, str) and "x86-64-avx512 is damaged" in found
+    assert "x86-64-avx2: (test) would load hearth_decode-x86-64-avx2.so" in found
+    (notice,) = native.take_library_notices()
+    assert f"prebuilt kernel library {best} is damaged (its sha256 does not match the manifest)" in notice
+    assert "Reinstall Hearth" in notice and dlopened == []
+
+
+def test_a_cut_short_prebuilt_library_is_named_with_both_sizes(prebuilt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with_flags(monkeypatch, AVX2_CPU)
+    monkeypatch.setenv(native.KERNEL_ENV, "prebuilt")
+    library = prebuilt / "hearth_decode-x86-64-avx2.so"
+    size = library.stat().st_size
+    damage(library, library.read_bytes()[:100])
+    found = native.load_library()
+    assert isinstance(found, str) and found.startswith("no usable prebuilt kernel (prebuilt kernels: ")
+    assert f"it has 100 bytes where the manifest says {size}" in native.take_library_notices()[0]
+
+
+@pytest.mark.parametrize(
+    ("manifest", "reason"),
+    [
+        (None, "prebuilt kernels: none shipped with this install"),
+        (b"\x00garbage", "is unreadable (JSONDecodeError)"),
+        (b'{"format": 99}', "is not in format 1"),
+        (b'{"format": 1, "abi": 2, "source_sha256": "0", "libraries": []}', "another version of hearth_decode.c"),
+    ],
+    ids=["missing", "unreadable", "other format", "other source"],
+)
+def test_an_unusable_manifest_falls_back_with_the_reason(
+    manifest: bytes | None, reason: str, prebuilt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(native.KERNEL_ENV, "prebuilt")
+    if manifest is None:
+        (prebuilt / "manifest.json").unlink()
+    else:
+        (prebuilt / "manifest.json").write_bytes(manifest)
+    found = native.load_library()
+    assert isinstance(found, str) and reason in found
+
+
+def test_no_prebuilt_for_this_architecture_says_so(prebuilt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.KERNEL_ENV, "prebuilt")
+    monkeypatch.setattr(native, "machine_arch", lambda: "riscv64")
+    found = native.load_library()
+    assert isinstance(found, str) and f"none for riscv64 on {sys.platform}" in found
+
+
+def test_an_unknown_kernel_choice_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.KERNEL_ENV, "fastest")
+    native.reset_library_for_tests()
+    try:
+        assert native.load_library() == "HEARTH_KERNEL=fastest is not one of auto, compile, prebuilt"
+    finally:
+        native.reset_library_for_tests()
+
+
+def test_the_build_script_builds_arm64_where_a_cross_compiler_exists(tmp_path: Path) -> None:
+    build_kernels = load_build_kernels()
+    manifest = build_kernels.build(tmp_path, ["arm64-dotprod", "arm64"])
+    if shutil.which("aarch64-linux-gnu-gcc") is None or not IS_X86:
+        assert set(manifest["skipped"]) == {"arm64-dotprod", "arm64"}
+        pytest.skip("no aarch64-linux-gnu-gcc here (make cross-tools)")
+    for entry in manifest["libraries"]:
+        data = (tmp_path / entry["file"]).read_bytes()
+        assert data[:4] == b"\x7fELF" and int.from_bytes(data[18:20], "little") == 183  # EM_AARCH64
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"] and entry["arch"] == "aarch64"
+    assert [e["requires"] for e in manifest["libraries"]] == [["asimd", "asimddp"], ["asimd"]]
