@@ -9,6 +9,7 @@ HEARTH_PACKAGE_DIST=DIR reuses a dist/ that `make package` already built (CI bui
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import time
 from pathlib import Path
@@ -83,6 +84,48 @@ def test_installed_self_test_passes_offline(installed_root: Path, tmp_path: Path
     assert "self-test passed" in result.stdout
     assert "Paris" in result.stdout
     print(result.stdout)
+
+
+def test_installed_bundle_decodes_through_the_fused_path_without_a_compiler(
+    installed_root: Path, tmp_path: Path
+) -> None:
+    """Most Windows machines and many Macs have no C compiler: the bundle's prebuilt kernel (checked against its
+    manifest's sha256, picked from this CPU's flags) must give them the fused step, not the slow path."""
+    import json
+    import shutil
+
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    assert all(shutil.which(cc, path=str(empty)) is None for cc in ("cc", "gcc", "clang"))
+    env = {
+        "HOME": str(tmp_path),
+        "PATH": str(empty),  # no compiler anywhere; CC unset
+        "HEARTH_HOME": str(tmp_path / "home"),
+        "HF_HUB_OFFLINE": "1",
+        "HEARTH_KERNEL": "prebuilt",  # never compile, even where a compiler hides outside PATH
+    }
+    result = subprocess.run(
+        [str(installed_root / "usr" / "bin" / "hearth"), "chat", "--json", "-t", "0", "--max-tokens", "12",
+         "What is the capital of France?"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    stats = next(event for event in events if event["type"] == "stats")
+    assert stats["decode_path"].startswith("fused-"), stats["decode_path_note"]
+    assert (
+        "C kernel prebuilt x86-64-" in stats["decode_path_note"]
+        or "C kernel prebuilt arm64" in stats["decode_path_note"]
+    )
+    assert "Paris" in "".join(event.get("text", "") for event in events if event["type"] == "token")
+    prebuilt = installed_root / "opt" / "hearth" / "_internal" / "app" / "core" / "fastpath" / "native" / "prebuilt"
+    manifest = json.loads((prebuilt / "manifest.json").read_text())
+    if platform.machine().lower() in ("x86_64", "amd64"):  # both x86-64 targets ship, whichever this CPU took
+        assert {"x86-64-avx2", "x86-64-avx512"} <= {entry["target"] for entry in manifest["libraries"]}
 
 
 def test_installed_window_starts_offscreen_and_quits(installed_root: Path, tmp_path: Path) -> None:
