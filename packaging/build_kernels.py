@@ -34,7 +34,8 @@ SOURCE = REPO / "app" / "core" / "fastpath" / "native" / "hearth_decode.c"
 DEFAULT_OUT = SOURCE.parent / "prebuilt"
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1  # app.core.fastpath.native.MANIFEST_FORMAT reads this
-COMMON_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11", "-fopenmp", "-ffp-contract=off")
+COMMON_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off")
+OPENMP_FLAG = "-fopenmp"  # Apple's clang lacks it: there the library is built single-threaded (manifest "openmp")
 # x86-64-v3: what every AVX2 CPU (Haswell, Zen 1 and later) has; Linux's /proc/cpuinfo names.
 AVX2_FLAGS = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe")
 AVX512_FLAGS = (*AVX2_FLAGS, "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni")
@@ -108,18 +109,21 @@ def sha256_file(path: Path) -> str:
 
 def build_target(target: Target, compiler: str, out: Path) -> dict[str, object] | str:
     """Compile one target into `out`; its manifest entry, or why it was skipped."""
-    flags = [*COMMON_FLAGS, *target.march]
+    base = [*COMMON_FLAGS, *target.march]
     requires = list(target.requires)
     for flag, cpu_flag in target.optional:
         if accepts(compiler, (*target.march, flag)):
-            flags.append(flag)
+            base.append(flag)
             requires.append(cpu_flag)
     name = f"hearth_decode-{target.name}{suffix()}"
     partial = out / f"{name}.partial"
-    command = [compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
+    for flags in ([*base, OPENMP_FLAG], base):
+        command = [compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if result.returncode == 0:
+            break
         partial.unlink(missing_ok=True)
+    else:
         first = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip()[:200])
         return f"{compiler} failed: {first.strip()}"
     final = out / name
@@ -132,7 +136,7 @@ def build_target(target: Target, compiler: str, out: Path) -> dict[str, object] 
         "sha256": sha256_file(final),
         "bytes": final.stat().st_size,
         "requires": sorted(set(requires)),
-        "openmp": True,
+        "openmp": OPENMP_FLAG in flags,
         "compiler": Path(compiler).name,
         "flags": flags,
     }

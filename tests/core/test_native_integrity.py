@@ -370,3 +370,32 @@ def test_the_build_script_builds_arm64_where_a_cross_compiler_exists(tmp_path: P
         assert data[:4] == b"\x7fELF" and int.from_bytes(data[18:20], "little") == 183  # EM_AARCH64
         assert hashlib.sha256(data).hexdigest() == entry["sha256"] and entry["arch"] == "aarch64"
     assert [e["requires"] for e in manifest["libraries"]] == [["asimd", "asimddp"], ["asimd"]]
+
+
+@needs_kernel
+def test_a_compiler_without_openmp_still_builds_a_single_threaded_prebuilt_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Apple's clang has no -fopenmp: the Mac library is then built single-threaded, and the manifest says so."""
+    compiler = tmp_path / "cc-without-openmp"
+    real = native._compiler()
+    compiler.write_text(
+        f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && {{ echo "error: unsupported -fopenmp" >&2; exit 1; }}; '
+        f'done\nexec {real} "$@"\n'
+    )
+    compiler.chmod(0o755)
+    out = tmp_path / "prebuilt"
+    manifest = load_build_kernels().build(out, ["x86-64-avx2"], str(compiler))
+    (entry,) = manifest["libraries"]
+    assert entry["openmp"] is False and "-fopenmp" not in entry["flags"]
+    if not AVX2_CPU <= REAL_FLAGS:
+        pytest.skip("built; this CPU can't run an x86-64-v3 library to load it")
+    monkeypatch.setattr(native, "PREBUILT_DIR", out)
+    with_flags(monkeypatch, AVX2_CPU)
+    native.reset_library_for_tests()
+    try:
+        library = native.load_library()
+        assert isinstance(library, native.NativeLibrary) and library.origin == "prebuilt x86-64-avx2"
+        assert not library.threaded
+    finally:
+        native.reset_library_for_tests()
