@@ -164,6 +164,6 @@ def check_or_quarantine(path: Path, what: str, rebuilt: str, notices: list[str])
         log.warning("%s %s is damaged (%s) and could not be moved aside: %s", what, path, checked, exc)
         notices.append(f"The {what} {path} was damaged ({checked}); it was not used and is {rebuilt} for this run.")
         return None
-    log.warning("%s %s damaged (%s); moved to %s", what, path, checked, moved)
+    log.info("%s %s damaged (%s); moved to %s", what, path, checked, moved)  # the notice is what the user sees
     notices.append(f"The {what} {path.name} was damaged ({checked}); it was moved to {moved} and {rebuilt}.")
     return None

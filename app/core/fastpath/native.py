@@ -260,7 +260,7 @@ def _load_prebuilt() -> NativeLibrary | str:
         checked, damage = _verify_prebuilt(path, entry)
         if damage:
             message = f"The prebuilt kernel library {path} is damaged ({damage}); it was not loaded. Reinstall Hearth."
-            log.warning(message)
+            log.info(message)  # shown once as a notice; the log keeps it for reports
             _notices.append(message)
             reasons.append(f"{target} is damaged")
             continue
