@@ -147,3 +147,14 @@ def format_cost(cost: dict[str, Any]) -> str:
     if cost.get("conversation_total_usd") is not None:
         extras.append(f"conversation ${cost['conversation_total_usd']:.4f}")
     return text + (f" ({', '.join(extras)})" if extras else "")
+
+
+def price_local_reply(stats: Any, model: str, provider: str, history_tokens: int = 0) -> Any:
+    """A local reply's ReplyStats with `cost` set to what the same tokens would have cost on a hosted model
+    (hypothetical=True), or unchanged when the price list does not know the model. The local engine's prefix
+    cache stands in for the provider's prompt cache."""
+    from dataclasses import replace
+
+    usage = TokenUsage(stats.prompt_tokens, stats.cached_tokens, stats.generated_tokens, history_tokens)
+    cost = try_price_reply(usage, model, provider, hypothetical=True)
+    return stats if cost is None else replace(stats, cost=cost.to_dict())

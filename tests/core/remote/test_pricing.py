@@ -66,3 +66,14 @@ def test_pricing_never_touches_the_network() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert float(result.stdout) == pytest.approx(1000 * IN + 10 * OUT)
+
+
+def test_a_local_replys_stats_priced_on_a_chosen_hosted_model() -> None:
+    from app.core.events import ReplyStats
+
+    stats = ReplyStats(0.1, 2_000, 1_500, 1.0, 1.0, 100, 0.1, 1.0, 0, "cpu")
+    priced = pricing.price_local_reply(stats, "gpt-4o-mini", "openai", history_tokens=1_800)
+    assert priced.cost is not None and priced.cost["hypothetical"] is True
+    assert priced.cost["total_usd"] == pytest.approx(500 * IN + 1_500 * CACHED + 100 * OUT)
+    assert priced.generated_tokens == 100 and stats.cost is None  # a copy; the original is untouched
+    assert pricing.price_local_reply(stats, "no-such-model", "openai") is stats
