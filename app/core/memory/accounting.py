@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 import torch
 
+from app.core import bnb_cpu
 from app.core.memory import calibration
 from app.core.memory.planner import KVLayout, device_free_bytes, kv_layout
 from app.core.memory.types import DeviceMemory, MemorySnapshot
@@ -115,6 +116,8 @@ class MemoryMonitor:
         self.clock = clock
         self.device = str(loaded.device)
         self.weights_by_device = measured_weights_by_device(loaded.model)
+        # Layers bnb will repack at their first forward change size then; watched until they all have.
+        self._repack_pending = [m for m in loaded.model.modules() if bnb_cpu.will_repack(m)]
         self.layout = _model_kv_layout(loaded.model)
         self._process = psutil.Process()
         self._slow: dict[str, tuple[int, int, int | None]] = {}  # device -> (free, total, rss)
@@ -139,9 +142,17 @@ class MemoryMonitor:
         self.slow_refreshes += 1
         return 0.0
 
+    def _remeasure_after_repack(self) -> None:
+        pending = [m for m in self._repack_pending if bnb_cpu.will_repack(m)]
+        if len(pending) < len(self._repack_pending):
+            self.weights_by_device = measured_weights_by_device(self.loaded.model)
+        self._repack_pending = pending
+
     def snapshot(self) -> MemorySnapshot:
         now = self.clock()
         age = self._refresh_slow(now)
+        if self._repack_pending:  # a flag read per layer until bnb has repacked them all, then nothing
+            self._remeasure_after_repack()
         held = self.kv_provider()
         kv_by_device = kv_bytes_by_device(held)
         tokens = kv_tokens(held)

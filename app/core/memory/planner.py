@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import torch
 
-from app.core import gguf_cache
+from app.core import bnb_cpu, gguf_cache
 from app.core.errors import (
     CorruptModelError,
     DeviceUnavailableError,
@@ -36,6 +36,7 @@ NF4_CODE_BYTES = 16 * 4  # the 16-entry fp32 NF4 code book, one per layer
 DQ_BLOCKSIZE = 256  # double quant: absmax quantized to 8 bits in blocks of 256, one fp32 absmax each
 DQ_CODE_BYTES = 256 * 4  # the 8-bit dynamic code book (fp32), one per layer
 DQ_OFFSET_BYTES = 4  # the fp32 mean subtracted from the absmax before quantizing it
+REPACKED_ABSMAX_BYTES = 2  # bf16 absmax per block in bnb's AVX512-BF16 CPU layout
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
@@ -211,10 +212,16 @@ def kv_layout(config: Any, dtype_bytes: int) -> KVLayout:
 
 
 # -- weights ---------------------------------------------------------------------------------------------------
-def nf4_weight_bytes(elements: int, double_quant: bool) -> int:
-    """Bytes bitsandbytes holds for one NF4 weight: packed 4-bit data + its quant_state (absmax, code book...)."""
+def nf4_weight_bytes(elements: int, double_quant: bool, repacked: bool = False) -> int:
+    """Bytes bitsandbytes holds for one NF4 weight: packed 4-bit data + its quant_state (absmax, code book...).
+
+    `repacked`: the layout bnb switches to at the first forward on an AVX512-BF16 CPU (app.core.bnb_cpu): a bf16
+    absmax per block, the nested double-quant state dequantized away (its fp32 offset stays).
+    """
     blocks = math.ceil(elements / NF4_BLOCKSIZE)
     size = math.ceil(elements / 2) + NF4_CODE_BYTES
+    if repacked:
+        return size + blocks * REPACKED_ABSMAX_BYTES + (DQ_OFFSET_BYTES if double_quant else 0)
     if double_quant:
         return size + blocks + math.ceil(blocks / DQ_BLOCKSIZE) * 4 + DQ_CODE_BYTES + DQ_OFFSET_BYTES
     return size + blocks * 4
@@ -241,8 +248,13 @@ def meta_model(config: Any, dtype: torch.dtype) -> Any:
         raise CorruptModelError(f"The {config.model_type} config describes an impossible model ({exc}).") from exc
 
 
-def estimate_weights(model: Any, quantization: str, skip_modules: list[str], dtype: torch.dtype) -> WeightsEstimate:
-    """Bytes per decoder layer and for the rest, for a meta-device model loaded as `quantization`."""
+def estimate_weights(
+    model: Any, quantization: str, skip_modules: list[str], dtype: torch.dtype, *, repacked_4bit: bool = False
+) -> WeightsEstimate:
+    """Bytes per decoder layer and for the rest, for a meta-device model loaded as `quantization`.
+
+    `repacked_4bit`: count 4-bit weights in the layout bnb keeps after its first forward on an AVX512-BF16 CPU.
+    """
     from torch import nn
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import HfQuantizer
@@ -289,7 +301,7 @@ def estimate_weights(model: Any, quantization: str, skip_modules: list[str], dty
                     out_features = tensor.shape[1] if isinstance(module, Conv1D) else tensor.shape[0]
                     size = int8_weight_bytes(out_features, elements // out_features)
                 else:
-                    size = nf4_weight_bytes(elements, double_quant=quantization == "nf4")
+                    size = nf4_weight_bytes(elements, quantization == "nf4", repacked=repacked_4bit)
                 plain = elements * compute_bytes
             if group is None:
                 other += size
@@ -326,6 +338,11 @@ def _group_of(module_name: str, layer_index: dict[str, int]) -> int | None:
         if found is not None:
             return found
     return None
+
+
+def repacks_4bit_on(device: str, quantization: str) -> bool:
+    """Whether bnb will hold this plan's 4-bit weights in its repacked CPU layout (only on the CPU, this kind)."""
+    return device.startswith("cpu") and quantization in ("nf4", "nf4-nodq") and bnb_cpu.cpu_repacks_4bit()
 
 
 # -- devices ---------------------------------------------------------------------------------------------------
@@ -465,7 +482,8 @@ def plan_memory(
     if tokens < 1:
         raise ValueError("context must be at least one token")
     meta = meta_model(config, dtype)
-    weights = estimate_weights(meta, quant, skip, dtype)
+    repacked = repacks_4bit_on(torch_device, quant)
+    weights = estimate_weights(meta, quant, skip, dtype, repacked_4bit=repacked)
     kv = kv_layout(config, compute_bytes)
     decode_copies = fused_decode_copy_bytes(meta, quant, torch_device)
 
@@ -475,6 +493,11 @@ def plan_memory(
     notes: list[str] = []
     if kv.unmodelled:
         notes.append(f"Layers of type {', '.join(kv.unmodelled)} keep a fixed-size state that is not counted.")
+    if repacked:
+        notes.append(
+            "4-bit weights are counted as bitsandbytes keeps them after the first reply on this AVX512-BF16 CPU "
+            "(repacked for its fused kernel: a bf16 scale per 64 weights)."
+        )
     if tokens > shape.max_context:
         notes.append(f"The context {tokens:,} is beyond the model's maximum of {shape.max_context:,} tokens.")
 

@@ -10,6 +10,7 @@ from app.core.loader import load_model
 from app.core.memory.accounting import MemoryMonitor, kv_bytes_by_device, kv_tokens, measured_weights_by_device
 from app.core.memory.planner import plan_memory
 from app.core.sampling import SamplingParams
+from tests.core.memory.conftest import CpuKind
 
 
 class FakeClock:
@@ -35,11 +36,31 @@ def _generate(loaded, kv: KVState, tokens: int = 12) -> None:  # type: ignore[no
 
 
 def test_measured_weights_include_quant_state(tiny_nf4) -> None:  # type: ignore[no-untyped-def]
+    _generate(tiny_nf4, KVState(), tokens=1)  # bnb's layout after its first forward, whichever this CPU's is
     measured = measured_weights_by_device(tiny_nf4.model)["cpu"]
     footprint = tiny_nf4.model.get_memory_footprint()
     assert measured > footprint  # absmax, nested absmax and code books are not in get_memory_footprint()
     plan = plan_memory(tiny_nf4.folder, quantization="nf4", context=16, device="cpu", free_bytes=2**40)
     assert measured == plan.weights_bytes
+
+
+@pytest.mark.parametrize("quant", ["nf4", "nf4-nodq"])
+def test_monitor_follows_bnbs_first_use_repack_on_each_kind_of_cpu(
+    tiny_model_dir, quant: str, bnb_cpu_kind: CpuKind
+) -> None:
+    folder = tiny_model_dir("llama-untied")
+    loaded = load_model(str(folder), quantization=quant, device="cpu", ignore_fit=True)
+    monitor = MemoryMonitor(loaded, lambda: None, clock=FakeClock())
+    at_load = monitor.snapshot().devices[0].weights_bytes
+    assert at_load == measured_weights_by_device(loaded.model)["cpu"]
+    bnb_cpu_kind.first_use(loaded.model)
+    after = monitor.snapshot().devices[0].weights_bytes  # same instant: the repack is noticed without a refresh
+    assert monitor.slow_refreshes == 1
+    assert after == measured_weights_by_device(loaded.model)["cpu"]
+    plan = plan_memory(folder, quantization=quant, context=16, device="cpu", free_bytes=2**40)
+    assert after == plan.weights_bytes
+    assert (after != at_load) == bnb_cpu_kind.repacks  # tiny layers: the repacked layout is smaller
+    assert monitor._repack_pending == []  # nothing left to watch: later snapshots do not walk the layers
 
 
 def test_snapshot_after_generation_reports_the_real_cache(tiny_nf4) -> None:  # type: ignore[no-untyped-def]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import DynamicCache
 
+from app.core import bnb_cpu
 from app.core.errors import (
     CorruptModelError,
     DeviceUnavailableError,
@@ -21,6 +23,7 @@ from app.core.memory.accounting import kv_bytes_by_device, measured_weights_by_d
 from app.core.memory.planner import check_fit, config_from_gguf, kv_layout, nf4_weight_bytes, plan_memory
 from app.core.memory.types import format_bytes
 from app.core.model_source import default_model_gguf
+from tests.core.memory.conftest import CpuKind
 
 ARCHS = ["llama", "llama-untied", "qwen2", "mistral", "gemma2", "gemma3", "phi3"]
 QUANTS = ["nf4", "nf4-nodq", "int8", "bf16"]
@@ -46,23 +49,53 @@ def test_planner_matches_measured_weights_and_kv_on_tiny_models(tiny_model_dir, 
     folder = tiny_model_dir(arch)
     plan = plan_memory(folder, quantization=quant, context=KV_TOKENS, device="cpu", free_bytes=2**40)
     loaded = load_model(str(folder), quantization=quant, device="cpu", ignore_fit=True)
+    cache = _fill_cache(loaded.model, KV_TOKENS)  # first: bnb settles its 4-bit layout at the first forward
     measured = measured_weights_by_device(loaded.model)
     assert set(measured) == {"cpu"}
-    assert _relative_error(plan.weights_bytes, measured["cpu"]) <= 0.03, (plan.weights_bytes, measured)
+    assert plan.weights_bytes == measured["cpu"]
     assert plan.parameters == sum(p.numel() for p in loaded.model.parameters()) or quant in ("nf4", "nf4-nodq")
-    cache = _fill_cache(loaded.model, KV_TOKENS)
-    kv_measured = kv_bytes_by_device(cache)["cpu"]
-    assert _relative_error(plan.kv_bytes, kv_measured) <= 0.01, (plan.kv_bytes, kv_measured)
+    assert plan.kv_bytes == kv_bytes_by_device(cache)["cpu"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # tied; untied with biases
+@pytest.mark.parametrize("quant", ["nf4", "nf4-nodq"])
+def test_4bit_weights_match_the_plan_before_and_after_first_use_on_each_kind_of_cpu(
+    tiny_model_dir, arch: str, quant: str, bnb_cpu_kind: CpuKind
+) -> None:
+    folder = tiny_model_dir(arch)
+    plan = plan_memory(folder, quantization=quant, context=16, device="cpu", free_bytes=2**40)
+    assert any("AVX512-BF16" in note for note in plan.notes) == bnb_cpu_kind.repacks
+    loaded = load_model(str(folder), quantization=quant, device="cpu", ignore_fit=True)
+    layers = [m for m in loaded.model.modules() if getattr(getattr(m, "weight", None), "quant_state", None)]
+    assert layers and not any(bnb_cpu.is_repacked(m.weight.quant_state) for m in layers)
+    with pytest.MonkeyPatch.context() as before_first_use:  # until then every CPU holds the layout as quantized
+        before_first_use.setattr(bnb_cpu, "cpu_repacks_4bit", lambda: False)
+        as_quantized = plan_memory(folder, quantization=quant, context=16, device="cpu", free_bytes=2**40)
+    assert measured_weights_by_device(loaded.model)["cpu"] == as_quantized.weights_bytes
+    bnb_cpu_kind.first_use(loaded.model)
+    assert [bnb_cpu.is_repacked(m.weight.quant_state) for m in layers] == [bnb_cpu_kind.repacks] * len(layers)
+    assert measured_weights_by_device(loaded.model)["cpu"] == plan.weights_bytes
+    # By hand, per layer of b blocks of 64: repacking turns the absmax into bf16 (2b bytes) from fp32 (4b), or with
+    # double quant from 8 bits (b) + the nested fp32 absmax per 256 blocks + its 256-entry fp32 code book.
+    blocks = [m.in_features * m.out_features // 64 for m in layers]
+    dq = quant == "nf4"
+    saved = sum((4 * math.ceil(b / 256) + 256 * 4 - b) if dq else 2 * b for b in blocks)
+    assert as_quantized.weights_bytes - plan.weights_bytes == (saved if bnb_cpu_kind.repacks else 0)
 
 
 def test_planner_counts_4bit_quant_state_that_get_memory_footprint_misses(tiny_model_dir) -> None:
     folder = tiny_model_dir("llama-untied")
     loaded = load_model(str(folder), quantization="nf4-nodq", device="cpu", ignore_fit=True)
     plan = plan_memory(folder, quantization="nf4-nodq", context=16, device="cpu", free_bytes=2**40)
+    _fill_cache(loaded.model, 4)
     footprint = loaded.model.get_memory_footprint()
     measured = measured_weights_by_device(loaded.model)["cpu"]
-    # The fp32 absmax (4 bytes per 64 weights) and code books are real memory: footprint undercounts them.
-    assert measured - footprint >= plan.quantized_parameters // 64 * 4
+    # The absmax (fp32, or bf16 once bnb repacked it on an AVX512-BF16 CPU) and code books are real memory: the
+    # footprint undercounts them.
+    absmax_bytes = 2 if bnb_cpu.cpu_repacks_4bit() else 4
+    layers = sum(1 for m in loaded.model.modules() if getattr(getattr(m, "weight", None), "quant_state", None))
+    assert layers == 2 * 7  # q, k, v, o, gate, up, down per decoder layer
+    assert measured - footprint == plan.quantized_parameters // 64 * absmax_bytes + layers * 16 * 4  # + code books
     assert plan.weights_bytes == measured
 
 
@@ -89,6 +122,18 @@ def test_nf4_bits_per_weight_follow_bitsandbytes_storage() -> None:
     weights = 4096 * 4096
     assert nf4_weight_bytes(weights, double_quant=False) * 8 / weights == pytest.approx(4.5, abs=0.001)
     assert nf4_weight_bytes(weights, double_quant=True) * 8 / weights == pytest.approx(4.127, abs=0.002)
+    # Repacked on an AVX512-BF16 CPU: a bf16 absmax per 64 weights, with or without double quant.
+    assert nf4_weight_bytes(weights, False, repacked=True) * 8 / weights == pytest.approx(4.25, abs=0.001)
+    assert nf4_weight_bytes(weights, True, repacked=True) * 8 / weights == pytest.approx(4.25, abs=0.001)
+
+
+def test_nf4_bytes_of_one_weight_by_hand() -> None:
+    elements = 1536 * 576  # SmolLM2's gate_proj: 13,824 blocks of 64, 54 double-quant blocks of 256
+    data, code = elements // 2, 16 * 4
+    assert nf4_weight_bytes(elements, double_quant=False) == data + code + 13_824 * 4
+    assert nf4_weight_bytes(elements, double_quant=True) == data + code + 13_824 + 54 * 4 + 256 * 4 + 4
+    assert nf4_weight_bytes(elements, False, repacked=True) == data + code + 13_824 * 2
+    assert nf4_weight_bytes(elements, True, repacked=True) == data + code + 13_824 * 2 + 4  # the offset stays
 
 
 def test_default_model_bf16_plan_matches_measured(default_loaded) -> None:
@@ -103,8 +148,9 @@ def test_default_model_bf16_plan_matches_measured(default_loaded) -> None:
 def test_default_model_nf4_plan_matches_measured(default_folder: Path) -> None:
     plan = plan_memory(default_folder, quantization="nf4", context=64, device="cpu", free_bytes=2**40)
     loaded = load_model(str(default_folder), quantization="nf4", device="cpu", ignore_fit=True)
+    _fill_cache(loaded.model, 4)  # bnb's layout after the first forward, whichever this CPU's is
     measured = measured_weights_by_device(loaded.model)["cpu"]
-    assert _relative_error(plan.weights_bytes, measured) <= 0.03
+    assert plan.weights_bytes == measured
     assert plan.weights_bytes < 0.5 * plan.parameters * 2  # well under half of bf16
 
 
