@@ -8,6 +8,8 @@ logits stay within 5 % (max abs difference / max abs logit) on tiny random model
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import torch
 from app.core import fastpath
 from app.core.engine import Engine, KVState
 from app.core.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
-from app.core.fastpath import int8, native
+from app.core.fastpath import int8, native, prefill
 from app.core.sampling import SamplingParams
 from app.core.session import ChatSession
 
@@ -109,6 +111,17 @@ def test_int8_decode_agrees_with_the_plain_path_on_the_default_model(plain: Engi
     assert picks[0] == reference[0]  # the first token comes from prefill, which the fast path never touches
 
 
+@contextmanager
+def without_decode_patch(model: torch.nn.Module) -> Iterator[int]:
+    """The model exactly as loaded: the int8 patch's instance forwards set aside for the block."""
+    saved = {m: m.__dict__.pop("forward") for m in model.modules() if hasattr(m, int8.PATCH_ATTR)}
+    try:
+        yield len(saved)
+    finally:
+        for module, forward in saved.items():
+            module.forward = forward
+
+
 def test_prefill_and_calls_outside_decode_steps_use_the_original_weights(default_loaded: Any, fast: Engine) -> None:
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 30]])
     with torch.inference_mode():
@@ -118,9 +131,58 @@ def test_prefill_and_calls_outside_decode_steps_use_the_original_weights(default
         single_outside = default_loaded.model(input_ids=ids[:, :1]).logits
         with fast.path.step():
             single_inside = default_loaded.model(input_ids=ids[:, :1]).logits
+        with without_decode_patch(default_loaded.model) as patched:
+            single_unpatched = default_loaded.model(input_ids=ids[:, :1]).logits
+    assert patched > 0
     assert torch.equal(before, prefill)
-    assert torch.equal(before[:, :1], single_outside)  # the patch is inert outside the engine's decode steps
+    assert torch.equal(single_unpatched, single_outside)  # the patch is inert outside the engine's decode steps
     assert not torch.equal(single_outside, single_inside)  # ...and really on inside them
+
+
+@pytest.mark.parametrize("route", ["this-cpu", "native", "no-onednn"])
+def test_a_prefill_row_matches_a_one_token_forward_as_this_cpus_bf16_gemm_rounds(
+    default_loaded: Any, route: str
+) -> None:
+    """Without oneDNN (AVX2 CPUs; forced here by turning it off) torch's bf16 kernel rounds each row alike: the first
+    row of a 6-token prefill is the 1-token forward, bit for bit. oneDNN's native bf16 GEMM (AVX-512/BF16/AMX) picks
+    kernels by shape, so the rows agree only to bf16 rounding."""
+    if route == "native" and not prefill.native_bf16_gemm():
+        pytest.skip("no native bf16 GEMM on this CPU")
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 30]])
+    with torch.backends.mkldnn.flags(enabled=route != "no-onednn"), torch.inference_mode():
+        native = prefill.native_bf16_gemm()
+        six = default_loaded.model(input_ids=ids).logits[:, :1]
+        one = default_loaded.model(input_ids=ids[:, :1]).logits
+    assert native == (route == "native" or (route == "this-cpu" and prefill.native_bf16_gemm()))
+    if native:
+        assert float((six - one).abs().max()) <= 0.02 * float(one.abs().max())
+    else:
+        assert torch.equal(six, one)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_prefill_upcasts_only_without_a_native_bf16_gemm(
+    tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    from app.core.loader import load_model
+
+    monkeypatch.setattr(prefill, "native_bf16_gemm", lambda: native)  # either kind of CPU, on any CPU
+    loaded = load_model(str(tiny_model_dir("qwen2")), quantization="bf16", device="cpu")
+    linears = [m for m in loaded.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all((type(m) is prefill.UpcastLinear) == (not native) for m in linears)
+    assert prefill.uses_upcast(loaded.model) == (not native)
+    note = Engine(loaded).decode_path_note  # the stats line says which route prefill takes
+    assert ("prefill in bf16 weights, fp32 GEMMs" in note) == (not native) and "prefill in bf16" in note
+    layer = next(m for m in linears if m.bias is not None)  # qwen2's q_proj: the bias takes the same route
+    rows = torch.randn(prefill.MIN_ROWS, layer.in_features, generator=torch.Generator().manual_seed(0)).bfloat16()
+    with torch.inference_mode():
+        many, few = layer(rows), layer(rows[:1])
+    plain = torch.nn.functional.linear
+    if native:
+        assert torch.equal(many, plain(rows, layer.weight, layer.bias))
+    else:  # one fp32 product, rounded once to bf16; a single row keeps the plain bf16 kernel
+        assert torch.equal(many, plain(rows.float(), layer.weight.float(), layer.bias.float()).bfloat16())
+    assert torch.equal(few, plain(rows[:1], layer.weight, layer.bias))
 
 
 @pytest.mark.parametrize("arch", ["llama-untied", "qwen2", "gemma2", "phi3"])

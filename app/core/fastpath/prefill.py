@@ -27,6 +27,14 @@ class UpcastLinear(nn.Linear):
 
 
 def native_bf16_gemm() -> bool:
+    """Whether torch runs bf16 GEMMs through oneDNN here (AVX-512 / AVX512-BF16 / AMX), detected at run time.
+
+    That route is fast (this session's AVX512-BF16 EPYC: 512x576 @ 576x1536 in 10 ms vs 55 ms with oneDNN off) but
+    not row-invariant: a 6-row and a 1-row product may round differently. Without it (AVX2 CPUs, or oneDNN turned
+    off with torch.backends.mkldnn) torch's own bf16 kernel converts as it goes: slow, and each row rounds alike.
+    """
+    if not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled:
+        return False
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
