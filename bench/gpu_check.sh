@@ -12,6 +12,10 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(dirname "$HERE")"
+# The project's venv when there is one (`make install`), else python3 on PATH; PYTHON overrides both.
+if [ -z "${PYTHON:-}" ] && [ -x "$ROOT/.venv/bin/python" ]; then
+    PYTHON="$ROOT/.venv/bin/python"
+fi
 PY="${PYTHON:-python3}"
 cd "$ROOT"
 
