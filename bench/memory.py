@@ -109,7 +109,9 @@ def bench_one(name: str, folder: Path, quant: str, device: str, kv_lengths: list
     plan = plan_memory(folder, quantization=quant, context=2 * PREFILL_CHUNK, device=device, free_bytes=2**50)
     parts = plan.overhead
     estimate = sum(
-        v for k, v in parts.items() if k not in ("runtime", "cuda_context", "allocator_slack", "load_staging")
+        v
+        for k, v in parts.items()
+        if k not in ("runtime", "cuda_context", "allocator_slack", "load_staging", "decode_copies")
     )
     rows.append([name, quant, "prefill peak", format_bytes(estimate), format_bytes(max(transient, 0))])
     rows[-1].append(_err(estimate, transient) if transient > 0 else "n/a")
