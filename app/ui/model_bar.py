@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
     QLabel,
     QProgressBar,
     QPushButton,
+    QSizePolicy,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -19,6 +21,45 @@ from app.core.model_source import DEFAULT_MODEL_NAME
 from app.core.settings import DEVICES, QUANTIZATIONS, Settings
 
 DEFAULT_LABEL = f"{DEFAULT_MODEL_NAME} (built in)"
+
+
+class ElidedLabel(QLabel):
+    """A one-line label that shrinks to fit: long text ends in "…" and the whole text is in the tooltip.
+
+    A plain QLabel's minimum width is its whole text, so one long status ("Converting <file> once…") widened
+    the window past a laptop screen and kept it from shrinking back.
+    """
+
+    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._full = ""
+        self._notes = ""
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setMinimumWidth(80)
+        self.set_full_text(text)
+
+    def full_text(self) -> str:
+        return self._full
+
+    def set_full_text(self, text: str, notes: str = "") -> None:
+        self._full = text
+        self._notes = notes
+        self.setToolTip("\n".join(part for part in (text, notes) if part))
+        self._elide()
+        self.updateGeometry()
+
+    def sizeHint(self) -> QSize:
+        hint = super().sizeHint()
+        hint.setWidth(min(QFontMetrics(self.font()).horizontalAdvance(self._full) + 4, 420))
+        return hint
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        shown = QFontMetrics(self.font()).elidedText(self._full, Qt.TextElideMode.ElideRight, max(self.width(), 0))
+        super().setText(shown)
 
 
 class ModelBar(QWidget):
@@ -40,7 +81,9 @@ class ModelBar(QWidget):
 
         self.model_combo = QComboBox()
         self.model_combo.setEditable(True)
-        self.model_combo.setMinimumWidth(260)
+        self.model_combo.setMinimumWidth(160)  # narrow enough for a 1366-px laptop screen with every panel shown
+        self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model_combo.setMinimumContentsLength(12)
         self.model_combo.setToolTip("The built-in model, a folder, a .gguf file or a Hugging Face repo id")
         self.model_combo.addItem(DEFAULT_LABEL)
         if settings.model:
@@ -78,17 +121,20 @@ class ModelBar(QWidget):
             caption.setObjectName("Muted")
             row.addWidget(caption)
             row.addWidget(widget, 3 if widget is self.model_combo else 0)
-        row.addStretch(1)
-        self.status = QLabel("No model loaded")
-        self.status.setObjectName("Muted")
-        row.addWidget(self.status)
         row.addWidget(self.cancel_button)
         row.addWidget(self.load_button)
 
         self.progress = QProgressBar()
         self.progress.setTextVisible(False)
         self.progress.setVisible(False)
-        outer.addWidget(self.progress)
+        # The status has a line of its own, beside the progress bar: a long file name never crowds the controls.
+        self.status = ElidedLabel("No model loaded")
+        self.status.setObjectName("Muted")
+        status_row = QHBoxLayout()
+        status_row.setSpacing(8)
+        status_row.addWidget(self.status, 3)
+        status_row.addWidget(self.progress, 2)
+        outer.addLayout(status_row)
         self.loaded: ModelInfo | None = None
         self.loading = False
         for combo in (self.model_combo, self.quant_combo, self.device_combo):
@@ -124,7 +170,7 @@ class ModelBar(QWidget):
         else:
             self.progress.setRange(0, 1000)
             self.progress.setValue(int(fraction * 1000))
-        self.status.setText(message)
+        self.status.set_full_text(message)
         self.cancel_button.setVisible(True)
         self.load_button.setEnabled(False)
 
@@ -137,8 +183,9 @@ class ModelBar(QWidget):
         self.load_button.setText("Unload")
         self.load_button.setObjectName("")
         self.load_button.style().polish(self.load_button)
-        self.status.setText(f"{info.name} · {info.quantization} · {info.device} · {info.context_window:,} ctx")
-        self.status.setToolTip("\n".join(info.notices))
+        self.status.set_full_text(
+            f"{info.name} · {info.quantization} · {info.device} · {info.context_window:,} ctx", "\n".join(info.notices)
+        )
 
     def set_unloaded(self, message: str = "No model loaded") -> None:
         self.loading = False
@@ -149,4 +196,4 @@ class ModelBar(QWidget):
         self.load_button.setText("Load")
         self.load_button.setObjectName("Primary")
         self.load_button.style().polish(self.load_button)
-        self.status.setText(message)
+        self.status.set_full_text(message)
