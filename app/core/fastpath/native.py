@@ -299,13 +299,17 @@ def _compile_and_load() -> NativeLibrary | str:
         return f"the C compiler {compiler} does not run ({exc})"
     source = SOURCE.read_bytes()
     failures: list[str] = []
-    for threaded in (True, False):  # OpenMP first; a compiler without it still gets a single-threaded kernel
+    # AArch64 compilers spell "this CPU" -mcpu=native (Apple's clang may refuse it: plain Armv8-A still has NEON).
+    cpu_choices = [["-march=native"]] if machine_arch() == "x86_64" else [["-mcpu=native"], []]
+    attempts = [(cpu, threaded) for cpu in cpu_choices for threaded in (True, False)]
+    for cpu_flags, threaded in attempts:  # OpenMP first; a compiler without it still gets a single-threaded kernel
         flags = [
             "-O3",
-            "-march=native",
+            *cpu_flags,
             "-shared",
             "-fPIC",
             "-std=c11",
+            "-ffp-contract=off",  # the float order the qemu-checked builds use (clang would fuse a*b+c)
             *(["-fopenmp"] if threaded else []),
             *EXTRA_FLAGS,
         ]
