@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import tempfile
 import typing
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
@@ -152,3 +155,35 @@ def from_mapping(cls: type, data: dict[str, Any], *, prefix: str = "", ignore: f
         problems.append(FieldProblem(prefix.rstrip(".") or cls.__name__, str(exc)))
         instance = cls()
     return Parsed(instance, tuple(problems), tuple(unknown))
+
+
+def read_json_file(path: Path) -> tuple[Any, str]:
+    """A JSON file Hearth owns: (data, "") or (None, why it cannot be read), worded to follow the file's name.
+    Never raises: settings and engines files report a damaged file instead of failing on it."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    try:
+        return json.loads(raw.decode("utf-8")), ""
+    except UnicodeDecodeError as exc:
+        return None, f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+    except json.JSONDecodeError as exc:
+        return None, f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+    except RecursionError:
+        return None, "is nested too deeply to read"
+
+
+def write_json_file(path: Path, data: Any, *, sort_keys: bool = False) -> None:
+    """Write atomically: a crash mid-write never leaves a half-written file (a temporary file, fsync, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=sort_keys)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -5,9 +5,6 @@ Secrets never live here: Hub tokens go to the OS keyring (app.core.secrets).
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -17,7 +14,7 @@ from pydantic import Field
 from app.core import paths
 from app.core.errors import InvalidSettingError
 from app.core.sampling import SamplingParams
-from app.core.schema import Rule, check_fields, from_mapping
+from app.core.schema import Rule, check_fields, from_mapping, read_json_file, write_json_file
 
 Quantization = Literal["auto", "nf4", "nf4-nodq", "int8", "bf16", "fp16", "fp32"]
 DeviceChoice = Literal["auto", "cuda", "cpu", "mps"]
@@ -121,18 +118,9 @@ def read_settings(path: Path | None = None) -> SettingsFile:
         line = f"Settings file {path} {why}; it was left as it is: fix or delete it."
         return SettingsFile(path, Settings(), (line,), unreadable=True)
 
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        return unreadable(f"cannot be read ({exc.strerror or exc})")
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        return unreadable(f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})")
-    except json.JSONDecodeError as exc:
-        return unreadable(f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})")
-    except RecursionError:
-        return unreadable("is nested too deeply to read")
+    data, why = read_json_file(path)
+    if why:
+        return unreadable(why)
     if not isinstance(data, dict):
         return unreadable(f"does not hold a JSON object (found {type(data).__name__})")
     parsed = from_mapping(Settings, data, ignore=FILE_ONLY_KEYS)
@@ -160,15 +148,4 @@ def keep_rejected_file(path: Path | None = None) -> Path | None:
 
 def save_settings(settings: Settings, path: Path | None = None) -> None:
     """Write atomically: a crash mid-write never leaves a half-written file."""
-    path = path or settings_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".settings-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(settings.to_dict(), handle, indent=2, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_file(path or settings_path(), settings.to_dict(), sort_keys=True)

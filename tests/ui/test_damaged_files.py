@@ -4,10 +4,7 @@ that data byte-identical, and marks replies a crash cut short."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +18,8 @@ from app.core.history import HistoryStore, default_history_path
 from app.core.settings import Settings, read_settings, settings_path
 from app.ui.main_window import MainWindow
 from tests.helpers.damage import flipped, history_with_conversations, random_bytes, truncated
+from tests.helpers.gui_process import run_gui_and_probe
 from tests.ui.conftest import fake_planner
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -193,21 +189,10 @@ def test_hearth_gui_starts_with_a_damaged_settings_file_and_history(tmp_path: Pa
     (tmp_path / "config" / "settings.json").write_bytes(settings_bytes)
     history_bytes = random_bytes(32 * 1024)
     (tmp_path / "data" / "history.sqlite").write_bytes(history_bytes)
-    code = (
-        "import sys; from PySide6.QtCore import QTimer; from PySide6.QtWidgets import QApplication\n"
-        "app = QApplication([])\n"
-        "import app.gui as gui\n"
-        "from app.ui.main_window import MainWindow\n"
-        "def check():\n"
-        "    w = next(x for x in app.topLevelWidgets() if isinstance(x, MainWindow))\n"
-        "    print('BANNER=' + w.banner.label.text().replace(chr(10), ' '))\n"
-        "    print('OPT_IN=' + str(w.settings.trust_remote_code)); w.close()\n"
-        "QTimer.singleShot(500, check)\n"
-        "sys.exit(gui.main(['--no-autoload']))\n"
-    )
-    env = {**os.environ, "HEARTH_HOME": str(tmp_path), "QT_QPA_PLATFORM": "offscreen"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
+    result = run_gui_and_probe(
+        tmp_path,
+        "print('BANNER=' + w.banner.label.text().replace(chr(10), ' '))\n"
+        "print('OPT_IN=' + str(w.settings.trust_remote_code))",
     )
     assert result.returncode == 0, result.stderr
     banner = next(line for line in result.stdout.splitlines() if line.startswith("BANNER="))

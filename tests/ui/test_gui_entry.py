@@ -10,6 +10,7 @@ from pathlib import Path
 
 from app.core.settings import Settings
 from app.ui.settings_dialog import SettingsDialog
+from tests.helpers.gui_process import run_gui_and_probe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,21 +34,8 @@ def test_broken_settings_file_still_opens_the_window_and_says_why(tmp_path: Path
     config = tmp_path / "config"
     config.mkdir(parents=True)
     (config / "settings.json").write_text("{broken", encoding="utf-8")
-    code = (
-        "import sys; from PySide6.QtCore import QTimer; from PySide6.QtWidgets import QApplication\n"
-        "app = QApplication([])\n"
-        "import app.gui as gui\n"
-        "from app.ui.main_window import MainWindow\n"
-        "def check():\n"
-        "    w = next(x for x in app.topLevelWidgets() if isinstance(x, MainWindow))\n"
-        "    print('BANNER=' + w.banner.label.text()); w.close()\n"
-        "QTimer.singleShot(500, check)\n"
-        "sys.exit(gui.main(['--no-autoload']))\n"
-    )
-    env = {**os.environ, "HEARTH_HOME": str(tmp_path), "QT_QPA_PLATFORM": "offscreen"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True
-    )
+    result = run_gui_and_probe(tmp_path, "print('BANNER=' + w.banner.label.text())")
+    assert result.returncode == 0, result.stderr
     banner = next(line for line in result.stdout.splitlines() if line.startswith("BANNER="))
     assert "is not valid JSON" in banner and "settings.json" in banner
 

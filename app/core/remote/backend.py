@@ -60,6 +60,14 @@ class _Reply:
     def text(self) -> str:
         return "".join(self.pieces)
 
+    def add_text(self, text: str) -> None:
+        """One content chunk arrived: keep it and time it (TTFT and decode rate are measured on the client)."""
+        now = time.perf_counter()
+        self.first_at = self.first_at or now
+        self.last_at = now
+        self.chunks += 1
+        self.pieces.append(text)
+
 
 def explain(exc: BaseException, engine: EngineConfig, model: str, timeout_s: float, *, mid_reply: bool = False) -> str:
     """One sentence for any failure of the openai or anthropic client (both raise the same family of errors)."""
@@ -359,11 +367,7 @@ class RemoteBackend:
                         slot["arguments"] += call.function.arguments or ""
                 text = getattr(delta, "content", None)
                 if text:
-                    now = time.perf_counter()
-                    reply.first_at = reply.first_at or now
-                    reply.last_at = now
-                    reply.chunks += 1
-                    reply.pieces.append(text)
+                    reply.add_text(text)
                     yield text
                 if choice.finish_reason:
                     reply.finish = choice.finish_reason
@@ -383,11 +387,7 @@ class RemoteBackend:
             elif kind == "content_block_delta":
                 text = getattr(event.delta, "text", None)
                 if text:
-                    now = time.perf_counter()
-                    reply.first_at = reply.first_at or now
-                    reply.last_at = now
-                    reply.chunks += 1
-                    reply.pieces.append(text)
+                    reply.add_text(text)
                     yield text
             elif kind == "message_delta":
                 reply.finish = getattr(event.delta, "stop_reason", None) or reply.finish

@@ -8,9 +8,7 @@ service "hearth", and every key read or saved is registered with the log redacto
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -20,7 +18,7 @@ import keyring.errors
 
 from app.core import paths, secrets
 from app.core.errors import HearthError, InvalidSettingError
-from app.core.schema import Rule, check_fields, from_mapping
+from app.core.schema import Rule, check_fields, from_mapping, read_json_file, write_json_file
 
 EngineKind = Literal["openai-compatible", "anthropic"]
 ENGINE_KINDS: tuple[str, ...] = get_args(EngineKind)
@@ -199,18 +197,9 @@ def read_engines(path: Path | None = None) -> EnginesFile:
     def unreadable(why: str) -> EnginesFile:
         return EnginesFile(path, (), (f"Engines file {path} {why}; it was left as it is: fix or delete it.",), True)
 
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        return unreadable(f"cannot be read ({exc.strerror or exc})")
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        return unreadable(f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})")
-    except json.JSONDecodeError as exc:
-        return unreadable(f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})")
-    except RecursionError:
-        return unreadable("is nested too deeply to read")
+    data, why = read_json_file(path)
+    if why:
+        return unreadable(why)
     if not isinstance(data, dict) or not isinstance(data.get("engines"), list):
         return unreadable('does not hold a JSON object with an "engines" list')
     engines: list[EngineConfig] = []
@@ -251,18 +240,7 @@ def save_engines(engines: tuple[EngineConfig, ...] | list[EngineConfig], path: P
     found = read_engines(path)
     if found.unreadable:
         raise EnginesFileError(found.problems[0])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"version": ENGINES_VERSION, "engines": [e.to_dict() for e in engines]}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".engines-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_file(path, {"version": ENGINES_VERSION, "engines": [e.to_dict() for e in engines]})
 
 
 def get_engine(name: str, path: Path | None = None) -> EngineConfig:
