@@ -5,7 +5,6 @@ Never falls back silently: a missing GPU is an error when asked for, and a notic
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
@@ -31,7 +30,13 @@ from app.core.errors import (
     UnsupportedModelError,
 )
 from app.core.fastpath.prefill import apply_prefill_upcast
-from app.core.model_source import ModelSource, check_folder_weights, read_config, resolve_model
+from app.core.model_source import (
+    ModelSource,
+    check_folder_weights,
+    read_config,
+    resolve_model,
+    weights_fingerprint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -268,17 +273,6 @@ def load_model(
         weights_fingerprint=weights_fingerprint(folder),
         recovered=recovered,
     )
-
-
-def weights_fingerprint(folder: Path) -> str:
-    """Names, sizes and modification times of a folder's weight files: a replaced or rewritten file gives a new
-    fingerprint, so a cached reply made by other weights is never replayed (no re-hash of GBs per launch)."""
-    digest = hashlib.sha256()
-    for path in sorted(folder.iterdir()):
-        if path.suffix in (".safetensors", ".bin", ".pt", ".pth", ".gguf"):
-            stat = path.stat()
-            digest.update(f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:20]
 
 
 # Without --context, a model whose full context does not fit gets a shorter window if at least this much fits.

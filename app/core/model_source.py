@@ -5,6 +5,7 @@ Torch-free: the GUI and the planner resolve models without importing torch.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import struct
@@ -152,3 +153,18 @@ def read_config(folder: Path) -> dict[str, object]:
     if not isinstance(data, dict):
         raise CorruptModelError(f"{folder / 'config.json'} does not hold a JSON object.")
     return data
+
+
+def weights_fingerprint(folder: Path) -> str:
+    """Names, sizes and modification times of a folder's weight files: a replaced or rewritten file gives a new
+    fingerprint, so a cached reply made by other weights is never replayed (no re-hash of GBs per launch).
+    "" when the folder cannot be listed."""
+    digest = hashlib.sha256()
+    try:
+        for path in sorted(folder.iterdir()):
+            if path.suffix in (".safetensors", ".bin", ".pt", ".pth", ".gguf"):
+                stat = path.stat()
+                digest.update(f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    except OSError:
+        return ""
+    return digest.hexdigest()[:20]

@@ -20,6 +20,7 @@ from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from app.core.fastpath import int8, integrity, native, prefill
+from app.core.model_source import weights_fingerprint
 from app.core.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -237,17 +238,9 @@ def _digest_key(sha256: str) -> str:
 
 
 def _dense_digest(folder: Path) -> str:
-    """The loaded weight files by name, size and modification time (as the loader fingerprints them): single-token
-    steps that run the loaded weights are identified by those files, without re-hashing gigabytes per launch."""
-    digest = hashlib.sha256()
-    try:
-        for path in sorted(folder.iterdir()):
-            if path.suffix in (".safetensors", ".bin", ".pt", ".pth", ".gguf"):
-                stat = path.stat()
-                digest.update(f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
-    except OSError:
-        return ""
-    return f"dense:{digest.hexdigest()[:20]}"
+    """Steps that run the loaded weights are identified by the loader's fingerprint of the weight files."""
+    fingerprint = weights_fingerprint(folder)
+    return f"dense:{fingerprint}" if fingerprint else ""
 
 
 def remove_decode_path(model: Any) -> None:
