@@ -63,6 +63,7 @@ def extraction(trials: int, folder: Path) -> list[tuple[str, str, str, str]]:
 
 def ttft_ratio(trials: int, paragraphs: int, folder: Path) -> list[tuple[str, str]]:
     from app.core.engine import Engine
+    from app.core.engine_backend import EngineBackend
     from app.core.events import StatsEvent
     from app.core.loader import load_model
     from app.core.sampling import SamplingParams
@@ -82,7 +83,7 @@ def ttft_ratio(trials: int, paragraphs: int, folder: Path) -> list[tuple[str, st
     first, follow, edited = [], [], []
     prompt_tokens = cached_follow = cached_edit = 0
     for _ in range(trials):
-        session = ChatSession(engine, system_prompt="You are a helpful assistant.", params=params)
+        session = ChatSession(EngineBackend.wrap(engine), system_prompt="You are a helpful assistant.", params=params)
         session.use_response_cache = False
         one = stats_of(list(session.ask(compose_user_message("What is the secret code word?", [document]))))
         two = stats_of(list(session.ask("Which station recorded the rain?")))

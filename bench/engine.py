@@ -26,6 +26,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from app.core.backend import ReplyRequest
 from app.core.engine import Engine, KVState
 from app.core.events import ChatMessage, DoneEvent, StatsEvent
 from app.core.loader import LoadedModel, load_model
@@ -59,7 +60,7 @@ class TimestampStreamer(BaseStreamer):
 
 def ours_decode(engine: Engine, tokens: int) -> tuple[float, int]:
     stats = None
-    for event in engine.generate(STORY, SamplingParams(temperature=0, max_new_tokens=tokens)):
+    for event in engine.generate(ReplyRequest(STORY, SamplingParams(temperature=0, max_new_tokens=tokens))):
         if isinstance(event, StatsEvent):
             stats = event.stats
     assert stats is not None
@@ -85,14 +86,14 @@ def ttft_turn8(engine: Engine) -> tuple[float, float, int, int]:
         history.append(ChatMessage("user", question))
         if turn == len(CHAT_SCRIPT):
             break
-        for event in engine.generate(history, params, kv=kv, use_response_cache=False):
+        for event in engine.generate(ReplyRequest(history, params, use_response_cache=False), kv=kv):
             if isinstance(event, DoneEvent):
                 history.append(ChatMessage("assistant", event.text))
-    for event in engine.generate(history, params, kv=kv, use_response_cache=False):
+    for event in engine.generate(ReplyRequest(history, params, use_response_cache=False), kv=kv):
         if isinstance(event, StatsEvent):
             reused_stats = event.stats
     fresh_stats = None
-    for event in engine.generate(history, params, kv=KVState(), use_response_cache=False):
+    for event in engine.generate(ReplyRequest(history, params, use_response_cache=False), kv=KVState()):
         if isinstance(event, StatsEvent):
             fresh_stats = event.stats
     assert reused_stats and fresh_stats

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.core.backend import ReplyRequest
+
 ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "What is the capital of France?"
 
@@ -42,7 +44,7 @@ def worker() -> dict[str, object]:
     first_token_s = 0.0
     ttft = 0.0
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
-    for event in engine.generate([ChatMessage("user", QUESTION)], params, use_response_cache=False):
+    for event in engine.generate(ReplyRequest([ChatMessage("user", QUESTION)], params, use_response_cache=False)):
         if isinstance(event, TokenEvent) and not first_token_s:
             first_token_s = time.time() - psutil.Process().create_time()
         if isinstance(event, StatsEvent):

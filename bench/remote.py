@@ -8,7 +8,7 @@
    ≥ 0.98). (b) The same on `transformers serve` (Hugging Face's OpenAI-compatible server, offline, default
    SmolLM2-135M-Instruct on the CPU), which reports no rate: there the reference is a bare httpx2 client reading the
    same greedy request's SSE lines, interleaved with RemoteBackend per trial.
-2. A scripted 10-turn conversation through RemoteChatSession on `transformers serve`: prompt tokens per turn (the
+2. A scripted 10-turn conversation through ChatSession on `transformers serve`: prompt tokens per turn (the
    server's usage), the part that re-sent history, and what a prefix-caching server (vLLM's automatic prefix
    caching) would have reused — computed as the previous turn's prompt + reply, since transformers serve has no
    prefix cache to measure — and the conversation's cost on two hosted price lists (genai-prices' bundled snapshot),
@@ -175,11 +175,11 @@ def conversation(server, reply_tokens: int) -> None:  # type: ignore[no-untyped-
     from app.core.remote.backend import RemoteBackend
     from app.core.remote.engines import EngineConfig
     from app.core.remote.pricing import ConversationCost, TokenUsage, price_reply
-    from app.core.remote.session import RemoteChatSession
     from app.core.sampling import SamplingParams
+    from app.core.session import ChatSession
 
     backend = RemoteBackend(EngineConfig("tserve", base_url=server.base_url), server.model)
-    session = RemoteChatSession(backend, system_prompt="You are a helpful gardening assistant.",
+    session = ChatSession(backend, system_prompt="You are a helpful gardening assistant.",
                                 params=SamplingParams(temperature=0.0, max_new_tokens=reply_tokens))  # fmt: skip
     rows = []
     previous_total = 0  # prompt + reply of the turn before: what a prefix cache holds

@@ -70,7 +70,7 @@ def message_with_documents(session: Any, question: str, documents: Sequence[Extr
 
     if not documents:
         return question
-    engine = session.engine
+    engine = session.backend.engine  # attachments are for local models: open_remote_session refuses them
     window: int = engine.context_window
     system = [ChatMessage("system", session.system_prompt)] if session.system_prompt else []
     before = [*system, *session.messages]  # what goes ahead of the new message

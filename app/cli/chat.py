@@ -123,7 +123,8 @@ def emit(events: Iterator[Event], *, as_json: bool, show_stats: bool) -> DoneEve
     done: DoneEvent | None = None
     for event in events:
         if as_json:
-            print(json.dumps(event_to_json(event), ensure_ascii=False), flush=True)
+            if (data := event_to_json(event)) is not None:
+                print(json.dumps(data, ensure_ascii=False), flush=True)
         elif isinstance(event, TokenEvent):
             sys.stdout.write(event.text)
             sys.stdout.flush()
@@ -151,7 +152,7 @@ def open_session(settings: Settings, args: argparse.Namespace) -> Any:
         from app.core.remote.session import open_remote_session
 
         return open_remote_session(settings, args, sampling_from_args(args, settings.sampling))
-    from app.core.engine import Engine
+    from app.core.engine_backend import EngineBackend
     from app.core.loader import load_model
     from app.core.response_cache import ResponseCache
     from app.core.session import ChatSession
@@ -167,11 +168,11 @@ def open_session(settings: Settings, args: argparse.Namespace) -> Any:
         ignore_fit=bool(getattr(args, "ignore_fit", False)),
     )
     cache = ResponseCache() if settings.response_cache and not args.no_response_cache else None
-    engine = Engine(loaded, response_cache=cache)
-    for notice in [*loaded.notices, *loaded.recovered, *engine.recovery_notices()]:
+    backend = EngineBackend(loaded, response_cache=cache)
+    for notice in [*backend.info.notices, *backend.info.recovered]:
         print(f"hearth: note: {notice}", file=sys.stderr)
     return ChatSession(
-        engine,
+        backend,
         system_prompt=args.system if args.system is not None else settings.system_prompt,
         params=sampling_from_args(args, settings.sampling),
         context_policy=args.context_policy or settings.context_policy,
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             return 0 if done is not None and done.finish_reason != "error" else 1
         interactive = sys.stdin.isatty() and not args.json
         if interactive:
-            name = session.engine.loaded.display_name
+            name = session.backend.info.name
             hint = "Ctrl+C stops a reply; Ctrl+D or /quit exits; /reset starts over."
             print(f"Chatting with {name}. {hint}", file=sys.stderr)
         while True:

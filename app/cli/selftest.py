@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app import APP_NAME, __version__
+from app.core.backend import ReplyRequest
 from app.core.errors import HearthError
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def run_checks(loaded: LoadedModel | None = None, *, progress: Callable[[str], N
     params = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS)
     done: DoneEvent | None = None
     stats: StatsEvent | None = None
-    for event in engine.generate([ChatMessage("user", PROMPT)], params, kv=kv, use_response_cache=False):
+    for event in engine.generate(ReplyRequest([ChatMessage("user", PROMPT)], params, use_response_cache=False), kv=kv):
         if isinstance(event, TokenEvent) and first_token_at is None and event.text.strip():
             first_token_at = seconds_since_launch()
         elif isinstance(event, StatsEvent):

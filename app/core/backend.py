@@ -13,7 +13,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from app.core.events import ChatMessage, DoneEvent, Event, FinishReason, ReplyStats, StatsEvent, TokenEvent
+from app.core.events import (
+    ChatMessage,
+    ContextUsage,
+    DoneEvent,
+    Event,
+    FinishReason,
+    PromptEvent,
+    ReplyStats,
+    StatsEvent,
+    TokenEvent,
+)
 from app.core.sampling import SamplingParams
 
 ProgressCallback = Callable[[str, float | None], None]
@@ -68,24 +78,6 @@ class MemoryReading:
 
 
 @dataclass(frozen=True)
-class ContextUsage:
-    """How the context window is spent, in tokens."""
-
-    system: int
-    history: int
-    current: int
-    reply: int
-    window: int
-
-    @property
-    def used(self) -> int:
-        return self.system + self.history + self.current + self.reply
-
-    def with_reply(self, reply: int) -> ContextUsage:
-        return ContextUsage(self.system, self.history, self.current, reply, self.window)
-
-
-@dataclass(frozen=True)
 class ResponseFormat:
     """OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema (enforced while decoding)."""
 
@@ -99,16 +91,34 @@ class ReplyRequest:
     """One reply to generate, spelled once: every front end (window, command line, API server) builds one and every
     backend (local engine, remote engine, scripted) takes one."""
 
-    messages: tuple[ChatMessage, ...]
+    messages: Sequence[ChatMessage]  # kept as a tuple
     params: SamplingParams = field(default_factory=SamplingParams)
     conversation_id: int | None = None  # the local KV cache slot; None = reuse whichever cached prefix matches
     assistant_prefix: str = ""  # continue this reply
     context_policy: str = "error"  # or "drop-oldest"
     use_response_cache: bool = True
-    stop: tuple[str, ...] = ()  # stop sequences (not included in the reply)
+    stop: Sequence[str] = ()  # stop sequences (not included in the reply)
     response_format: ResponseFormat = field(default_factory=ResponseFormat)
-    tools: tuple[dict[str, Any], ...] = ()  # OpenAI-style tool definitions, for chat templates that support tools
+    tools: Sequence[dict[str, Any]] = ()  # OpenAI-style tool definitions, for chat templates that support tools
     model: str | None = None  # a remote engine's model id; local backends serve the model they loaded
+
+    def __post_init__(self) -> None:
+        # Callers pass lists; the request stays immutable and hashable-by-identity either way.
+        object.__setattr__(self, "messages", tuple(self.messages))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "tools", tuple(self.tools))
+
+
+def estimate_context(
+    messages: Sequence[ChatMessage], assistant_prefix: str, count_tokens: Callable[[str], int], window: int
+) -> ContextUsage:
+    """The context split from per-message counts, for backends that never tokenize the whole prompt (remote
+    engines, the scripted model); the local engine reports the exact split of the prompt it built."""
+    system = sum(count_tokens(m.content) for m in messages if m.role == "system")
+    last_user = next((m for m in reversed(messages) if m.role == "user"), None)
+    current = count_tokens(last_user.content) if last_user else 0
+    others = sum(count_tokens(m.content) for m in messages if m.role != "system") - current
+    return ContextUsage(system, others, current, count_tokens(assistant_prefix), window)
 
 
 class ChatBackend(Protocol):
@@ -116,18 +126,9 @@ class ChatBackend(Protocol):
 
     info: ModelInfo
 
-    def generate(
-        self,
-        conversation_id: int,
-        messages: Sequence[ChatMessage],
-        params: SamplingParams,
-        *,
-        cancel: threading.Event,
-        assistant_prefix: str = "",
-        context_policy: str = "error",
-        use_response_cache: bool = True,
-    ) -> Iterator[Event]:
-        """TokenEvent…, StatsEvent, DoneEvent; raises HearthError before the first event for user errors."""
+    def generate(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
+        """PromptEvent, TokenEvent…, StatsEvent, DoneEvent; raises HearthError at the call (before any event) for
+        the user's errors: a prompt that does not fit, an unknown remote model, a bad key."""
         ...
 
     def count_tokens(self, text: str) -> int: ...
@@ -162,6 +163,7 @@ class ScriptedBackend:
     weights_bytes: int = 270 * 2**20
     kv_bytes_per_token: int = 23_040
     calls: list[list[ChatMessage]] = field(default_factory=list)
+    requests: list[ReplyRequest] = field(default_factory=list)
     prefixes: list[str] = field(default_factory=list)
     info: ModelInfo = field(init=False)
     _kv_tokens: dict[int, int] = field(default_factory=dict)
@@ -187,34 +189,21 @@ class ScriptedBackend:
     def count_tokens(self, text: str) -> int:
         return len(self.split_tokens(text))
 
-    def generate(
-        self,
-        conversation_id: int,
-        messages: Sequence[ChatMessage],
-        params: SamplingParams,
-        *,
-        cancel: threading.Event,
-        assistant_prefix: str = "",
-        context_policy: str = "error",
-        use_response_cache: bool = True,
-    ) -> Iterator[Event]:
-        self.calls.append(list(messages))
-        self.prefixes.append(assistant_prefix)
+    def generate(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
+        self.requests.append(request)
+        self.calls.append(list(request.messages))
+        self.prefixes.append(request.assistant_prefix)
         if self.error_before_first is not None:
             raise self.error_before_first
         reply = self.replies[min(self._turn, len(self.replies) - 1)]
         self._turn += 1
-        return self._stream(conversation_id, messages, params, cancel, reply)
+        return self._stream(request, cancel, reply)
 
-    def _stream(
-        self,
-        conversation_id: int,
-        messages: Sequence[ChatMessage],
-        params: SamplingParams,
-        cancel: threading.Event,
-        reply: str,
-    ) -> Iterator[Event]:
+    def _stream(self, request: ReplyRequest, cancel: threading.Event, reply: str) -> Iterator[Event]:
         started = time.perf_counter()
+        messages, params = request.messages, request.params
+        conversation_id = request.conversation_id if request.conversation_id is not None else 0
+        yield PromptEvent(estimate_context(messages, request.assistant_prefix, self.count_tokens, self.context_window))
         prompt_tokens = sum(self.count_tokens(m.content) + 4 for m in messages)
         cached = min(self._kv_tokens.get(conversation_id, 0), max(prompt_tokens - 1, 0))
         pieces: list[str] = []

@@ -26,10 +26,21 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from app.core.backend import ReplyRequest
 from app.core.chat_format import FALLBACK_NOTICE, format_prompt
 from app.core.detok import IncrementalDetokenizer
-from app.core.errors import ContextOverflowError
-from app.core.events import ChatMessage, DoneEvent, Event, FinishReason, ReplyStats, StatsEvent, TokenEvent
+from app.core.errors import ContextOverflowError, HearthError
+from app.core.events import (
+    ChatMessage,
+    ContextUsage,
+    DoneEvent,
+    Event,
+    FinishReason,
+    PromptEvent,
+    ReplyStats,
+    StatsEvent,
+    TokenEvent,
+)
 from app.core.fastpath import DecodePathChoice, apply_decode_path
 from app.core.fastpath.native import is_slab_cache, new_slab_cache
 from app.core.loader import LoadedModel
@@ -107,6 +118,7 @@ class PreparedPrompt:
     ids: list[int]
     dropped_turns: int
     used_fallback_template: bool
+    kept: tuple[ChatMessage, ...] = ()  # the messages the prompt holds (old turns dropped to fit are not)
 
 
 class Engine:
@@ -150,7 +162,7 @@ class Engine:
         while True:
             formatted = format_prompt(self.tokenizer, working, assistant_prefix)
             if len(formatted.ids) < self.context_window:
-                return PreparedPrompt(formatted.ids, dropped, formatted.used_fallback)
+                return PreparedPrompt(formatted.ids, dropped, formatted.used_fallback, tuple(working))
             droppable = [i for i, m in enumerate(working[:-1]) if m.role != "system"]
             if context_policy != "drop-oldest" or not droppable:
                 raise ContextOverflowError(len(formatted.ids), self.context_window)
@@ -160,28 +172,64 @@ class Engine:
             del working[first:end]
             dropped += end - first
 
+    def prepare(self, request: ReplyRequest) -> PreparedPrompt:
+        """The request's prompt as token ids, tokenized once; raises the user's errors (the prompt does not fit, a
+        feature this engine cannot honour) before any event."""
+        unsupported = [
+            name
+            for name, wanted in (
+                ("stop sequences", bool(request.stop)),
+                ("tools", bool(request.tools)),
+                ("a response format", request.response_format.kind != "text"),
+            )
+            if wanted
+        ]
+        if unsupported:
+            raise HearthError(f"The local engine cannot honour {', '.join(unsupported)} yet.")
+        return self.prepare_prompt(
+            list(request.messages), assistant_prefix=request.assistant_prefix, context_policy=request.context_policy
+        )
+
+    def context_usage(self, request: ReplyRequest, prompt: PreparedPrompt) -> ContextUsage:
+        """How the prepared prompt fills the window: the system prompt and the newest message counted alone, the
+        template's tokens and older turns as history."""
+        kept = prompt.kept
+        system = sum(self.count_tokens(m.content) for m in kept if m.role == "system")
+        last_user = next((m for m in reversed(kept) if m.role == "user"), None)
+        current = self.count_tokens(last_user.content) if last_user else 0
+        reply = self.count_tokens(request.assistant_prefix) if request.assistant_prefix else 0
+        history = max(len(prompt.ids) - system - current - reply, 0)
+        return ContextUsage(system, history, current, reply, self.context_window)
+
     # -- generation ------------------------------------------------------------------------
     def generate(
+        self, request: ReplyRequest, *, kv: KVState | None = None, cancel: threading.Event | None = None
+    ) -> Iterator[Event]:
+        """Stream one reply: PromptEvent, TokenEvent…, StatsEvent, DoneEvent. Errors that are the user's (context
+        overflow) raise before the first event; failures during generation end the stream with DoneEvent('error')
+        and leave the engine usable."""
+        started = time.perf_counter()
+        prompt = self.prepare(request)
+        yield from self.generate_prepared(prompt, request, kv=kv, cancel=cancel, started=started)
+
+    def generate_prepared(
         self,
-        messages: list[ChatMessage],
-        params: SamplingParams,
+        prompt: PreparedPrompt,
+        request: ReplyRequest,
         *,
         kv: KVState | None = None,
         cancel: threading.Event | None = None,
-        assistant_prefix: str = "",
-        context_policy: str = "error",
-        use_response_cache: bool = True,
+        started: float | None = None,
     ) -> Iterator[Event]:
-        """Stream one reply. Errors that are the user's (context overflow) raise before the first event;
-        failures during generation end the stream with DoneEvent('error') and leave the engine usable."""
-        started = time.perf_counter()
-        prompt = self.prepare_prompt(messages, assistant_prefix=assistant_prefix, context_policy=context_policy)
+        """`generate` for a prompt already prepared (by a caller that had to raise the user's errors first)."""
+        started = started if started is not None else time.perf_counter()
+        yield PromptEvent(self.context_usage(request, prompt), prompt.dropped_turns)
         yield from self.generate_from_ids(
             prompt.ids,
-            params,
+            request.params,
             kv=kv,
             cancel=cancel,
-            use_response_cache=use_response_cache,
+            use_response_cache=request.use_response_cache,
             dropped_turns=prompt.dropped_turns,
             started=started,
         )

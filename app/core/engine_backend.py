@@ -8,30 +8,34 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
 import torch
 
-from app.core.backend import DeviceMemory, LoadRequest, MemoryReading, ModelInfo, ProgressCallback
+from app.core.backend import DeviceMemory, LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
 from app.core.engine import Engine, KVState
-from app.core.events import ChatMessage, Event
+from app.core.events import Event
 from app.core.loader import LoadedModel, load_model
 from app.core.response_cache import ResponseCache
-from app.core.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
 # Only the active conversation keeps its KV cache: the memory panel then shows every byte the caches hold.
 # Switching conversations prefills the other one again.
 MAX_KEPT_CACHES = 1
+SHARED_SLOT = -1  # the cache of requests that name no conversation
 
 
 class EngineBackend:
     def __init__(self, loaded: LoadedModel, response_cache: ResponseCache | None = None) -> None:
+        self._attach(Engine(loaded, response_cache=response_cache))
+
+    def _attach(self, engine: Engine) -> None:
+        loaded = engine.loaded
         self.loaded = loaded
-        self.engine = Engine(loaded, response_cache=response_cache)
+        self.engine = engine
         self.info = ModelInfo(
             name=loaded.display_name,
             quantization=loaded.quantization,
@@ -59,30 +63,20 @@ class EngineBackend:
             self._caches.pop(oldest).reset()
         return kv
 
-    def generate(
-        self,
-        conversation_id: int,
-        messages: Sequence[ChatMessage],
-        params: SamplingParams,
-        *,
-        cancel: threading.Event,
-        assistant_prefix: str = "",
-        context_policy: str = "error",
-        use_response_cache: bool = True,
-    ) -> Iterator[Event]:
-        self._active = conversation_id
-        kv = self._kv_for(conversation_id)
-        # Engine.generate is a generator: run its prompt checks now so user errors raise before the first event.
-        self.engine.prepare_prompt(list(messages), assistant_prefix=assistant_prefix, context_policy=context_policy)
-        return self.engine.generate(
-            list(messages),
-            params,
-            kv=kv,
-            cancel=cancel,
-            assistant_prefix=assistant_prefix,
-            context_policy=context_policy,
-            use_response_cache=use_response_cache,
-        )
+    @classmethod
+    def wrap(cls, engine: Engine) -> EngineBackend:
+        """A backend around an Engine that already exists (the command line's and the tests' shared model)."""
+        backend = cls.__new__(cls)
+        backend._attach(engine)
+        return backend
+
+    def generate(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
+        slot = request.conversation_id if request.conversation_id is not None else SHARED_SLOT
+        self._active = slot
+        kv = self._kv_for(slot)
+        # Tokenize once, now, so the user's errors raise before the first event.
+        prompt = self.engine.prepare(request)
+        return self.engine.generate_prepared(prompt, request, kv=kv, cancel=cancel)
 
     def count_tokens(self, text: str) -> int:
         return self.engine.count_tokens(text) if text else 0

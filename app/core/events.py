@@ -9,6 +9,33 @@ FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 
 @dataclass(frozen=True)
+class ContextUsage:
+    """How the context window is spent, in tokens."""
+
+    system: int
+    history: int
+    current: int
+    reply: int
+    window: int
+
+    @property
+    def used(self) -> int:
+        return self.system + self.history + self.current + self.reply
+
+    def with_reply(self, reply: int) -> ContextUsage:
+        return ContextUsage(self.system, self.history, self.current, reply, self.window)
+
+
+@dataclass(frozen=True)
+class PromptEvent:
+    """The prompt as the model will see it, before the first token: how it fills the context window."""
+
+    usage: ContextUsage
+    dropped_turns: int = 0
+    type: Literal["prompt"] = "prompt"
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """A decoded piece of text; never splits a multi-byte character."""
 
@@ -65,11 +92,14 @@ class DoneEvent:
     type: Literal["done"] = "done"
 
 
-Event = TokenEvent | StatsEvent | DoneEvent
+Event = PromptEvent | TokenEvent | StatsEvent | DoneEvent
 
 
-def event_to_json(event: Event) -> dict[str, Any]:
-    """The public `--json` schema (documented in the README)."""
+def event_to_json(event: Event) -> dict[str, Any] | None:
+    """The public `--json` schema (documented in the README); None for events it leaves out (the prompt's
+    context split, which the window's context bar shows)."""
+    if isinstance(event, PromptEvent):
+        return None
     if isinstance(event, TokenEvent):
         return {"type": "token", "text": event.text}
     if isinstance(event, StatsEvent):

@@ -1,7 +1,7 @@
-"""A conversation driven turn by turn, keeping its KV cache: what the command line and tests use.
+"""A conversation driven turn by turn over any ChatBackend: what the command line, benchmarks and tests use.
 
-The GUI keeps its own message tree (branches) in the history store and calls Engine.generate with the
-active branch; both reuse the cache the same way, through KVState.
+The backend keeps the conversation's KV cache (local) or the server does (remote); each turn is one ReplyRequest.
+The GUI keeps its own message tree (branches) in the history store and builds the same requests in its controller.
 """
 
 from __future__ import annotations
@@ -10,39 +10,39 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from app.core.engine import Engine, KVState
+from app.core.backend import ChatBackend, ReplyRequest
 from app.core.events import ChatMessage, DoneEvent, Event, StatsEvent
 from app.core.sampling import SamplingParams
 
 
 @dataclass
 class ChatSession:
-    engine: Engine
+    backend: ChatBackend
     system_prompt: str | None = None
     params: SamplingParams = field(default_factory=SamplingParams)
     context_policy: str = "error"
     use_response_cache: bool = True
+    conversation_id: int = 1
     messages: list[ChatMessage] = field(default_factory=list)
-    kv: KVState = field(default_factory=KVState)
     last_stats: StatsEvent | None = None
 
-    def _prompt_messages(self) -> list[ChatMessage]:
+    def _request(self, *, assistant_prefix: str = "", cache: bool = True) -> ReplyRequest:
         system = [ChatMessage("system", self.system_prompt)] if self.system_prompt else []
-        return system + self.messages
+        return ReplyRequest(
+            (*system, *self.messages),
+            params=self.params,
+            conversation_id=self.conversation_id,
+            assistant_prefix=assistant_prefix,
+            context_policy=self.context_policy,
+            use_response_cache=cache and self.use_response_cache,
+        )
 
     def _stream(
         self, *, assistant_prefix: str = "", cache: bool = True, cancel: threading.Event | None
     ) -> Iterator[Event]:
+        request = self._request(assistant_prefix=assistant_prefix, cache=cache)
         done: DoneEvent | None = None
-        for event in self.engine.generate(
-            self._prompt_messages(),
-            self.params,
-            kv=self.kv,
-            cancel=cancel,
-            assistant_prefix=assistant_prefix,
-            context_policy=self.context_policy,
-            use_response_cache=cache and self.use_response_cache,
-        ):
+        for event in self.backend.generate(request, cancel or threading.Event()):
             if isinstance(event, StatsEvent):
                 self.last_stats = event
             if isinstance(event, DoneEvent):
@@ -84,5 +84,7 @@ class ChatSession:
         yield from self._stream(assistant_prefix=partial, cancel=cancel)
 
     def reset(self) -> None:
+        """Start over: the old conversation's cache is dropped and the next turn starts a new one."""
         self.messages.clear()
-        self.kv.reset()
+        self.backend.forget(self.conversation_id)
+        self.conversation_id += 1

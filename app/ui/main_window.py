@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.backend import BackendFactory, ContextUsage, LoadRequest, MemoryReading, ModelInfo
+from app.core.backend import BackendFactory, ContextUsage, LoadRequest, MemoryReading, ModelInfo, ReplyRequest
 from app.core.errors import HearthError
 from app.core.events import ChatMessage, ReplyStats
 from app.core.history import HistoryDamagedError, HistoryError, HistoryStore, Message, default_history_path
@@ -653,13 +653,15 @@ class MainWindow(QMainWindow):
         if row is not None:
             self.chat_model.update(row, streaming=True, finish_reason=None, stats=None, error=None)
         request = GenerateRequest(
-            request_id=self.host.next_request_id(),
-            conversation_id=parent.conversation_id,
-            messages=messages,
-            params=self.settings.sampling,
-            assistant_prefix=prefix,
-            context_policy=self.settings.context_policy,
-            use_response_cache=cache and self.settings.response_cache,
+            self.host.next_request_id(),
+            ReplyRequest(
+                messages,
+                params=self.settings.sampling,
+                conversation_id=parent.conversation_id,
+                assistant_prefix=prefix,
+                context_policy=self.settings.context_policy,
+                use_response_cache=cache and self.settings.response_cache,
+            ),
         )
         self.reply = ActiveReply(request, parent.conversation_id, target.id, created, prefix, prefix)
         self.input_box.set_generating(True)

@@ -11,17 +11,16 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
-from app.core.backend import BackendFactory, ChatBackend, ContextUsage, LoadRequest
+from app.core.backend import BackendFactory, ChatBackend, LoadRequest, ReplyRequest
 from app.core.crash import user_message
 from app.core.errors import HearthError
-from app.core.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
-from app.core.sampling import SamplingParams
+from app.core.events import ContextUsage, DoneEvent, PromptEvent, StatsEvent, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +30,10 @@ TOKENS_EVERY_S = 0.015  # tokens go to the GUI in small batches: fewer wake-ups 
 
 @dataclass(frozen=True)
 class GenerateRequest:
+    """A reply the window asked for: the backend's ReplyRequest, plus the id its signals carry and its cancel."""
+
     request_id: int
-    conversation_id: int
-    messages: tuple[ChatMessage, ...]
-    params: SamplingParams
-    assistant_prefix: str = ""
-    context_policy: str = "error"
-    use_response_cache: bool = True
+    reply: ReplyRequest
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
@@ -180,18 +176,9 @@ class InferenceWorker(QObject):
             self.failed.emit(rid, "No model is loaded: load one from the model bar first.")
             return
         pieces: list[str] = []
+        usage = ContextUsage(0, 0, 0, 0, backend.info.context_window)
         try:
-            usage = self._estimate_context(backend, request.messages, request.assistant_prefix)
-            self.context.emit(rid, usage)
-            events = backend.generate(
-                request.conversation_id,
-                request.messages,
-                request.params,
-                cancel=request.cancel,
-                assistant_prefix=request.assistant_prefix,
-                context_policy=request.context_policy,
-                use_response_cache=request.use_response_cache,
-            )
+            events = backend.generate(request.reply, request.cancel)
             done: DoneEvent | None = None
             last_memory = last_tokens = time.monotonic()
             pending: list[str] = []
@@ -215,7 +202,10 @@ class InferenceWorker(QObject):
                     self.token.emit(rid, "".join(pending), pending_count)
                     pending.clear()
                     pending_count = 0
-                if isinstance(event, StatsEvent):
+                if isinstance(event, PromptEvent):
+                    usage = event.usage
+                    self.context.emit(rid, usage)
+                elif isinstance(event, StatsEvent):
                     self.stats.emit(rid, event.stats)
                     prompt = event.stats.prompt_tokens
                     history = max(prompt - usage.system - usage.current, 0)
@@ -248,14 +238,6 @@ class InferenceWorker(QObject):
             self.finished.emit(rid, "error", "".join(pieces), message)
         else:
             self.failed.emit(rid, message)
-
-    @staticmethod
-    def _estimate_context(backend: ChatBackend, messages: Sequence[ChatMessage], prefix: str) -> ContextUsage:
-        system = sum(backend.count_tokens(m.content) for m in messages if m.role == "system")
-        last_user = next((m for m in reversed(messages) if m.role == "user"), None)
-        current = backend.count_tokens(last_user.content) if last_user else 0
-        others = sum(backend.count_tokens(m.content) for m in messages if m.role != "system") - current
-        return ContextUsage(system, others, current, backend.count_tokens(prefix), backend.info.context_window)
 
     def _emit_memory(self) -> None:
         if self._backend is None:

@@ -25,12 +25,18 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16)
 
 def session_for(loaded: Any, context_window: int | None = None) -> Any:
     from app.core.engine import Engine
+    from app.core.engine_backend import EngineBackend
     from app.core.session import ChatSession
 
     engine = Engine(loaded)
     if context_window is not None:
         engine.context_window = context_window  # what --context N gives, without loading the model again
-    return ChatSession(engine, system_prompt="You are a helpful assistant.", params=GREEDY, use_response_cache=False)
+    return ChatSession(
+        EngineBackend.wrap(engine),
+        system_prompt="You are a helpful assistant.",
+        params=GREEDY,
+        use_response_cache=False,
+    )
 
 
 def ask(session: Any, text: str) -> tuple[str, StatsEvent]:
@@ -104,7 +110,7 @@ def test_default_model_answers_from_the_document_and_reuses_its_cache(default_lo
     assert first_message == compose_user_message(QUESTION, [document])
     reply, first = ask(session, first_message)
     assert "PINEAPPLE-42" in reply
-    document_tokens = session.engine.count_tokens(document.text)
+    document_tokens = session.backend.engine.count_tokens(document.text)
     assert first.stats.cached_tokens == 0 and first.stats.prompt_tokens > document_tokens
     session.params = SamplingParams(temperature=0.0, max_new_tokens=1)  # only the prefill matters from here
     _, second = ask(session, "Please repeat the secret code word.")
@@ -140,7 +146,7 @@ def test_fit_choices_fit_the_real_prompt(
     message = message_with_documents(session, QUESTION, [document], fit)
     assert message.endswith(QUESTION) and message.startswith('<document name="notes.txt"')
     prompt = format_prompt(
-        session.engine.tokenizer, [ChatMessage("system", session.system_prompt), ChatMessage("user", message)]
+        session.backend.engine.tokenizer, [ChatMessage("system", session.system_prompt), ChatMessage("user", message)]
     )
     assert len(prompt.ids) + min(GREEDY.max_new_tokens, 512 // 4) <= 512
     assert ("PINEAPPLE-42" in message) == (fit == "relevant")

@@ -8,6 +8,7 @@ import pytest
 
 from app.cli import main, selftest
 from app.core import model_source
+from app.core.backend import ReplyRequest
 
 
 def test_self_test_passes_with_the_default_model(default_loaded: object) -> None:
@@ -32,7 +33,7 @@ def test_kv_check_fails_when_the_cache_does_not_match_the_model_shape(default_lo
     kv = KVState()
     engine = Engine(default_loaded, response_cache=None)  # type: ignore[arg-type]
     params = SamplingParams(temperature=0.0, max_new_tokens=2)
-    list(engine.generate([ChatMessage("user", "Hi")], params, kv=kv, use_response_cache=False))
+    list(engine.generate(ReplyRequest([ChatMessage("user", "Hi")], params, use_response_cache=False), kv=kv))
     assert selftest.kv_check(default_loaded, kv).ok  # type: ignore[arg-type]
     kv.ids.append(kv.ids[-1])  # the bookkeeping claims one token more than the tensors hold
     result = selftest.kv_check(default_loaded, kv)  # type: ignore[arg-type]
@@ -56,7 +57,11 @@ def test_snapshot_check_catches_a_cache_the_accounting_does_not_see(default_load
 
     kv = KVState()
     engine = Engine(default_loaded, response_cache=None)  # type: ignore[arg-type]
-    list(engine.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0.0, max_new_tokens=2), kv=kv))
+    list(
+        engine.generate(
+            ReplyRequest([ChatMessage("user", "Hi")], SamplingParams(temperature=0.0, max_new_tokens=2)), kv=kv
+        )
+    )
     passed = selftest.snapshot_check(default_loaded, kv)  # type: ignore[arg-type]
     assert passed is not None and passed.ok, passed
     kv.ids.append(kv.ids[-1])

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from app.core import gguf_cache
+from app.core.backend import ReplyRequest
 from app.core.engine import Engine
 from app.core.events import ChatMessage, DoneEvent, StatsEvent
 from app.core.history import HistoryDamagedError, HistoryStore
@@ -215,11 +216,11 @@ def test_replies_from_other_weights_are_never_replayed(default_loaded: Any, tmp_
     def stats(events: list[Any]) -> Any:
         return next(e.stats for e in events if isinstance(e, StatsEvent))
 
-    first = list(engine.generate(messages, GREEDY))
-    assert stats(list(engine.generate(messages, GREEDY))).from_response_cache
+    first = list(engine.generate(ReplyRequest(messages, GREEDY)))
+    assert stats(list(engine.generate(ReplyRequest(messages, GREEDY)))).from_response_cache
     changed = dataclasses.replace(default_loaded, weights_fingerprint="rewritten-file")
     other = Engine(changed, response_cache=cache)
-    again = list(other.generate(messages, GREEDY))
+    again = list(other.generate(ReplyRequest(messages, GREEDY)))
     assert not stats(again).from_response_cache
     assert again[-1].text == first[-1].text  # same weights really: only the key differs
 
@@ -229,10 +230,10 @@ def test_a_tampered_entry_is_regenerated_through_the_engine_with_a_notice(defaul
     cache = ResponseCache(path)
     engine = Engine(default_loaded, response_cache=cache)
     messages = [ChatMessage("user", "Say hello.")]
-    clean = list(engine.generate(messages, GREEDY))[-1]
+    clean = list(engine.generate(ReplyRequest(messages, GREEDY)))[-1]
     with sqlite3.connect(path) as db:
         db.execute("UPDATE replies SET pieces = ?", (json.dumps(["garbage"]),))
-    events = list(engine.generate(messages, GREEDY))
+    events = list(engine.generate(ReplyRequest(messages, GREEDY)))
     done = events[-1]
     assert isinstance(done, DoneEvent) and done.text == clean.text
     assert not next(e.stats for e in events if isinstance(e, StatsEvent)).from_response_cache

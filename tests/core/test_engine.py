@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
+from app.core.backend import ReplyRequest
 from app.core.engine import Engine, KVState
+from app.core.engine_backend import EngineBackend
 from app.core.errors import ContextOverflowError
-from app.core.events import ChatMessage, DoneEvent, Event, StatsEvent, TokenEvent
+from app.core.events import ChatMessage, DoneEvent, Event, PromptEvent, StatsEvent, TokenEvent
 from app.core.response_cache import ResponseCache
 from app.core.sampling import SamplingParams
 from app.core.session import ChatSession
@@ -42,7 +44,7 @@ def test_default_model_answers_the_capital_of_france(engine: Engine) -> None:
         ChatMessage("system", "You are a helpful assistant."),
         ChatMessage("user", "What is the capital of France?"),
     ]
-    text, stats, done, events = run(engine.generate(messages, GREEDY))
+    text, stats, done, events = run(engine.generate(ReplyRequest(messages, GREEDY)))
     assert "Paris" in text
     assert done.text == text
     assert done.finish_reason in ("stop", "length")
@@ -51,16 +53,43 @@ def test_default_model_answers_the_capital_of_france(engine: Engine) -> None:
     assert stats.stats.generated_tokens >= 5 and stats.stats.ttft_s > 0 and stats.stats.decode_tokens_per_s > 0
 
 
-def test_event_order_is_tokens_then_stats_then_done(engine: Engine) -> None:
-    events = list(engine.generate([ChatMessage("user", "Say hello.")], SamplingParams(temperature=0, max_new_tokens=5)))
+def test_event_order_is_prompt_then_tokens_then_stats_then_done(engine: Engine) -> None:
+    messages = [ChatMessage("system", "You are terse."), ChatMessage("user", "Say hello.")]
+    events = list(engine.generate(ReplyRequest(messages, SamplingParams(temperature=0, max_new_tokens=5))))
     kinds = [e.type for e in events]
-    assert kinds[-2:] == ["stats", "done"]
-    assert set(kinds[:-2]) == {"token"}
+    assert kinds[0] == "prompt" and kinds[-2:] == ["stats", "done"]
+    assert set(kinds[1:-2]) == {"token"}
+    prompt, stats = events[0], events[-2]
+    assert isinstance(prompt, PromptEvent) and isinstance(stats, StatsEvent)
+    usage = prompt.usage
+    # The exact split of the prompt the engine built: the template's tokens count as history.
+    assert usage.system == engine.count_tokens("You are terse.") and usage.current == engine.count_tokens("Say hello.")
+    assert usage.system + usage.history + usage.current == stats.stats.prompt_tokens
+    assert usage.window == engine.context_window and usage.reply == 0
+
+
+def test_the_prompt_is_tokenized_once_per_reply(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.core import engine as engine_module
+
+    calls: list[int] = []
+    real = engine_module.format_prompt
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "format_prompt", counting)
+    backend = EngineBackend.wrap(engine)
+    request = ReplyRequest([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=2))
+    list(backend.generate(request, threading.Event()))
+    assert len(calls) == 1
 
 
 def test_length_limit_is_the_finish_reason(engine: Engine) -> None:
     _, stats, done, _ = run(
-        engine.generate([ChatMessage("user", "Count from 1 to 50.")], SamplingParams(temperature=0, max_new_tokens=3))
+        engine.generate(
+            ReplyRequest([ChatMessage("user", "Count from 1 to 50.")], SamplingParams(temperature=0, max_new_tokens=3))
+        )
     )
     assert done.finish_reason == "length"
     assert stats.stats.generated_tokens == 3
@@ -68,12 +97,16 @@ def test_length_limit_is_the_finish_reason(engine: Engine) -> None:
 
 def test_next_turn_reuses_the_cache_and_matches_a_fresh_run(exact_engine: Engine) -> None:
     engine = exact_engine
-    session = ChatSession(engine, system_prompt="You are concise.", params=GREEDY, use_response_cache=False)
+    session = ChatSession(
+        EngineBackend.wrap(engine), system_prompt="You are concise.", params=GREEDY, use_response_cache=False
+    )
     run(session.ask("Name a fruit."))
     second_text, second_stats, _, _ = run(session.ask("Name a colour."))
     assert second_stats.stats.cached_tokens > 10  # the first turn's prompt + reply were not prefilled again
 
-    fresh = ChatSession(engine, system_prompt="You are concise.", params=GREEDY, use_response_cache=False)
+    fresh = ChatSession(
+        EngineBackend.wrap(engine), system_prompt="You are concise.", params=GREEDY, use_response_cache=False
+    )
     fresh.messages = list(session.messages[:-1])  # same history, empty cache
     fresh_text, fresh_stats, _, _ = run(fresh._stream(cancel=None))
     assert fresh_stats.stats.cached_tokens == 0
@@ -82,7 +115,7 @@ def test_next_turn_reuses_the_cache_and_matches_a_fresh_run(exact_engine: Engine
 
 def test_regenerate_and_edit_reuse_the_prefix_with_identical_output(exact_engine: Engine) -> None:
     engine = exact_engine
-    session = ChatSession(engine, params=GREEDY, use_response_cache=False)
+    session = ChatSession(EngineBackend.wrap(engine), params=GREEDY, use_response_cache=False)
     first, first_stats, _, _ = run(session.ask("What is 2 + 2?"))
     again, again_stats, _, _ = run(session.regenerate())
     assert again == first  # greedy: same prompt, same reply
@@ -91,7 +124,7 @@ def test_regenerate_and_edit_reuse_the_prefix_with_identical_output(exact_engine
 
     edited, edited_stats, _, _ = run(session.edit(0, "What is 3 + 3?"))
     assert 0 < edited_stats.stats.cached_tokens < edited_stats.stats.prompt_tokens
-    fresh, _, _, _ = run(engine.generate([ChatMessage("user", "What is 3 + 3?")], GREEDY))
+    fresh, _, _, _ = run(engine.generate(ReplyRequest([ChatMessage("user", "What is 3 + 3?")], GREEDY)))
     assert edited == fresh
 
 
@@ -100,9 +133,9 @@ def test_stale_cache_as_long_as_the_prompt_is_cropped_not_trusted(exact_engine: 
     """The trap: a cache covering the whole new prompt would feed nothing and silently give wrong output."""
     messages = [ChatMessage("user", "Tell me about cats.")]
     kv = KVState()
-    fresh, _, _, _ = run(engine.generate(messages, GREEDY, kv=KVState()))
-    run(engine.generate(messages, GREEDY, kv=kv))
-    replay, stats, _, _ = run(engine.generate(messages, GREEDY, kv=kv))
+    fresh, _, _, _ = run(engine.generate(ReplyRequest(messages, GREEDY), kv=KVState()))
+    run(engine.generate(ReplyRequest(messages, GREEDY), kv=kv))
+    replay, stats, _, _ = run(engine.generate(ReplyRequest(messages, GREEDY), kv=kv))
     assert replay == fresh
     assert stats.stats.cached_tokens == stats.stats.prompt_tokens - 1
     assert kv.nbytes() > 0 and kv.cache is not None and kv.cache.get_seq_length() == len(kv.ids)
@@ -115,8 +148,10 @@ def test_cancel_from_another_thread_stops_within_one_token_and_keeps_the_partial
     text = ""
     done: DoneEvent | None = None
     for event in engine.generate(
-        [ChatMessage("user", "Write a long story about a dragon.")],
-        SamplingParams(temperature=0, max_new_tokens=200),
+        ReplyRequest(
+            [ChatMessage("user", "Write a long story about a dragon.")],
+            SamplingParams(temperature=0, max_new_tokens=200),
+        ),
         kv=kv,
         cancel=cancel,
     ):
@@ -133,17 +168,19 @@ def test_cancel_from_another_thread_stops_within_one_token_and_keeps_the_partial
     assert done.text == text and len(text) > 20
     assert tokens_after_cancel <= 1
     assert kv.cache is not None and kv.cache.get_seq_length() == len(kv.ids)  # consistent: reusable next turn
-    after, _, after_done, _ = run(engine.generate([ChatMessage("user", "Say hi.")], GREEDY, kv=kv))
+    after, _, after_done, _ = run(engine.generate(ReplyRequest([ChatMessage("user", "Say hi.")], GREEDY), kv=kv))
     assert after_done.finish_reason in ("stop", "length") and after
 
 
 def test_same_seed_same_reply_and_different_seed_differs(engine: Engine) -> None:
     messages = [ChatMessage("user", "Write a short poem about the sea.")]
     params = SamplingParams(temperature=1.2, top_p=0.95, top_k=0, max_new_tokens=20, seed=1234)
-    a, _, _, _ = run(engine.generate(messages, params))
-    b, _, _, _ = run(engine.generate(messages, params))
+    a, _, _, _ = run(engine.generate(ReplyRequest(messages, params)))
+    b, _, _, _ = run(engine.generate(ReplyRequest(messages, params)))
     c, _, _, _ = run(
-        engine.generate(messages, SamplingParams(temperature=1.2, top_p=0.95, top_k=0, max_new_tokens=20, seed=99))
+        engine.generate(
+            ReplyRequest(messages, SamplingParams(temperature=1.2, top_p=0.95, top_k=0, max_new_tokens=20, seed=99))
+        )
     )
     assert a == b
     assert a != c
@@ -153,7 +190,7 @@ def test_sampling_filters_run(engine: Engine) -> None:
     params = SamplingParams(
         temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3, max_new_tokens=8, seed=7
     )
-    text, _, done, _ = run(engine.generate([ChatMessage("user", "Hello!")], params))
+    text, _, done, _ = run(engine.generate(ReplyRequest([ChatMessage("user", "Hello!")], params)))
     assert done.finish_reason in ("stop", "length") and text
 
 
@@ -161,7 +198,7 @@ def test_context_overflow_raises_a_specific_error(default_loaded: Any) -> None:
     engine = Engine(default_loaded)
     engine.context_window = 64
     with pytest.raises(ContextOverflowError) as info:
-        list(engine.generate([ChatMessage("user", "word " * 200)], GREEDY))
+        list(engine.generate(ReplyRequest([ChatMessage("user", "word " * 200)], GREEDY)))
     assert info.value.context_window == 64 and info.value.prompt_tokens > 200
     assert "Nothing was truncated" in str(info.value) and "64" in str(info.value)
 
@@ -179,7 +216,7 @@ def test_drop_oldest_policy_drops_whole_turns_and_reports_it(default_loaded: Any
         engine.prepare_prompt(history)
     prepared = engine.prepare_prompt(history, context_policy="drop-oldest")
     assert prepared.dropped_turns == 2
-    _, stats, done, _ = run(engine.generate(history, GREEDY, context_policy="drop-oldest"))
+    _, stats, done, _ = run(engine.generate(ReplyRequest(history, GREEDY, context_policy="drop-oldest")))
     assert stats.stats.dropped_turns == 2 and done.finish_reason in ("stop", "length")
 
 
@@ -188,7 +225,9 @@ def test_reply_is_capped_by_the_room_left_in_the_context(default_loaded: Any) ->
     prompt_tokens = len(engine.prepare_prompt([ChatMessage("user", "Count to ten.")]).ids)
     engine.context_window = prompt_tokens + 3
     _, stats, done, _ = run(
-        engine.generate([ChatMessage("user", "Count to ten.")], SamplingParams(temperature=0, max_new_tokens=50))
+        engine.generate(
+            ReplyRequest([ChatMessage("user", "Count to ten.")], SamplingParams(temperature=0, max_new_tokens=50))
+        )
     )
     assert stats.stats.generated_tokens <= 3 and done.finish_reason in ("length", "stop")
 
@@ -197,16 +236,20 @@ def test_greedy_reply_is_replayed_from_the_response_cache(default_loaded: Any, t
     cache = ResponseCache(tmp_path / "responses.sqlite", max_entries=2)
     engine = Engine(default_loaded, response_cache=cache)
     messages = [ChatMessage("user", "What is the capital of Italy?")]
-    first, first_stats, _, _ = run(engine.generate(messages, GREEDY))
-    second, second_stats, done, _ = run(engine.generate(messages, GREEDY))
+    first, first_stats, _, _ = run(engine.generate(ReplyRequest(messages, GREEDY)))
+    second, second_stats, done, _ = run(engine.generate(ReplyRequest(messages, GREEDY)))
     assert second == first and done.text == first
     assert not first_stats.stats.from_response_cache and second_stats.stats.from_response_cache
-    regenerated, regen_stats, _, _ = run(engine.generate(messages, GREEDY, use_response_cache=False))
+    regenerated, regen_stats, _, _ = run(engine.generate(ReplyRequest(messages, GREEDY, use_response_cache=False)))
     assert not regen_stats.stats.from_response_cache and regenerated == first
     # Sampled replies are never cached; the cache stays bounded.
-    run(engine.generate(messages, SamplingParams(temperature=1.0, max_new_tokens=4, seed=1)))
+    run(engine.generate(ReplyRequest(messages, SamplingParams(temperature=1.0, max_new_tokens=4, seed=1))))
     for question in ("Say A.", "Say B.", "Say C."):
-        run(engine.generate([ChatMessage("user", question)], SamplingParams(temperature=0, max_new_tokens=2)))
+        run(
+            engine.generate(
+                ReplyRequest([ChatMessage("user", question)], SamplingParams(temperature=0, max_new_tokens=2))
+            )
+        )
     assert len(cache) == 2
     reopened = ResponseCache(tmp_path / "responses.sqlite")
     assert len(reopened) == 2  # on disk
@@ -225,7 +268,7 @@ def test_a_failure_mid_generation_ends_with_an_error_event_and_the_engine_stays_
 
     engine._forward = flaky  # type: ignore[method-assign]
     kv = KVState()
-    _, done_events = None, list(engine.generate([ChatMessage("user", "Hello there!")], GREEDY, kv=kv))
+    _, done_events = None, list(engine.generate(ReplyRequest([ChatMessage("user", "Hello there!")], GREEDY), kv=kv))
     done = done_events[-1]
     assert (
         isinstance(done, DoneEvent)
@@ -234,12 +277,16 @@ def test_a_failure_mid_generation_ends_with_an_error_event_and_the_engine_stays_
     )
     assert kv.cache is None  # dropped, not left half-written
     engine._forward = real_forward  # type: ignore[method-assign]
-    text, _, ok, _ = run(engine.generate([ChatMessage("user", "What is the capital of France?")], GREEDY, kv=kv))
+    text, _, ok, _ = run(
+        engine.generate(ReplyRequest([ChatMessage("user", "What is the capital of France?")], GREEDY), kv=kv)
+    )
     assert ok.finish_reason in ("stop", "length") and "Paris" in text
 
 
 def test_continue_extends_a_reply_cut_at_the_length_limit(engine: Engine) -> None:
-    session = ChatSession(engine, params=SamplingParams(temperature=0, max_new_tokens=4), use_response_cache=False)
+    session = ChatSession(
+        EngineBackend.wrap(engine), params=SamplingParams(temperature=0, max_new_tokens=4), use_response_cache=False
+    )
     _, _, done, _ = run(session.ask("List three animals."))
     assert done.finish_reason == "length"
     cut = session.messages[-1].content

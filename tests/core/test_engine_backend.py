@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.core.backend import LoadRequest
+from app.core.backend import LoadRequest, ReplyRequest
 from app.core.engine_backend import EngineBackend, load_engine_backend
 from app.core.errors import ContextOverflowError, ModelNotFoundError
 from app.core.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
@@ -26,7 +26,9 @@ def test_factory_loads_streams_and_accounts_memory(tiny_model_dir: Any) -> None:
     assert isinstance(backend, EngineBackend) and progress
     assert backend.info.device == "cpu" and backend.info.quantization == "fp32" and backend.info.context_window == 512
     messages = [ChatMessage("user", "Hello there")]
-    events = list(backend.generate(7, messages, GREEDY, cancel=threading.Event(), use_response_cache=False))
+    events = list(
+        backend.generate(ReplyRequest(messages, GREEDY, conversation_id=7, use_response_cache=False), threading.Event())
+    )
     assert isinstance(events[-1], DoneEvent) and events[-1].finish_reason in ("stop", "length")
     assert any(isinstance(e, TokenEvent) for e in events) and any(isinstance(e, StatsEvent) for e in events)
     reading = backend.memory()
@@ -36,7 +38,9 @@ def test_factory_loads_streams_and_accounts_memory(tiny_model_dir: Any) -> None:
     second = [*messages, ChatMessage("assistant", events[-1].text), ChatMessage("user", "More")]
     stats = next(
         e
-        for e in backend.generate(7, second, GREEDY, cancel=threading.Event(), use_response_cache=False)
+        for e in backend.generate(
+            ReplyRequest(second, GREEDY, conversation_id=7, use_response_cache=False), threading.Event()
+        )
         if isinstance(e, StatsEvent)
     )
     assert stats.stats.cached_tokens > 0
@@ -54,7 +58,9 @@ def test_user_errors_raise_before_the_first_event(tiny_model_dir: Any) -> None:
         threading.Event(),
     )
     with pytest.raises(ContextOverflowError):
-        backend.generate(1, [ChatMessage("user", "word " * 200)], GREEDY, cancel=threading.Event())
+        backend.generate(
+            ReplyRequest([ChatMessage("user", "word " * 200)], GREEDY, conversation_id=1), threading.Event()
+        )
     backend.close()
 
 

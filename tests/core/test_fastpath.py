@@ -17,7 +17,9 @@ import pytest
 import torch
 
 from app.core import fastpath
+from app.core.backend import ReplyRequest
 from app.core.engine import Engine, KVState
+from app.core.engine_backend import EngineBackend
 from app.core.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
 from app.core.fastpath import int8, native, prefill
 from app.core.sampling import SamplingParams
@@ -84,7 +86,9 @@ def test_auto_without_the_fused_step_keeps_bf16_on_the_plain_path_and_says_why(
 ) -> None:
     engine = Engine(default_loaded)
     assert engine.decode_path == "eager"
-    text, stats, done = run(engine.generate([ChatMessage("user", "What is the capital of France?")], GREEDY))
+    text, stats, done = run(
+        engine.generate(ReplyRequest([ChatMessage("user", "What is the capital of France?")], GREEDY))
+    )
     assert "Paris" in text and done.finish_reason in ("stop", "length")
     assert stats.decode_path == "eager" and "fused decode unavailable: no C compiler found" in stats.decode_path_note
 
@@ -96,7 +100,9 @@ def test_auto_without_the_fused_step_picks_int8_decode_for_nf4_on_the_cpu(
 
     engine = Engine(load_model(str(tiny_model_dir("llama-untied")), quantization="nf4", device="cpu"))
     assert engine.decode_path == "int8-decode"
-    _, stats, done = run(engine.generate([ChatMessage("user", "hi")], SamplingParams(temperature=0, max_new_tokens=4)))
+    _, stats, done = run(
+        engine.generate(ReplyRequest([ChatMessage("user", "hi")], SamplingParams(temperature=0, max_new_tokens=4)))
+    )
     assert done.finish_reason in ("stop", "length")
     assert stats.decode_path == "int8-decode" and "int8" in stats.decode_path_note
     assert "fused decode unavailable" in stats.decode_path_note
@@ -216,24 +222,28 @@ def test_nf4_on_the_cpu_decodes_through_int8_and_agrees(tiny_model_dir: Any) -> 
     _, fast_logits = teacher_forced(fast_engine, ids, reference)
     for want, got in zip(plain_logits[1:], fast_logits[1:], strict=True):
         assert float((got - want).abs().max() / want.abs().max()) < LOGIT_ERROR_BOUND
-    _, stats, done = run(fast_engine.generate([ChatMessage("user", "hi")], SamplingParams(max_new_tokens=5, seed=1)))
+    _, stats, done = run(
+        fast_engine.generate(ReplyRequest([ChatMessage("user", "hi")], SamplingParams(max_new_tokens=5, seed=1)))
+    )
     assert stats.decode_path == "int8-decode" and done.finish_reason in ("stop", "length")
 
 
 def test_regenerate_and_edit_with_the_fast_path_give_identical_replies(fast: Engine) -> None:
-    session = ChatSession(fast, params=GREEDY, use_response_cache=False)
+    session = ChatSession(EngineBackend.wrap(fast), params=GREEDY, use_response_cache=False)
     first, first_stats, _ = run(session.ask("What is 2 + 2?"))
     again, again_stats, _ = run(session.regenerate())
     assert again == first
     assert again_stats.cached_tokens == first_stats.prompt_tokens - 1
     edited, edited_stats, _ = run(session.edit(0, "What is 3 + 3?"))
     assert 0 < edited_stats.cached_tokens < edited_stats.prompt_tokens
-    fresh, _, _ = run(fast.generate([ChatMessage("user", "What is 3 + 3?")], GREEDY))
+    fresh, _, _ = run(fast.generate(ReplyRequest([ChatMessage("user", "What is 3 + 3?")], GREEDY)))
     assert edited == fresh  # the reused prefix came from prefill, which the fast path leaves exact
 
 
 def test_next_turn_reuses_the_cache_with_the_fast_path(fast: Engine) -> None:
-    session = ChatSession(fast, system_prompt="You are concise.", params=GREEDY, use_response_cache=False)
+    session = ChatSession(
+        EngineBackend.wrap(fast), system_prompt="You are concise.", params=GREEDY, use_response_cache=False
+    )
     run(session.ask("Name a fruit."))
     text, stats, done = run(session.ask("Name a colour."))
     assert stats.cached_tokens > 10 and stats.decode_path == "int8-decode"
@@ -245,7 +255,8 @@ def cancel_after_first_token(engine: Engine) -> tuple[str, int]:
     cancel = threading.Event()
     tokens_after_cancel = 0
     events = engine.generate(
-        [ChatMessage("user", "Count from 1 to 100.")], SamplingParams(temperature=0, max_new_tokens=200), cancel=cancel
+        ReplyRequest([ChatMessage("user", "Count from 1 to 100.")], SamplingParams(temperature=0, max_new_tokens=200)),
+        cancel=cancel,
     )
     finish = ""
     for event in events:
@@ -269,7 +280,9 @@ def test_missing_kernel_falls_back_to_the_plain_path_with_the_reason(
     monkeypatch.setattr(int8, "KERNEL_NAME", "_weight_int8pack_mm_from_the_future")
     engine = Engine(default_loaded, decode_path="int8-decode")
     assert engine.decode_path == "eager"
-    _, stats, done = run(engine.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4)))
+    _, stats, done = run(
+        engine.generate(ReplyRequest([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4)))
+    )
     assert (
         stats.decode_path == "eager" and "has no _weight_int8pack_mm_from_the_future kernel" in stats.decode_path_note
     )
@@ -303,7 +316,9 @@ def test_a_repacking_failure_falls_back_and_leaves_the_model_unpatched(
     engine = Engine(loaded, decode_path="int8-decode")
     assert engine.decode_path == "eager" and "repacking failed" in engine.decode_path_note
     assert not any(hasattr(m, int8.PATCH_ATTR) for m in loaded.model.modules())
-    _, stats, done = run(engine.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=3)))
+    _, stats, done = run(
+        engine.generate(ReplyRequest([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=3)))
+    )
     assert done.finish_reason in ("stop", "length") and "repacking failed" in stats.decode_path_note
 
 

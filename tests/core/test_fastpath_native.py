@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from app.core import fastpath
+from app.core.backend import ReplyRequest
 from app.core.engine import Engine, KVState, kv_cache_bytes
+from app.core.engine_backend import EngineBackend
 from app.core.events import ChatMessage, DoneEvent
 from app.core.fastpath import native
 from app.core.sampling import SamplingParams
@@ -61,7 +63,9 @@ def fresh_library(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_auto_runs_bf16_on_the_cpu_through_the_fused_step_and_says_so(fused: Engine) -> None:
-    text, stats, done = run(fused.generate([ChatMessage("user", "What is the capital of France?")], GREEDY))
+    text, stats, done = run(
+        fused.generate(ReplyRequest([ChatMessage("user", "What is the capital of France?")], GREEDY))
+    )
     assert "Paris" in text and done.finish_reason in ("stop", "length")
     assert stats.decode_path == "fused-q4" and "prefill in bf16" in stats.decode_path_note
     assert "fused Q4_1 (lm_head int8) decode step" in stats.decode_path_note
@@ -160,19 +164,21 @@ def test_regenerate_and_edit_with_the_fused_step_give_identical_replies(default_
     # fp32 prefill, as the engine's other equality tests (tests/conftest.py says why bf16 can flip a near-tie).
     fused = Engine(default_loaded_fp32, decode_path=path)
     assert fused.decode_path == path
-    session = ChatSession(fused, params=GREEDY, use_response_cache=False)
+    session = ChatSession(EngineBackend.wrap(fused), params=GREEDY, use_response_cache=False)
     first, first_stats, _ = run(session.ask("What is 2 + 2?"))
     again, again_stats, _ = run(session.regenerate())
     assert again == first and again_stats.decode_path == fused.decode_path
     assert again_stats.cached_tokens == first_stats.prompt_tokens - 1
     edited, edited_stats, _ = run(session.edit(0, "What is 3 + 3?"))
     assert 0 < edited_stats.cached_tokens < edited_stats.prompt_tokens
-    fresh, _, _ = run(fused.generate([ChatMessage("user", "What is 3 + 3?")], GREEDY))
+    fresh, _, _ = run(fused.generate(ReplyRequest([ChatMessage("user", "What is 3 + 3?")], GREEDY)))
     assert edited == fresh
 
 
 def test_next_turn_reuses_the_cache_the_fused_step_wrote(fused: Engine) -> None:
-    session = ChatSession(fused, system_prompt="You are concise.", params=GREEDY, use_response_cache=False)
+    session = ChatSession(
+        EngineBackend.wrap(fused), system_prompt="You are concise.", params=GREEDY, use_response_cache=False
+    )
     _, first_stats, _ = run(session.ask("Name a fruit."))
     text, stats, done = run(session.ask("Name a colour."))
     # The whole first exchange, the reply's decode-written positions included, is reused.
@@ -187,8 +193,8 @@ def test_cancel_stops_within_one_token_on_the_fused_step(fused: Engine) -> None:
 
 def test_sampling_runs_on_the_fused_logits_and_is_reproducible(fused: Engine) -> None:
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=40, repetition_penalty=1.1, max_new_tokens=16, seed=7)
-    first, stats, _ = run(fused.generate([ChatMessage("user", "Write a haiku about bread.")], params))
-    second, _, _ = run(fused.generate([ChatMessage("user", "Write a haiku about bread.")], params))
+    first, stats, _ = run(fused.generate(ReplyRequest([ChatMessage("user", "Write a haiku about bread.")], params)))
+    second, _, _ = run(fused.generate(ReplyRequest([ChatMessage("user", "Write a haiku about bread.")], params)))
     assert first == second and first and stats.decode_path == fused.decode_path
 
 
@@ -205,7 +211,7 @@ def test_architectures_the_kernel_lacks_fall_back_with_the_reason(tiny_model_dir
         engine = Engine(loaded)
         assert engine.decode_path == "eager" and reason in engine.decode_path_note
         _, stats, done = run(
-            engine.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=3))
+            engine.generate(ReplyRequest([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=3)))
         )
         assert done.finish_reason in ("stop", "length") and reason in stats.decode_path_note
 
@@ -217,7 +223,9 @@ def test_no_compiler_falls_back_to_the_plain_path_with_the_reason(
     monkeypatch.setenv("PATH", str(isolated_cache))  # nothing to find there
     engine = Engine(default_loaded)
     assert engine.decode_path == "eager"
-    _, stats, done = run(engine.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=3)))
+    _, stats, done = run(
+        engine.generate(ReplyRequest([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=3)))
+    )
     assert done.finish_reason in ("stop", "length")
     assert "fused decode unavailable: no C compiler found" in stats.decode_path_note
 
@@ -274,12 +282,14 @@ def test_a_refused_step_ends_the_reply_with_an_error_and_the_engine_recovers(
     assert decoder is not None
     real_step = decoder.step
     monkeypatch.setattr(decoder, "step", lambda token, cache: real_step(10**9, cache))  # out of the vocabulary
-    events = list(fused.generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4)))
+    events = list(
+        fused.generate(ReplyRequest([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4)))
+    )
     done = events[-1]
     assert isinstance(done, DoneEvent) and done.finish_reason == "error"
     assert "refused token 1000000000" in (done.error or "")
     monkeypatch.undo()
-    text, _, done = run(fused.generate([ChatMessage("user", "What is the capital of France?")], GREEDY))
+    text, _, done = run(fused.generate(ReplyRequest([ChatMessage("user", "What is the capital of France?")], GREEDY)))
     assert done.finish_reason in ("stop", "length") and "Paris" in text
 
 
@@ -292,7 +302,9 @@ def test_a_new_conversation_never_writes_into_a_freed_cache(fused: Engine) -> No
     """Each new KVState gets fresh slabs; the step must point at them, not at a collected cache's (heap corruption)."""
     texts = set()
     for _ in range(6):  # new caches, the old ones garbage: their arenas' ids get reused
-        text, _, _ = run(fused.generate([ChatMessage("user", "What is the capital of France?")], GREEDY, kv=KVState()))
+        text, _, _ = run(
+            fused.generate(ReplyRequest([ChatMessage("user", "What is the capital of France?")], GREEDY), kv=KVState())
+        )
         texts.add(text)
     assert len(texts) == 1 and "Paris" in texts.pop()
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from app.core.backend import ReplyRequest
 from app.core.engine import Engine
 from app.core.errors import (
     CorruptModelError,
@@ -41,7 +42,11 @@ def test_tiny_models_load_in_nf4_on_the_cpu_with_a_16_bit_head_and_generate(arch
     assert model.lm_head.weight.dtype == torch.bfloat16
     assert loaded.quantization == "nf4" and loaded.device == "cpu"
     assert [p.device for p in loaded.placements] == ["cpu"] and loaded.placements[0].parameter_bytes > 0
-    events = list(Engine(loaded).generate([ChatMessage("user", "hi")], SamplingParams(temperature=0, max_new_tokens=6)))
+    events = list(
+        Engine(loaded).generate(
+            ReplyRequest([ChatMessage("user", "hi")], SamplingParams(temperature=0, max_new_tokens=6))
+        )
+    )
     done = events[-1]
     assert isinstance(done, DoneEvent) and done.finish_reason in ("stop", "length")
 
@@ -167,6 +172,8 @@ def test_streamed_text_never_splits_a_multibyte_character(default_loaded: Any) -
 
 def test_tokens_events_are_text(default_loaded: Any) -> None:
     events = list(
-        Engine(default_loaded).generate([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4))
+        Engine(default_loaded).generate(
+            ReplyRequest([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4))
+        )
     )
     assert all(isinstance(e.text, str) and e.text for e in events if isinstance(e, TokenEvent))

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from app.core import fastpath
+from app.core.backend import ReplyRequest
 from app.core.engine import Engine
 from app.core.events import ChatMessage, DoneEvent
 from app.core.fastpath import integrity, native
@@ -60,7 +61,7 @@ def damage(path: Path, data: bytes) -> None:
 
 
 def reply(engine: Engine) -> str:
-    done = list(engine.generate(MESSAGES, GREEDY))[-1]
+    done = list(engine.generate(ReplyRequest(MESSAGES, GREEDY)))[-1]
     assert isinstance(done, DoneEvent) and done.finish_reason in ("stop", "length"), done
     return done.text
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.core.backend import ContextUsage, ModelInfo, ScriptedBackend, scripted_factory
+from app.core.backend import ContextUsage, ModelInfo, ReplyRequest, ScriptedBackend, scripted_factory
 from app.core.events import ChatMessage, ReplyStats
-from app.core.sampling import SamplingParams
 from app.ui.worker import GenerateRequest, WorkerHost
 
 
@@ -61,7 +60,7 @@ class Relay(QObject):
 
 
 def make_request(host: WorkerHost, text: str = "hi") -> GenerateRequest:
-    return GenerateRequest(host.next_request_id(), 1, (ChatMessage("user", text),), SamplingParams())
+    return GenerateRequest(host.next_request_id(), ReplyRequest((ChatMessage("user", text),), conversation_id=1))
 
 
 def load(host: WorkerHost, relay: Relay, qtbot) -> ModelInfo:  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ DoneEvent("error") and the text so far. Nothing here prints a traceback or a key
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import re
@@ -19,9 +20,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core.backend import DeviceMemory, MemoryReading, ModelInfo, ReplyRequest
+from app.core.backend import DeviceMemory, MemoryReading, ModelInfo, ReplyRequest, estimate_context
 from app.core.errors import HearthError
-from app.core.events import ChatMessage, DoneEvent, Event, FinishReason, ReplyStats, StatsEvent, TokenEvent
+from app.core.events import (
+    ChatMessage,
+    DoneEvent,
+    Event,
+    FinishReason,
+    PromptEvent,
+    ReplyStats,
+    StatsEvent,
+    TokenEvent,
+)
 from app.core.remote import pricing
 from app.core.remote.engines import EngineConfig
 
@@ -217,17 +227,20 @@ class RemoteBackend:
 
     def generate(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
         """Opens the stream now (so a bad key, an unknown model or a dead server raise HearthError before the
-        first event); the returned iterator yields TokenEvent…, StatsEvent, DoneEvent."""
+        first event); the returned iterator yields PromptEvent, TokenEvent…, StatsEvent, DoneEvent."""
         model = request.model or self.model
         started = time.perf_counter()
+        prompt = PromptEvent(
+            estimate_context(request.messages, request.assistant_prefix, self.count_tokens, self.info.context_window)
+        )
         cached = self._cached_reply(request, model)
         if cached is not None:
-            return self._replay(cached, started)
+            return itertools.chain((prompt,), self._replay(cached, started))
         try:
             stream = self._open(request, model)
         except Exception as exc:
             raise HearthError(explain(exc, self.engine, model, self.timeout_s)) from None
-        return self._stream(stream, request, model, cancel, started)
+        return itertools.chain((prompt,), self._stream(stream, request, model, cancel, started))
 
     def _messages(self, request: ReplyRequest) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = [m.as_template_dict() for m in request.messages]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.core.backend import ReplyRequest
 from app.core.engine import Engine, KVState, kv_cache_bytes
 from app.core.events import ChatMessage
 from app.core.loader import load_model
@@ -31,7 +32,7 @@ def tiny_nf4(tiny_model_dir):  # type: ignore[no-untyped-def]
 def _generate(loaded, kv: KVState, tokens: int = 12) -> None:  # type: ignore[no-untyped-def]
     engine = Engine(loaded)
     params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
-    for _ in engine.generate([ChatMessage("user", "Count to ten, please.")], params, kv=kv):
+    for _ in engine.generate(ReplyRequest([ChatMessage("user", "Count to ten, please.")], params), kv=kv):
         pass
 
 

@@ -11,11 +11,11 @@ import pytest
 
 from app.core.backend import ReplyRequest
 from app.core.errors import HearthError
-from app.core.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
+from app.core.events import ChatMessage, DoneEvent, PromptEvent, StatsEvent, TokenEvent
 from app.core.remote.backend import RemoteBackend, probe_engine
 from app.core.remote.engines import EngineConfig
-from app.core.remote.session import RemoteChatSession
 from app.core.sampling import SamplingParams
+from app.core.session import ChatSession
 from tests.helpers.transformers_serve import RunningServer, transformers_serve
 
 
@@ -61,6 +61,7 @@ def test_same_reply_with_and_without_include_usage(server: RunningServer) -> Non
 def test_stop_keeps_the_partial_reply_from_a_real_server(server: RunningServer) -> None:
     cancel = threading.Event()
     stream = backend_for(server).generate(greedy("Write a long story about a dragon.", 400), cancel)
+    assert isinstance(next(stream), PromptEvent)  # the context split comes before the first token
     first = next(stream)
     assert isinstance(first, TokenEvent)
     cancel.set()
@@ -73,9 +74,7 @@ def test_stop_keeps_the_partial_reply_from_a_real_server(server: RunningServer) 
 
 
 def test_a_multi_turn_session_sends_the_history(server: RunningServer) -> None:
-    session = RemoteChatSession(
-        backend_for(server), system_prompt="Be brief.", params=SamplingParams(0.0, max_new_tokens=8)
-    )
+    session = ChatSession(backend_for(server), system_prompt="Be brief.", params=SamplingParams(0.0, max_new_tokens=8))
     first = list(session.ask("My name is Ada."))
     second = list(session.ask("What is my name?"))
     assert isinstance(first[-1], DoneEvent) and isinstance(second[-1], DoneEvent)

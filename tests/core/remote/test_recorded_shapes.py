@@ -10,7 +10,7 @@ import pytest
 
 from app.core.backend import ReplyRequest
 from app.core.errors import HearthError
-from app.core.events import ChatMessage, DoneEvent, Event, StatsEvent, TokenEvent
+from app.core.events import ChatMessage, DoneEvent, Event, PromptEvent, StatsEvent, TokenEvent
 from app.core.remote.backend import RemoteBackend, parse_kv_cache_usage
 from app.core.remote.engines import EngineConfig
 from app.core.sampling import SamplingParams
@@ -186,6 +186,7 @@ def test_stop_closes_the_stream_and_keeps_the_partial_reply(replay: ReplayServer
     replay.queue_file("vllm_stream.sse", hang_after=3)  # "Paris", then the server waits forever
     cancel = threading.Event()
     stream = RemoteBackend(engine(replay), "m").generate(ask(), cancel)
+    assert isinstance(next(stream), PromptEvent)  # the context split comes before the first token
     first = next(stream)
     assert first == TokenEvent("Paris")
     cancel.set()  # while the client is blocked waiting for the next chunk
