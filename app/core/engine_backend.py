@@ -16,8 +16,8 @@ import torch
 
 from app.core.backend import DeviceMemory, LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
 from app.core.engine import Engine, KVState
-from app.core.kv_pool import PrefixKVPool, pool_size
 from app.core.events import Event
+from app.core.kv_pool import PrefixKVPool, pool_size
 from app.core.loader import LoadedModel, load_model
 from app.core.response_cache import ResponseCache
 
