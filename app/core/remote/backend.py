@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core.backend import DeviceMemory, MemoryReading, ModelInfo, ReplyRequest
+from app.core.backend import MemoryReading, ModelInfo, ReplyRequest
 from app.core.errors import HearthError
 from app.core.events import ChatMessage, DoneEvent, Event, FinishReason, ReplyStats, StatsEvent, TokenEvent
+from app.core.memory.types import DeviceMemory
 from app.core.remote import pricing
 from app.core.remote.engines import EngineConfig
 
