@@ -41,6 +41,7 @@ from app.ui.conversations import ConversationList
 from app.ui.input_box import InputBox
 from app.ui.memory_panel import MemoryPanel
 from app.ui.model_bar import ModelBar
+from app.ui.server_panel import install_server_panel
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.settings_store import SettingsStore
 from app.ui.worker import Planner, WorkerHost
@@ -187,6 +188,8 @@ class MainWindow(QMainWindow):
         splitter.setCollapsible(1, False)
         self.setCentralWidget(splitter)
         self._build_menus()
+        # -- the Server switch (issue 13): app/ui/server_panel.py owns its dock, its View menu item and its wiring
+        self.server_panel = install_server_panel(self, self.host, self.view_menu)
 
         self.last_memory: MemoryReading | None = None
         self.load_request: LoadRequest | None = None  # the last load asked for ("Load anyway" repeats it)
@@ -351,7 +354,7 @@ class MainWindow(QMainWindow):
         self.models_menu = bar.addMenu("&Models")
         # The model library window (app/ui/library.py) plugs in here.
         self.library_action = self._action(self.models_menu, "Model &library…", self.open_library)
-        view_menu = bar.addMenu("&View")
+        view_menu = self.view_menu = bar.addMenu("&View")
         toggle = self._action(view_menu, "&Memory panel", lambda: None)
         toggle.setCheckable(True)
         toggle.setChecked(True)
