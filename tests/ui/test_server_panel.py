@@ -25,16 +25,29 @@ SERVER_THREADS = ("hearth-server-http", "hearth-server-model")
 
 
 class ThreadRecordingBackend(ScriptedBackend):
-    """A scripted backend that notes which thread called generate, and which conversation each request was for."""
+    """A scripted backend that notes which thread called generate and forget. With `gate`, the first reply holds
+    after its first token until the gate opens (or it is cancelled): the test decides when it ends, not the clock."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, gate: threading.Event | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.gate = gate
         self.threads: list[str] = []
         self.forgotten: list[tuple[int, str]] = []
 
     def generate(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
         self.threads.append(thread_name())
-        return super().generate(request, cancel)
+        events = super().generate(request, cancel)
+        if self.gate is None or len(self.threads) > 1:
+            return events
+        return self._held(events, self.gate, cancel)
+
+    @staticmethod
+    def _held(events: Iterator[Event], gate: threading.Event, cancel: threading.Event) -> Iterator[Event]:
+        for event in events:
+            yield event
+            if event.type == "token":
+                while not gate.is_set() and not cancel.is_set():
+                    gate.wait(0.01)
 
     def forget(self, conversation_id: int) -> None:
         self.forgotten.append((conversation_id, thread_name()))
@@ -100,7 +113,8 @@ def test_switch_serves_the_loaded_model_and_logs_each_request_with_its_stats(mak
 
 def test_window_chat_answers_while_a_client_streams_both_through_the_one_queue(make_window, qtbot) -> None:
     long_reply = " ".join(f"word{i}" for i in range(60))
-    backend = ThreadRecordingBackend(replies=[long_reply, "The window's own answer."], tokens_per_s=200)
+    gate = threading.Event()
+    backend = ThreadRecordingBackend(gate, replies=[long_reply, "The window's own answer."])
     window = make_window(backend)
     panel = window.server_panel
     address = switch_on(qtbot, panel)
@@ -127,7 +141,9 @@ def test_window_chat_answers_while_a_client_streams_both_through_the_one_queue(m
             window.chat.send("And you?")
             # The window's request waits its turn behind the client's stream, and the panel shows it waiting.
             qtbot.waitUntil(lambda: panel.depth_label.text() == "Queue: 1 running, 1 waiting", timeout=10_000)
+            gate.set()
     finally:
+        gate.set()
         streamer.join(30)
     assert not failures
     assert "".join(streamed) == long_reply  # the client's stream was served whole, first
@@ -160,7 +176,7 @@ def test_switching_off_stops_serving_and_the_window_chats_directly_again(make_wi
 
 def test_switching_off_while_the_window_waits_behind_a_client_runs_its_reply_at_once(make_window, qtbot) -> None:
     long_reply = " ".join(f"word{i}" for i in range(400))
-    backend = ThreadRecordingBackend(replies=[long_reply, "Not kept waiting."], tokens_per_s=100)
+    backend = ThreadRecordingBackend(threading.Event(), replies=[long_reply, "Not kept waiting."])  # never opens
     window = make_window(backend)
     panel = window.server_panel
     address = switch_on(qtbot, panel)
@@ -190,7 +206,7 @@ def test_switching_off_while_the_window_waits_behind_a_client_runs_its_reply_at_
         streamer.join(30)
     assert finished.args[0] == "stop" and window.chat_model.item(1).content == "Not kept waiting."
     assert backend.threads == ["hearth-server-model", "hearth-inference"]
-    assert 0 < len(streamed) < 400  # the client's stream was cut when the server stopped
+    assert len(streamed) == 1  # the client's stream was cut when the server stopped (held after a token)
     qtbot.waitUntil(lambda: panel.state == "off", timeout=10_000)
     assert connection_refused(address)
 
