@@ -29,7 +29,18 @@ log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"  # the window never listens beyond this machine (that is `hearth serve --allow-network`)
 POLL_S = 0.05  # how often a waiting window request looks at its cancel and at a request to stop the server
+MAX_WAITING = 16  # requests that may wait behind the running one (hearth serve's --max-queue default)
 NO_MODEL_MESSAGE = "No model is loaded: load one from the model bar, then switch the server on."
+NO_SERVER_LIBRARIES_MESSAGE = (
+    "This build of Hearth cannot serve: the server's libraries (uvicorn, starlette) are missing."
+)
+
+
+def queue_full_message(waiting: int, retry_after_s: int) -> str:
+    return (
+        f"The server's queue is full ({waiting} requests waiting): try again in {retry_after_s} s. "
+        "The window's chat waits in the same queue as the programs the server serves."
+    )
 
 
 def port_in_use_message(port: int) -> str:
@@ -104,9 +115,14 @@ class WindowServer:
     `stop_requested` may be used from any thread."""
 
     def __init__(
-        self, backend: ChatBackend, on_request: Callable[[RequestRecord], None], stop_requested: threading.Event
+        self,
+        backend: ChatBackend,
+        on_request: Callable[[RequestRecord], None],
+        stop_requested: threading.Event,
+        max_waiting: int = MAX_WAITING,
     ) -> None:
         self.backend = backend
+        self.max_waiting = max_waiting
         self.model = SharedModel(backend)
         self.on_request = on_request
         self.handle: ServerHandle | None = None
@@ -115,13 +131,17 @@ class WindowServer:
     def start(self, port: int) -> str:
         """Listen on 127.0.0.1:`port` (0 = any free port); returns the base URL. Raises HearthError with the
         message the panel shows."""
-        from app.core.server import ServerConfig, ServerHandle
-
-        handle = ServerHandle(ServerConfig(host=LOOPBACK, port=port), on_request=self.on_request)
         try:
+            from app.core.server import ServerConfig, ServerHandle
+
+            handle = ServerHandle(
+                ServerConfig(host=LOOPBACK, port=port, max_queue=self.max_waiting), on_request=self.on_request
+            )
             address = handle.start(self.model)
+        except ImportError as exc:  # a build without the HTTP stack (uvicorn is imported by start)
+            log.warning("serving unavailable: %s", exc)
+            raise HearthError(NO_SERVER_LIBRARIES_MESSAGE) from None
         except HearthError:
-            handle.stop()
             if port_in_use(LOOPBACK, port):
                 raise HearthError(port_in_use_message(port)) from None
             raise
@@ -165,7 +185,7 @@ class WindowServer:
         try:
             job = handle.queue.submit(request, QueuedCancel(cancel), items.put)
         except QueueFullError as full:
-            raise HearthError(f"{full} (the window's chat waits in the same queue as the server's clients)") from None
+            raise HearthError(queue_full_message(full.waiting, full.retry_after_s)) from None
         while True:
             try:
                 item = items.get(timeout=POLL_S)

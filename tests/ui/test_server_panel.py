@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -14,11 +15,18 @@ from PySide6.QtWidgets import QApplication
 
 from app.core.backend import LoadRequest, ReplyRequest, ScriptedBackend
 from app.core.engine_backend import EngineBackend
-from app.core.events import Event
+from app.core.errors import HearthError
+from app.core.events import ChatMessage, Event
 from app.core.sampling import SamplingParams
 from app.core.settings import Settings
 from app.ui.server_panel import ServerPanel
-from app.ui.serving import NO_MODEL_MESSAGE, port_in_use_message
+from app.ui.serving import (
+    NO_MODEL_MESSAGE,
+    NO_SERVER_LIBRARIES_MESSAGE,
+    WindowServer,
+    port_in_use_message,
+    queue_full_message,
+)
 
 HELLO = [{"role": "user", "content": "Hi"}]
 SERVER_THREADS = ("hearth-server-http", "hearth-server-model")
@@ -296,3 +304,32 @@ def test_the_real_model_serves_a_client_and_the_window(make_window, qtbot, defau
     record = panel.records[0]
     assert record.status == 200 and record.prompt_tokens > 10 and 0 < record.completion_tokens <= 8
     assert record.ttft_ms > 0
+
+
+def test_switching_on_in_a_build_without_the_server_libraries_says_so(make_window, qtbot, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # `import uvicorn` raises ImportError, as in such a build
+    panel = make_window().server_panel
+    switch_on(qtbot, panel)
+    assert panel.state == "off" and panel.status.text() == NO_SERVER_LIBRARIES_MESSAGE
+
+
+def test_a_window_request_refused_by_a_full_queue_says_so() -> None:
+    gate = threading.Event()
+    backend = ThreadRecordingBackend(gate, replies=["Held until the gate opens.", "Waiting.", "Refused."])
+    server = WindowServer(backend, lambda record: None, threading.Event(), max_waiting=1)
+    server.start(0)
+    hello = ReplyRequest([ChatMessage("user", "Hi")])
+    try:
+        running = server.stream(hello, threading.Event())
+        assert [next(running).type, next(running).type] == ["prompt", "token"]  # running, held after one token
+        assert server.handle is not None and server.handle.queue is not None
+        server.handle.queue.submit(hello, threading.Event(), lambda item: None)  # a client waits behind it
+        assert server.depth() == (1, 1)
+        with pytest.raises(HearthError) as refused:
+            next(server.stream(hello, threading.Event()))
+        retry_after_s = server.handle.queue.retry_after_s()
+        assert str(refused.value) == queue_full_message(1, retry_after_s)
+        assert str(refused.value).startswith("The server's queue is full (1 requests waiting): try again in ")
+    finally:
+        gate.set()
+        server.stop()
