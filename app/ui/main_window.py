@@ -189,7 +189,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
         self._build_menus()
         # -- the Server switch (issue 13): app/ui/server_panel.py owns its dock, its View menu item and its wiring
-        self.server_panel = install_server_panel(self, self.host, self.view_menu)
+        self.server_panel = install_server_panel(self, self.host, self.settings_store, self.view_menu)
 
         self.last_memory: MemoryReading | None = None
         self.load_request: LoadRequest | None = None  # the last load asked for ("Load anyway" repeats it)

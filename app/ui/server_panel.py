@@ -29,12 +29,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.ui.settings_store import SettingsStore
 from app.ui.worker import WorkerHost
 
 if TYPE_CHECKING:
     from app.core.server import RequestRecord
 
-DEFAULT_PORT = 8080  # app.core.server.handle.DEFAULT_PORT (not imported here: that pulls in the HTTP stack)
 DEPTH_EVERY_MS = 250
 MAX_LOG_ROWS = 500
 LOG_COLUMNS = ("Time", "Endpoint", "Status", "Prompt", "Cached", "Completion", "TTFT ms", "tok/s")
@@ -49,10 +49,11 @@ class ServerPanel(QWidget):
 
     state_changed = Signal(str)  # "off", "starting", "on", "stopping" (tests wait on it)
 
-    def __init__(self, host: WorkerHost, parent: QWidget | None = None) -> None:
+    def __init__(self, host: WorkerHost, settings: SettingsStore, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("ServerPanel")
         self.host = host
+        self.settings = settings
         self.state = "off"
         self.records: list[RequestRecord] = []
 
@@ -66,7 +67,7 @@ class ServerPanel(QWidget):
         top.addWidget(QLabel("Port"))
         self.port = QSpinBox()
         self.port.setRange(0, 65535)
-        self.port.setValue(DEFAULT_PORT)
+        self.port.setValue(settings.current.server_port)
         self.port.setToolTip("0 = any free port")
         top.addWidget(self.port)
         layout.addLayout(top)
@@ -121,7 +122,10 @@ class ServerPanel(QWidget):
         if on and self.state == "off":
             self._set_state("starting")
             self.status.setText("Starting…")
-            self.host.start_server(self.port.value())
+            port = self.port.value()
+            if port != self.settings.current.server_port:
+                self.settings.update(server_port=port)  # remembered for the next run
+            self.host.start_server(port)
         elif not on and self.state in ("starting", "on"):
             self._set_state("stopping")
             self.status.setText("Stopping…")
@@ -210,9 +214,9 @@ def log_row(record: Any) -> tuple[str, ...]:
     )
 
 
-def install_server_panel(window: QMainWindow, host: WorkerHost, view_menu: Any) -> ServerPanel:
+def install_server_panel(window: QMainWindow, host: WorkerHost, settings: SettingsStore, view_menu: Any) -> ServerPanel:
     """The panel as a dock on the right (hidden until View ▸ Server is checked)."""
-    panel = ServerPanel(host)
+    panel = ServerPanel(host, settings)
     dock = QDockWidget("Server", window)
     dock.setObjectName("ServerDock")
     dock.setWidget(panel)

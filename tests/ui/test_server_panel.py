@@ -234,6 +234,16 @@ def test_a_port_in_use_is_one_clear_message(make_window, qtbot) -> None:
     )
 
 
+def test_the_port_is_a_setting_remembered_when_the_switch_is_used(make_window, qtbot) -> None:
+    window = make_window(settings=Settings(server_port=8123))
+    panel = window.server_panel
+    assert panel.port.value() == 8123
+    switch_on(qtbot, panel, 0)
+    assert window.settings.server_port == 0
+    assert panel.address.text() != "http://127.0.0.1:0/v1"  # 0 asked for any free port: the chosen one is shown
+    assert int(panel.address.text().rsplit(":", 1)[1].removesuffix("/v1")) > 0
+
+
 def test_switching_on_without_a_model_says_to_load_one(make_window, qtbot) -> None:
     window = make_window(load=False)
     panel = window.server_panel
