@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 DEPTH_EVERY_MS = 250
 MAX_LOG_ROWS = 500
-LOG_COLUMNS = ("Time", "Endpoint", "Status", "Prompt", "Cached", "Completion", "TTFT ms", "tok/s")
+LOG_COLUMNS = ("Time", "Endpoint", "Status", "Prompt", "Cached", "Out", "TTFT ms", "tok/s")
 LOOPBACK_NOTE = (
     "Only programs on this computer can connect (127.0.0.1, no API key). To serve other machines, run "
     "`hearth serve --allow-network --api-key-name NAME` instead: the key is kept in the system keyring."
@@ -204,7 +204,7 @@ def log_row(record: Any) -> tuple[str, ...]:
     generated = record.completion_tokens > 0
     return (
         time.strftime("%H:%M:%S", time.localtime(record.at)),
-        f"{record.method} {record.path}",
+        record.path.removeprefix("/v1/") if record.method == "POST" else f"{record.method} {record.path}",
         str(record.status),
         str(record.prompt_tokens) if generated else "",
         str(record.cached_tokens) if generated else "",
