@@ -343,3 +343,23 @@ def test_a_window_request_refused_by_a_full_queue_says_so() -> None:
     finally:
         gate.set()
         server.stop()
+
+
+def test_switching_off_before_the_server_has_started_leaves_it_off(make_window, qtbot) -> None:
+    window = make_window()
+    panel = window.server_panel
+    panel.port.setValue(0)
+    with qtbot.waitSignal(panel.state_changed, timeout=30_000, check_params_cb=lambda s: s == "off"):
+        panel.switch.click()  # on: the worker starts the server...
+        panel.switch.click()  # ...and off before its answer arrives (started, then stopped, arrive in order)
+    assert panel.state == "off" and not panel.switch.isChecked() and panel.address.text() == ""
+    assert panel.status.text() == "Stopped."
+    assert window.host.server_depth() is None
+
+
+def test_the_view_menu_shows_the_server_panel(make_window) -> None:
+    window = make_window(load=False)
+    action = next(a for a in window.view_menu.actions() if a.text() == "&Server")
+    assert not window.server_panel.isVisible()
+    action.trigger()
+    assert window.server_panel.isVisible()
