@@ -62,13 +62,13 @@ def api_key_from_keyring(name: str, *, make_new: bool) -> str:
         print(f"New API key saved in the system keyring as {name!r}. Give it to your clients (shown once):")
         print(key, flush=True)
         return key
-    key = engines.read_key(key_name)
-    if not key:
+    stored = engines.read_key(key_name)
+    if not stored:
         raise HearthError(
             f"No API key named {name!r} in the system keyring; make one with `hearth serve --api-key-name {name} "
             "--new-key`."
         )
-    return key
+    return stored
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

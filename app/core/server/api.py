@@ -311,8 +311,10 @@ class ServerApp:
 
     async def _not_found(self, request: Request, exc: Exception) -> Response:
         self._log(request, 404, error="not found")
-        return error_response(ApiError(404, f"There is no {request.url.path} here; see GET /v1/models, "
-                                       "POST /v1/chat/completions, POST /v1/completions.", code="not_found"))  # fmt: skip
+        message = (
+            f"There is no {request.url.path} here; see GET /v1/models, POST /v1/chat/completions, POST /v1/completions."
+        )
+        return error_response(ApiError(404, message, code="not_found"))
 
     async def _not_allowed(self, request: Request, exc: Exception) -> Response:
         self._log(request, 405, error="method not allowed")
@@ -365,20 +367,20 @@ class ServerApp:
         try:
             job = self.queue.submit(parsed.reply, cancel, sink)
         except QueueFullError as full:
-            error = ApiError(503, str(full), code="queue_full", headers={"Retry-After": str(full.retry_after_s)})
+            busy = ApiError(503, str(full), code="queue_full", headers={"Retry-After": str(full.retry_after_s)})
             self.metrics.request_done(endpoint, 503)
-            self._log(request, 503, error=error.message)
-            return error_response(error)
+            self._log(request, 503, error=busy.message)
+            return error_response(busy)
         gone = threading.Event()
         watcher = asyncio.create_task(_watch_disconnect(request, cancel, gone))
         request_id = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         first = await items.get()
         if isinstance(first[1], BaseException | End):
             watcher.cancel()
-            error = _as_api_error(first[1])
-            self.metrics.request_done(endpoint, error.status)
-            self._log(request, error.status, error=error.message)
-            return error_response(error)
+            failure = _as_api_error(first[1])
+            self.metrics.request_done(endpoint, failure.status)
+            self._log(request, failure.status, error=failure.message)
+            return error_response(failure)
         context = _Exchange(self, request, parsed, reply, request_id, received, lambda: job.queued_s, gone)
         if parsed.stream:
             return EventStream(context.stream(first, items, watcher))
@@ -478,18 +480,18 @@ class _Exchange:
             watcher.cancel()
         reply = self.reply
         if reply.error is not None or (reply.done is not None and reply.done.finish_reason == "error"):
-            message = reply.done.error if reply.done is not None and reply.done.error else ""
-            error = _as_api_error(reply.error) if reply.error is not None else ApiError(500, message or "failed")
+            detail = reply.done.error if reply.done is not None and reply.done.error else ""
+            error = _as_api_error(reply.error) if reply.error is not None else ApiError(500, detail or "failed")
             self.app.reply_finished(self.endpoint, reply, error.status)
             self.app._log(self.request, error.status, reply=reply, started=self.received, error=error.message)
             return error_response(error)
         body = self._base()
         if self.endpoint == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+            said: dict[str, Any] = {"role": "assistant", "content": reply.content}
             if reply.tool_calls:
-                message["content"] = reply.content or None
-                message["tool_calls"] = _tool_call_objects(reply.tool_calls, self.request_id)
-            choice = {"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}
+                said["content"] = reply.content or None
+                said["tool_calls"] = _tool_call_objects(reply.tool_calls, self.request_id)
+            choice = {"index": 0, "message": said, "finish_reason": reply.finish_reason, "logprobs": None}
         else:
             choice = {"index": 0, "text": reply.content, "finish_reason": reply.finish_reason, "logprobs": None}
         body["choices"] = [choice]

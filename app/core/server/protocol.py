@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from app.core.backend import ReplyRequest, ResponseFormat
 from app.core.errors import HearthError
@@ -26,7 +26,8 @@ TOOL_CALL_FORMAT = "tool_call"  # the ResponseFormat name the server uses when i
 class ApiError(Exception):
     """An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}} with this HTTP status."""
 
-    TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    TYPES: ClassVar[dict[int, str]] = {
+             400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
              404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
              429: "rate_limit_error", 503: "server_overloaded", 500: "server_error"}  # fmt: skip
 
@@ -146,7 +147,7 @@ def sampling(body: dict[str, Any], limits: Limits, context_window: int) -> Sampl
     if values["temperature"] > 2:
         raise _bad(f"'temperature' must be between 0 and 2 (got {values['temperature']:g}).", "temperature")
     try:
-        return SamplingParams(**values)  # type: ignore[arg-type]
+        return SamplingParams(**values)
     except HearthError as exc:  # the sampling rules' own sentence, naming the value
         raise _bad(str(exc)) from None
 

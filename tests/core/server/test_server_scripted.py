@@ -298,7 +298,7 @@ def test_api_key_is_required_when_set(serve: Any) -> None:
 def test_refuses_to_listen_off_loopback_without_flag_and_key() -> None:
     with pytest.raises(HearthError, match=r"Refusing to listen on 0\.0\.0\.0: other machines .* --allow-network"):
         ServerHandle(ServerConfig(host="0.0.0.0"))
-    with pytest.raises(HearthError, match="Refusing to listen on 192.168.1.5 without an API key"):
+    with pytest.raises(HearthError, match=r"Refusing to listen on 192\.168\.1\.5 without an API key"):
         ServerHandle(ServerConfig(host="192.168.1.5", allow_network=True))
     ServerHandle(ServerConfig(host="0.0.0.0", allow_network=True, api_key="k"))  # both given: allowed
     ServerHandle(ServerConfig(host="::1"))  # IPv6 loopback needs neither
