@@ -135,19 +135,19 @@ def sampling(body: dict[str, Any], limits: Limits, context_window: int) -> Sampl
     if requested is not None and not 1 <= requested <= cap:
         raise _bad(f"'{param}' must be between 1 and {cap} on this server (got {requested}).", param)
     seed = _integer(body, "seed")
-    values = {
-        "temperature": _number(body, "temperature", 1.0),  # OpenAI's defaults: temperature 1, top_p 1
-        "top_p": _number(body, "top_p", 1.0),
-        "top_k": int(_number(body, "top_k", 0)),
-        "min_p": _number(body, "min_p", 0.0),
-        "repetition_penalty": _number(body, "repetition_penalty", 1.0),
-        "max_new_tokens": requested if requested is not None else min(limits.default_max_tokens, cap),
-        "seed": seed,
-    }
-    if values["temperature"] > 2:
-        raise _bad(f"'temperature' must be between 0 and 2 (got {values['temperature']:g}).", "temperature")
+    temperature = _number(body, "temperature", 1.0)  # OpenAI's defaults: temperature 1, top_p 1
+    if temperature > 2:
+        raise _bad(f"'temperature' must be between 0 and 2 (got {temperature:g}).", "temperature")
     try:
-        return SamplingParams(**values)
+        return SamplingParams(
+            temperature=temperature,
+            top_p=_number(body, "top_p", 1.0),
+            top_k=int(_number(body, "top_k", 0)),
+            min_p=_number(body, "min_p", 0.0),
+            repetition_penalty=_number(body, "repetition_penalty", 1.0),
+            max_new_tokens=requested if requested is not None else min(limits.default_max_tokens, cap),
+            seed=seed,
+        )
     except HearthError as exc:  # the sampling rules' own sentence, naming the value
         raise _bad(str(exc)) from None
 
@@ -225,7 +225,7 @@ def messages(body: dict[str, Any], limits: Limits) -> tuple[ChatMessage, ...]:
             extra["tool_call_id"] = str(item.get("tool_call_id") or "")
             if item.get("name"):
                 extra["name"] = str(item["name"])
-        out.append(ChatMessage(role, _content(item.get("content"), index), extra))  # type: ignore[arg-type]
+        out.append(ChatMessage(role, _content(item.get("content"), index), extra))
     return tuple(out)
 
 
