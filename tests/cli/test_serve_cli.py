@@ -35,7 +35,9 @@ def keys() -> Iterator[memory_keyring.MemoryKeyring]:
         (["--max-queue", "-1"], "--max-queue must be 0 or more."),
     ],
 )
-def test_refusals_are_one_line_before_loading(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+def test_refusals_are_one_line_before_loading(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err

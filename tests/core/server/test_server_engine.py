@@ -15,7 +15,7 @@ from app.core.engine_backend import EngineBackend
 # A Hermes/Qwen-style template: tools listed in the system turn, calls as <tool_call>{json}</tool_call>.
 TOOL_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\nYou may call these tools:\n{% for tool in tools %}"
-    "{{ tool | tojson }}\n{% endfor %}Answer with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>."
+    '{{ tool | tojson }}\n{% endfor %}Answer with <tool_call>{"name": ..., "arguments": ...}</tool_call>.'
     "<|im_end|>\n{%- endif %}"
     "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
     "{%- if message.tool_calls %}{% for call in message.tool_calls %}<tool_call>{{ call.function | tojson }}"
