@@ -36,9 +36,7 @@ def serve() -> Iterator[Callable[..., Served]]:
     def start(backend: Any, **config: Any) -> Served:
         records: list[RequestRecord] = []
         handle = ServerHandle(ServerConfig(port=0, **config), on_request=records.append)
-        from tests.core.server._shim import adapt
-
-        handle.start(adapt(backend))
+        handle.start(backend)
         handles.append(handle)
         return Served(handle, records)
 
