@@ -35,13 +35,26 @@ class PrefixKVPool:
         self._caches: list[KVState] = []  # least recently used first
 
     def take(self, prompt_ids: list[int]) -> KVState:
-        """The cache to generate `prompt_ids` on top of (the engine crops it to the shared prefix)."""
-        best: KVState | None = None
-        best_common = 0
+        """The cache to generate `prompt_ids` on top of (the engine crops it to the shared prefix).
+
+        A cache the prompt merely extends (the same client's next turn) is taken as is. A cache that shares only
+        part of its tokens (another client with the same system prompt) would lose its tail to the crop, so while
+        the pool has room the prompt gets a fresh cache instead; a full pool crops the best partial match."""
+        extended: KVState | None = None
+        partial: KVState | None = None
+        extended_len = partial_len = 0
         for kv in self._caches:
             common = shared_prefix(kv.ids, prompt_ids)
-            if common > best_common:
-                best, best_common = kv, common
+            if common == 0:
+                continue
+            if common == len(kv.ids) or common >= len(prompt_ids) - 1:  # an extension, or the same prompt again
+                if common > extended_len:
+                    extended, extended_len = kv, common
+            elif common > partial_len:
+                partial, partial_len = kv, common
+        best = extended
+        if best is None and len(self._caches) >= self.max_caches:
+            best = partial
         if best is None:
             best = KVState()
             if len(self._caches) >= self.max_caches:  # full: the least recently used one makes room

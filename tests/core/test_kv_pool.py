@@ -41,3 +41,14 @@ def test_pool_size_is_bounded_by_memory() -> None:
     assert pool_size(500 * 2**20, 23_040, 8192) == 2
     assert pool_size(2**30, 0, 2048) == 1
     assert shared_prefix([1, 2, 3], [1, 2, 4]) == 2
+
+
+def test_a_shared_system_prompt_does_not_crop_another_clients_cache_while_there_is_room() -> None:
+    pool = PrefixKVPool(2)
+    alice = pool.take([7, 7, 1, 1])
+    alice.ids = [7, 7, 1, 1, 5]
+    bob = pool.take([7, 7, 2, 2])  # shares only the "system prompt" [7, 7]
+    assert bob is not alice and alice.ids == [7, 7, 1, 1, 5]
+    bob.ids = [7, 7, 2, 2, 6]
+    carol = pool.take([7, 7, 3])  # full now: the best partial match is cropped by the engine
+    assert carol is alice  # the least recently used of the two equal matches
