@@ -31,7 +31,9 @@ TURNS = [
 ]
 
 
-def conversation(client: object, backend: object, turns: int, tokens: int, *, reuse: bool) -> list[tuple[int, int, float]]:
+def conversation(
+    client: object, backend: object, turns: int, tokens: int, *, reuse: bool
+) -> list[tuple[int, int, float]]:
     messages: list[dict[str, str]] = []
     rows = []
     for text in TURNS[:turns]:
@@ -42,7 +44,9 @@ def conversation(client: object, backend: object, turns: int, tokens: int, *, re
             model="x", messages=messages, max_tokens=tokens, temperature=0
         )
         usage = reply.usage
-        rows.append((usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, reply.model_extra["timings"]["ttft_ms"]))
+        rows.append(
+            (usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, reply.model_extra["timings"]["ttft_ms"])
+        )
         messages.append({"role": "assistant", "content": reply.choices[0].message.content})
     return rows
 
@@ -80,8 +84,11 @@ def main() -> int:
         for _ in range(3):
             reply = client.chat.completions.create(model="x", messages=question, max_tokens=96, temperature=0)
             api_rates.append(reply.model_extra["timings"]["predicted_per_second"])
-            request = ReplyRequest((ChatMessage("user", question[0]["content"]),),
-                                   params=SamplingParams(temperature=0, max_new_tokens=96), use_response_cache=False)
+            request = ReplyRequest(
+                (ChatMessage("user", question[0]["content"]),),
+                params=SamplingParams(temperature=0, max_new_tokens=96),
+                use_response_cache=False,
+            )
             for event in backend.generate(request, threading.Event()):
                 if isinstance(event, StatsEvent):
                     direct_rates.append(event.stats.decode_tokens_per_s)

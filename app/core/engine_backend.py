@@ -16,8 +16,8 @@ import torch
 
 from app.core.backend import LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
 from app.core.engine import Engine, KVState
-from app.core.kv_pool import PrefixKVPool, pool_size
 from app.core.events import Event
+from app.core.kv_pool import PrefixKVPool, pool_size
 from app.core.loader import LoadedModel, load_model
 from app.core.memory.accounting import MemoryMonitor, model_kv_layout
 from app.core.memory.types import DeviceMemory, MemorySnapshot

@@ -200,7 +200,7 @@ class Reply:
     def __init__(self, parsed: ParsedRequest, cancel: threading.Event) -> None:
         self.parsed = parsed
         self.cancel = cancel
-        self.stops = StopFilter(parsed.reply.stop)
+        self.stops = StopFilter(tuple(parsed.reply.stop))
         self.tool_gate = StopFilter((TOOL_CALL_OPEN,)) if parsed.tools.choice == "auto" else None
         self.forced_tool = parsed.tools.forced
         self.text: list[str] = []
