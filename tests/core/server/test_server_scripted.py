@@ -348,3 +348,57 @@ def test_sse_wire_format(serve: Any) -> None:
         events = sse_lines(response)
     assert events[-1] == "[DONE]"
     assert all(isinstance(e, dict) and e["object"] == "chat.completion.chunk" for e in events[:-1])
+
+
+def test_the_windows_chat_shares_the_queue_while_a_client_streams(serve: Any) -> None:
+    """The window's worker calls queue.run() from its own thread: served in turn, never at the same time."""
+    from app.core.events import ChatMessage, TokenEvent
+
+    probe = CancelProbe(ScriptedBackend(replies=[LONG_REPLY[:200], "From the window."], tokens_per_s=100))
+    server = serve(probe)
+    window_text: list[str] = []
+    with httpx.Client(timeout=30) as http, http.stream(
+        "POST", f"{server.base_url}/chat/completions", json={"messages": HELLO, "stream": True}
+    ) as response:  # fmt: skip
+        lines = response.iter_lines()
+        next(lines)  # the client's reply is streaming
+        request = ReplyRequest((ChatMessage("user", "Hello from the window"),), conversation_id=3)
+
+        def chat() -> None:
+            events = server.handle.queue.run(request, threading.Event())
+            window_text.extend(e.text for e in events if isinstance(e, TokenEvent))
+
+        window = threading.Thread(target=chat)
+        window.start()
+        client_text = "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            for line in lines if line.startswith("data: {") and '"choices":[{' in line
+        )  # fmt: skip
+        window.join(30)
+    assert client_text == LONG_REPLY[:200]
+    assert "".join(window_text) == "From the window."
+    assert [r.conversation_id for r in probe.requests] == [None, 3]  # one after the other, in arrival order
+
+
+def test_auto_tool_call_is_read_from_the_reply(serve: Any) -> None:
+    call = '<tool_call>{"name": "lookup", "arguments": {"q": "kettle"}}</tool_call>'
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    server = serve(ScriptedBackend(replies=[f"Let me check. {call}"]))
+    client = server.client()
+    reply = client.chat.completions.create(model="m", messages=HELLO, tools=[tool])
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert reply.choices[0].message.content == "Let me check. "
+    (made,) = reply.choices[0].message.tool_calls
+    assert (made.function.name, json.loads(made.function.arguments)) == ("lookup", {"q": "kettle"})
+    chunks = list(client.chat.completions.create(model="m", messages=HELLO, tools=[tool], stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == "Let me check. " and "<tool_call>" not in text
+    pieces = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert pieces[0].function.name == "lookup" and pieces[0].id
+    assert json.loads("".join(p.function.arguments or "" for p in pieces)) == {"q": "kettle"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
+    # A call of a tool that was not offered stays text.
+    server2 = serve(ScriptedBackend(replies=[call.replace("lookup", "rm_rf")]))
+    other = server2.client().chat.completions.create(model="m", messages=HELLO, tools=[tool])
+    assert other.choices[0].message.content == call.replace("lookup", "rm_rf")
+    assert other.choices[0].message.tool_calls is None
