@@ -378,6 +378,8 @@ class ServerApp:
         if isinstance(first[1], BaseException | End):
             watcher.cancel()
             failure = _as_api_error(first[1])
+            if gone.is_set():  # the client left while its request waited: it was skipped
+                failure = ApiError(499, "client disconnected while waiting")
             self.metrics.request_done(endpoint, failure.status)
             self._log(request, failure.status, error=failure.message)
             return error_response(failure)

@@ -402,3 +402,22 @@ def test_auto_tool_call_is_read_from_the_reply(serve: Any) -> None:
     other = server2.client().chat.completions.create(model="m", messages=HELLO, tools=[tool])
     assert other.choices[0].message.content == call.replace("lookup", "rm_rf")
     assert other.choices[0].message.tool_calls is None
+
+
+def test_a_client_that_leaves_while_waiting_is_skipped(serve: Any) -> None:
+    probe = CancelProbe(ScriptedBackend(replies=[LONG_REPLY[:300], "Second."], tokens_per_s=50))
+    server = serve(probe)
+    body = {"messages": HELLO, "stream": True}
+    with httpx.Client(timeout=30) as http, http.stream("POST", f"{server.base_url}/chat/completions", json=body) as r1:
+        lines = r1.iter_lines()
+        next(lines)
+        with pytest.raises(httpx.ReadTimeout):  # waits behind the first, then gives up
+            httpx.post(f"{server.base_url}/chat/completions", json={"messages": HELLO}, timeout=0.5)
+        deadline = time.monotonic() + 5
+        while server.handle.queue.waiting and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.handle.queue.waiting == 0  # a request whose client left no longer counts
+    reply = server.client().chat.completions.create(model="m", messages=HELLO)
+    assert reply.choices[0].message.content == "Second."
+    assert len(probe.requests) == 2  # the abandoned request never reached the model
+    assert any(r.status == 499 and r.error == "client disconnected while waiting" for r in server.records)
