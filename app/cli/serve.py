@@ -106,15 +106,11 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     settings = settings_from_args(args)
     from app.core.backend import LoadRequest
-    from app.core.engine_backend import load_engine_backend
+    from app.core.engine_backend import open_backend
 
-    request = LoadRequest(
-        settings.model, quantization=settings.quantization, device=settings.device,
-        context_length=settings.context_length, allow_pickle=settings.allow_pickle,
-        trust_remote_code=settings.trust_remote_code, ignore_fit=bool(args.ignore_fit),
-        response_cache=False,
-    )  # fmt: skip
-    backend = load_engine_backend(request, progress_to_stderr, threading.Event())
+    # No response cache: an API client asking again wants a fresh reply (seeds are honoured).
+    request = LoadRequest.from_settings(settings, ignore_fit=bool(args.ignore_fit), response_cache=False)
+    backend = open_backend(request, progress_to_stderr)
     handle = ServerHandle(config, on_request=print_record)
     try:
         address = handle.start(backend)
