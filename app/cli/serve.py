@@ -108,9 +108,9 @@ def run(args: argparse.Namespace) -> int:
     from app.core.backend import LoadRequest
     from app.core.engine_backend import open_backend
 
-    # The response cache stays off: API clients expect a fresh reply per request, and their seeds and sampling vary.
+    # No response cache: an API client asking again wants a fresh reply (seeds are honoured).
     request = LoadRequest.from_settings(settings, ignore_fit=bool(args.ignore_fit), response_cache=False)
-    backend = open_backend(request, progress_to_stderr, threading.Event())
+    backend = open_backend(request, progress_to_stderr)
     handle = ServerHandle(config, on_request=print_record)
     try:
         address = handle.start(backend)

@@ -56,12 +56,10 @@ class EngineBackend:
         self._caches: dict[int, KVState] = {}
         self._active: int | None = None
         self._pool_active: KVState | None = None
-        self._pool = PrefixKVPool(1)
         self._monitor = _memory_monitor(loaded, self._active_kv)
-        # The memory planner's KV bytes per token (the accounting's layout), else the config's arithmetic.
-        per_token = self.memory().kv_bytes_per_token or _kv_bytes_per_token(loaded)
+        # The memory planner's KV bytes per token; a full-window cache each, as many as a share of free memory holds.
         budget = int(_free_bytes(loaded) * POOL_MEMORY_SHARE)
-        self._pool = PrefixKVPool(pool_size(budget, per_token, loaded.context_window))
+        self._pool = PrefixKVPool(pool_size(budget, _kv_bytes_per_token(loaded.model), loaded.context_window))
 
     def _active_kv(self) -> KVState | None:
         if self._active is None:
