@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import queue as stdlib_queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -127,24 +126,6 @@ class RequestQueue:
             self._waiting.append(job)
             self._lock.notify_all()
             return job
-
-    def run(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
-        """For a caller on its own thread (the window's worker while the server is on): the request waits its turn
-        in the same queue, then its events stream back; the backend's own errors are raised here, as from
-        ChatBackend.generate. Raises QueueFullError when the queue is full."""
-        mailbox: stdlib_queue.SimpleQueue[JobItem] = stdlib_queue.SimpleQueue()
-        self.submit(request, cancel, mailbox.put)
-        return self._drain(mailbox, cancel)
-
-    @staticmethod
-    def _drain(mailbox: stdlib_queue.SimpleQueue[JobItem], cancel: threading.Event) -> Iterator[Event]:
-        try:
-            while not isinstance(item := mailbox.get(), End):
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            cancel.set()  # a caller that stops reading early cancels the reply (a no-op once it has ended)
 
     # --- the worker -----------------------------------------------------------------------------------------------
     def _next(self) -> Job | None:

@@ -411,8 +411,12 @@ def test_sse_wire_format(serve: Any) -> None:
 
 
 def test_the_windows_chat_shares_the_queue_while_a_client_streams(serve: Any) -> None:
-    """The window's worker calls queue.run() from its own thread: served in turn, never at the same time."""
+    """A second caller submits to the same queue from its own thread (as the window's worker does through
+    app/ui/serving.py): served in turn, never at the same time."""
+    import queue as stdlib_queue
+
     from app.core.events import ChatMessage, TokenEvent
+    from app.core.server.queue import End
 
     probe = CancelProbe(ScriptedBackend(replies=[LONG_REPLY[:200], "From the window."], tokens_per_s=100))
     server = serve(probe)
@@ -425,8 +429,11 @@ def test_the_windows_chat_shares_the_queue_while_a_client_streams(serve: Any) ->
         request = ReplyRequest((ChatMessage("user", "Hello from the window"),), conversation_id=3)
 
         def chat() -> None:
-            events = server.handle.queue.run(request, threading.Event())
-            window_text.extend(e.text for e in events if isinstance(e, TokenEvent))
+            mailbox: stdlib_queue.SimpleQueue[Any] = stdlib_queue.SimpleQueue()
+            server.handle.queue.submit(request, threading.Event(), mailbox.put)
+            while not isinstance(item := mailbox.get(timeout=30), End):
+                if isinstance(item, TokenEvent):
+                    window_text.append(item.text)
 
         window = threading.Thread(target=chat)
         window.start()
