@@ -88,15 +88,15 @@ def streaming_run(tokens: int, rate: float, real: bool = False, settle: bool = T
         raise SystemExit("the model did not load")
 
     batch_times: list[float] = []
-    original_flush = window._flush
+    original_flush = window.chat.flush
 
     def timed_flush() -> None:
         started = time.perf_counter()
         original_flush()
         batch_times.append(time.perf_counter() - started)
 
-    window.flush_timer.timeout.disconnect()
-    window.flush_timer.timeout.connect(timed_flush)
+    window.chat.flush_timer.timeout.disconnect()
+    window.chat.flush_timer.timeout.connect(timed_flush)
 
     ticks: list[float] = []
     probe = QTimer()
@@ -134,7 +134,7 @@ def streaming_run(tokens: int, rate: float, real: bool = False, settle: bool = T
 
     def click_send() -> None:
         began = time.perf_counter()
-        window.send(prompt)
+        window.chat.send(prompt)
         send_s.append(time.perf_counter() - began)
 
     QTimer.singleShot(0, click_send)

@@ -213,6 +213,7 @@ class MessageWidget(QFrame):
             self._rendered_markdown = False
         else:
             rendered = self.view.renderer.render(item.content)
+            self.view.markdown_renders += 1
             self.body.setHtml(rendered.html)
             self.code_blocks = rendered.code_blocks
             self._rendered_markdown = True
@@ -326,6 +327,9 @@ class ChatView(QScrollArea):
         self._renderer: MarkdownRenderer | None = None
         self._widgets: list[MessageWidget] = []
         self._stick_to_bottom = True
+        # The work the view has done, counted: a send must cost the same at 2 messages as at 200.
+        self.widgets_built = 0
+        self.markdown_renders = 0
 
         container = QWidget()
         self._column = QVBoxLayout(container)
@@ -371,6 +375,7 @@ class ChatView(QScrollArea):
 
     def _make(self, item: ChatItem) -> MessageWidget:
         widget = MessageWidget(item, self)
+        self.widgets_built += 1
         widget.regenerate_requested.connect(self.regenerate_requested)
         widget.continue_requested.connect(self.continue_requested)
         widget.delete_requested.connect(self.delete_requested)

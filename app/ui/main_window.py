@@ -1,18 +1,17 @@
-"""The main window: the composition root of the GUI (store, worker host, views) and the chat flow.
+"""The main window: the composition root of the GUI. It builds the views, the worker host, the settings store
+and the ChatController, and wires them: input box -> controller -> worker -> backend -> events -> view.
 
-The window owns the HistoryStore (GUI thread) and a WorkerHost; the worker only sees GenerateRequests with the
-messages to send, and streams plain data back. Streamed text is buffered and flushed to the chat model every
-40 ms, and saved to the store about once a second, so a killed app loses at most the last second of a reply.
+The chat flow (send, stream, regenerate, continue, edit, the store writes) lives in app/ui/chat_controller.py;
+the window keeps what is about the window: menus, the banner, model loading and the panels, import/export.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QPaintEvent
@@ -30,44 +29,25 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.backend import BackendFactory, ContextUsage, LoadRequest, MemoryReading, ModelInfo, ReplyRequest
+from app.core.backend import BackendFactory, LoadRequest, MemoryReading, ModelInfo
 from app.core.errors import HearthError
-from app.core.events import ChatMessage, ReplyStats
-from app.core.history import HistoryDamagedError, HistoryError, HistoryStore, Message, default_history_path
-from app.core.settings import Settings, keep_rejected_file, save_settings
+from app.core.history import HistoryDamagedError, HistoryError, HistoryStore, default_history_path
+from app.core.settings import Settings
 from app.core.token_counter import load_token_counter
 from app.ui import theme
-from app.ui.chat_model import ChatItem, ChatModel
+from app.ui.chat_controller import ChatController
 from app.ui.chat_view import ChatView
 from app.ui.conversations import ConversationList
 from app.ui.input_box import InputBox
 from app.ui.memory_panel import MemoryPanel
 from app.ui.model_bar import ModelBar
 from app.ui.settings_dialog import SettingsDialog
-from app.ui.worker import GenerateRequest, Planner, WorkerHost
+from app.ui.settings_store import SettingsStore
+from app.ui.worker import Planner, WorkerHost
 
 log = logging.getLogger(__name__)
 
-FLUSH_EVERY_MS = 40  # streamed text reaches the view in batches (30–50 ms)
-SAVE_EVERY_S = 1.0  # a streaming reply is written to the database this often
 PLAN_DEBOUNCE_MS = 300
-TITLE_LENGTH = 48
-
-
-@dataclass
-class ActiveReply:
-    request: GenerateRequest
-    conversation_id: int
-    message_id: int
-    created: bool  # a new message (deleted again if nothing was generated); False when continuing one
-    prefix: str
-    text: str
-    buffer: list[str] = field(default_factory=list)
-    tokens: int = 0
-    last_saved: float = field(default_factory=time.monotonic)
-    stats: ReplyStats | None = None
-    usage: ContextUsage | None = None
-    final_usage: ContextUsage | None = None
 
 
 class ErrorBridge(QObject):
@@ -132,6 +112,7 @@ class Banner(QWidget):
 class MainWindow(QMainWindow):
     reply_finished = Signal(str)  # finish reason (tests and the benchmark wait on it)
     model_ready = Signal()
+    first_painted = Signal()
 
     def __init__(
         self,
@@ -145,17 +126,19 @@ class MainWindow(QMainWindow):
         settings_file_rejected: bool = False,
     ) -> None:
         super().__init__()
-        self.settings = settings
-        self.save_settings_to_disk = save_settings_to_disk
-        self.settings_file_rejected = settings_file_rejected  # saving first keeps that file as .rejected
+        self.settings_store = SettingsStore(
+            settings, persist=save_settings_to_disk, file_rejected=settings_file_rejected, parent=self
+        )
         self.history_problem: HistoryError | None = None
-        self.store = store or self._open_history(default_history_path())
+        store = store or self._open_history(default_history_path())
         self.palette_ = theme.resolve(settings.theme)
         self.confirm_deletes = True
         self.setWindowTitle("Hearth")
         self.resize(1320, 840)
 
-        self.chat_model = ChatModel()
+        self.host = WorkerHost(backend_factory, planner, parent=self)
+        self.chat = ChatController(store, self.settings_store, self.host, parent=self)
+        self.chat_model = self.chat.chat_model
         self.sidebar = ConversationList()
         self.sidebar.setMinimumWidth(200)
         self.model_bar = ModelBar(settings)
@@ -198,18 +181,10 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
         self._build_menus()
 
-        self.conversation_id: int | None = None
-        self.model_info: ModelInfo | None = None
-        self.loading = False
-        self.reply: ActiveReply | None = None
-        self.pending_parent: Message | None = None  # a message sent while the model was loading
         self.last_memory: MemoryReading | None = None
         self.attachments: Any = None  # app.ui.attachments.AttachmentBar, once installed
         self.library_window: Any = None  # app.ui.library.LibraryWindow, opened from the Models menu
 
-        self.flush_timer = QTimer(self)
-        self.flush_timer.setInterval(FLUSH_EVERY_MS)
-        self.flush_timer.timeout.connect(self._flush)
         self.plan_timer = QTimer(self)
         self.plan_timer.setSingleShot(True)
         self.plan_timer.setInterval(PLAN_DEBOUNCE_MS)
@@ -217,8 +192,9 @@ class MainWindow(QMainWindow):
 
         self.errors = ErrorBridge()
         self.errors.error.connect(self.show_error)
+        self.settings_store.notice.connect(self.show_error)
+        self.settings_store.changed.connect(self._setting_changed)
 
-        self.host = WorkerHost(backend_factory, planner, parent=self)
         worker = self.host.worker
         for signal, slot in (
             (worker.load_progress, self._on_load_progress),
@@ -227,38 +203,43 @@ class MainWindow(QMainWindow):
             (worker.model_unloaded, self._on_model_unloaded),
             (worker.plan_ready, self._on_plan_ready),
             (worker.plan_failed, self._on_plan_failed),
-            (worker.token, self._on_token),
-            (worker.stats, self._on_stats),
-            (worker.context, self._on_context),
-            (worker.finished, self._on_finished),
-            (worker.failed, self._on_failed),
             (worker.memory, self._on_memory),
             (worker.notice, self.show_error),
         ):
             signal.connect(slot, Qt.ConnectionType.QueuedConnection)
 
+        # input box -> controller; controller -> views
+        chat = self.chat
+        self.input_box.send_requested.connect(chat.send)
+        self.input_box.stop_requested.connect(chat.stop)
+        self.chat_view.regenerate_requested.connect(chat.regenerate)
+        self.chat_view.continue_requested.connect(chat.continue_reply)
+        self.chat_view.delete_requested.connect(chat.delete_message)
+        self.chat_view.edit_submitted.connect(chat.edit_message)
+        self.chat_view.branch_requested.connect(chat.switch_branch)
+        chat.generating_changed.connect(self.input_box.set_generating)
+        chat.notice.connect(self.show_error)
+        chat.conversations_changed.connect(self._refresh_sidebar)
+        chat.context_changed.connect(self.memory_panel.set_context)
+        chat.remaining_context.connect(self._set_remaining_context)
+        chat.text_returned.connect(self.input_box.editor.setPlainText)
+        chat.reply_finished.connect(self.reply_finished)
+
         self.sidebar.new_requested.connect(self.new_conversation)
-        self.sidebar.selected.connect(self.open_conversation)
-        self.sidebar.rename_requested.connect(self.rename_conversation)
+        self.sidebar.selected.connect(chat.open_conversation)
+        self.sidebar.rename_requested.connect(chat.rename_conversation)
         self.sidebar.delete_requested.connect(self.delete_conversation)
         self.sidebar.search_changed.connect(self._refresh_sidebar)
         self.model_bar.load_requested.connect(self.load_model)
         self.model_bar.unload_requested.connect(self.unload_model)
         self.model_bar.cancel_requested.connect(self.cancel_load)
         self.model_bar.selection_changed.connect(lambda _request: self.plan_timer.start())
-        self.input_box.send_requested.connect(self.send)
-        self.input_box.stop_requested.connect(self.stop)
-        self.chat_view.regenerate_requested.connect(self.regenerate)
-        self.chat_view.continue_requested.connect(self.continue_reply)
-        self.chat_view.delete_requested.connect(self.delete_message)
-        self.chat_view.edit_submitted.connect(self.edit_message)
-        self.chat_view.branch_requested.connect(self.switch_branch)
 
         if self.history_problem is not None:
             self._explain_history_problem(self.history_problem)
         conversations = self.store.list_conversations()
         if conversations:
-            self.open_conversation(conversations[0].id)
+            chat.open_conversation(conversations[0].id)
         else:
             self._refresh_sidebar()
         self.input_box.editor.setFocus()
@@ -266,7 +247,22 @@ class MainWindow(QMainWindow):
         self._autoload = autoload
         self._painted = False
 
-    first_painted = Signal()
+    # -- what the controller and the settings store own, for reading ---------------------------------------
+    @property
+    def settings(self) -> Settings:
+        return self.settings_store.current
+
+    @property
+    def store(self) -> HistoryStore:
+        return self.chat.store
+
+    @property
+    def conversation_id(self) -> int | None:
+        return self.chat.conversation_id
+
+    @property
+    def model_info(self) -> ModelInfo | None:
+        return self.chat.model_info
 
     # -- the history file ---------------------------------------------------------------------------------
     def _open_history(self, path: Path) -> HistoryStore:
@@ -300,12 +296,10 @@ class MainWindow(QMainWindow):
         except (OSError, HistoryError) as exc:
             self.show_error(f"A new history could not be started at {path}: {exc}")
             return
-        self.store.close()
-        self.store = fresh
         self.history_problem = None
         self.banner.dismiss()
+        self.chat.replace_store(fresh)
         self.show_error(f"Started a new conversation history at {path}. The old file is kept, unchanged, at {old}.")
-        self._refresh_sidebar()
 
     def paintEvent(self, event: QPaintEvent) -> None:
         super().paintEvent(event)
@@ -330,6 +324,7 @@ class MainWindow(QMainWindow):
         bar.install_drop_target(self)
         bar.install_drop_target(self.input_box.editor)
         self.attachments = bar
+        self.chat.attachments = bar
 
     # -- menus ----------------------------------------------------------------------------------
     def _build_menus(self) -> None:
@@ -379,9 +374,8 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def _use_library_model(self, spec: str) -> None:
-        """Double-click in the library: make it the default model and load it."""
-        self.apply_settings(self.settings.with_changes(model=spec))
-        self.model_bar.set_model(spec)
+        """Double-click in the library: make it the default model (the model bar follows) and load it."""
+        self.settings_store.update(model=spec)
         self.load_model(self.model_bar.request())
 
     # -- errors -----------------------------------------------------------------------------------
@@ -390,99 +384,40 @@ class MainWindow(QMainWindow):
         log.info("shown to the user: %s", message)
         self.banner.show_message(message)
 
-    def _chat_error(self, message: str) -> None:
-        """An error about the conversation: shown in the chat, where the reply would have been."""
-        self.chat_model.append(ChatItem("error", message))
-
-    # -- conversations ----------------------------------------------------------------------------
+    # -- conversations (the controller does the work; the window asks and refreshes the sidebar) ------------
     def _refresh_sidebar(self, *args: object) -> None:
         search = self.sidebar.search.text().strip() or None
         self.sidebar.set_conversations(self.store.list_conversations(search), self.conversation_id)
 
     def new_conversation(self) -> None:
-        """Also while a reply streams: it keeps streaming into its own conversation."""
-        self.conversation_id = None
-        self.chat_model.reset([])
-        self.memory_panel.set_context(None)
-        self._refresh_sidebar()
+        self.chat.new_conversation()
         self.input_box.editor.setFocus()
 
-    def open_conversation(self, conversation_id: int) -> None:
-        self.conversation_id = conversation_id
-        self._reload_messages()
-        self._refresh_sidebar()
-
-    def rename_conversation(self, conversation_id: int, title: str) -> None:
-        try:
-            self.store.rename_conversation(conversation_id, title)
-        except HearthError as exc:
-            self.show_error(str(exc))
-        self._refresh_sidebar()
-
     def delete_conversation(self, conversation_id: int) -> None:
-        if self.reply is not None and self.reply.conversation_id == conversation_id and self._busy():
+        if not self.chat.can_delete_conversation(conversation_id):
             return
         if self.confirm_deletes:
             answer = QMessageBox.question(self, "Delete conversation", "Delete this conversation for good?")
             if answer != QMessageBox.StandardButton.Yes:
                 return
-        self.store.delete_conversation(conversation_id)
-        self.host.forget(conversation_id)
-        if conversation_id == self.conversation_id:
-            self.conversation_id = None
-            self.chat_model.reset([])
-        self._refresh_sidebar()
+        self.chat.delete_conversation(conversation_id)
 
-    def _reload_messages(self) -> None:
-        if self.conversation_id is None:
-            self.chat_model.reset([])
-            return
-        items: list[ChatItem] = []
-        reply = self.reply if self.reply is not None and self.reply.conversation_id == self.conversation_id else None
-        for message in self.store.active_branch(self.conversation_id):
-            if message.role == "system":
-                continue
-            siblings = self.store.siblings(message.id)
-            index = next((i for i, s in enumerate(siblings) if s.id == message.id), 0)
-            finish = message.finish_reason
-            if message.role == "assistant" and finish is None and (reply is None or message.id != reply.message_id):
-                finish = "interrupted"  # saved while streaming, never finished: the app died or was killed
-            items.append(
-                ChatItem(
-                    role=message.role,
-                    content=message.content,
-                    message_id=message.id,
-                    finish_reason=finish,
-                    stats=message.stats,
-                    sibling_index=index,
-                    sibling_count=len(siblings),
-                    model=message.model,
-                    extra={"attachments": [a.name for a in message.attachments]} if message.attachments else {},
-                )
-            )
-            if reply is not None and message.id == reply.message_id:
-                # The store lags the stream by up to a second: show what has streamed, and keep streaming.
-                items[-1].content, items[-1].streaming = reply.text, True
-        self.chat_model.reset(items)
-
-    def _busy(self) -> bool:
-        if self.reply is not None:
-            self.show_error("A reply is being generated: stop it first (Esc).")
-            return True
-        return False
+    @Slot(int)
+    def _set_remaining_context(self, tokens: int) -> None:
+        if self.attachments is not None:
+            self.attachments.set_remaining_context(tokens)
 
     # -- model loading ----------------------------------------------------------------------------
     def load_model(self, request: LoadRequest) -> None:
         # The opt-ins come from the window's one settings object, never from re-reading the file.
+        settings = self.settings
         request = replace(
             request,
-            allow_pickle=self.settings.allow_pickle,
-            trust_remote_code=self.settings.trust_remote_code,
-            response_cache=self.settings.response_cache,
+            allow_pickle=settings.allow_pickle,
+            trust_remote_code=settings.trust_remote_code,
+            response_cache=settings.response_cache,
         )
-        self.stop()
-        self.loading = True
-        self.model_info = None
+        self.chat.model_loading()
         self.model_bar.set_loading("Starting…", -1.0)
         self.host.load(request)
 
@@ -491,27 +426,22 @@ class MainWindow(QMainWindow):
         self.model_bar.set_loading("Cancelling…", -1.0)
 
     def unload_model(self) -> None:
-        self.stop()
+        self.chat.stop()
         self.host.unload()
 
     @Slot(str, float)
     def _on_load_progress(self, message: str, fraction: float) -> None:
-        if self.loading:
+        if self.chat.loading:
             self.model_bar.set_loading(message, fraction)
 
     @Slot(object)
     def _on_model_loaded(self, info: ModelInfo) -> None:
-        self.loading = False
-        self.model_info = info
         self.model_bar.set_loaded(info)
         for line in info.recovered:
             self.show_error(line)
         self._connect_attachment_counts(info)
         self.model_ready.emit()
-        if self.pending_parent is not None:
-            parent, self.pending_parent = self.pending_parent, None
-            if parent.conversation_id == self.conversation_id:
-                self._start_reply(parent)
+        self.chat.model_loaded(info)  # a message sent while loading gets its reply now
 
     def _connect_attachment_counts(self, info: ModelInfo) -> None:
         """Chips show token counts and their share of the free context with the loaded model's tokenizer."""
@@ -528,17 +458,13 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def _on_load_failed(self, message: str) -> None:
-        self.loading = False
-        self.model_info = None
         self.model_bar.set_unloaded("Not loaded")
         self.show_error(message)
-        if self.pending_parent is not None:
-            self.pending_parent = None
-            self._chat_error(f"The model could not be loaded, so there is no reply: {message}")
+        self.chat.model_load_failed(message)
 
     @Slot()
     def _on_model_unloaded(self) -> None:
-        self.model_info = None
+        self.chat.model_unloaded()
         self.model_bar.set_unloaded()
         self.memory_panel.set_memory(None)
 
@@ -558,262 +484,6 @@ class MainWindow(QMainWindow):
         self.last_memory = reading
         self.memory_panel.set_memory(reading)
 
-    # -- sending and streaming ----------------------------------------------------------------------
-    def send(self, text: str) -> None:
-        text = text.strip()
-        if not text or self._busy():
-            return
-        if self.model_info is None and not self.loading:
-            self.input_box.editor.setPlainText(text)
-            self._chat_error("No model is loaded: load one from the model bar first.")
-            return
-        documents: list[Any] = []
-        if self.attachments is not None:
-            chosen = self.attachments.documents_for_send(text)
-            if chosen is None:  # files still being read, or the user cancelled the fit choice
-                self.input_box.editor.setPlainText(text)
-                return
-            documents = list(chosen)
-        if self.conversation_id is None:
-            title = " ".join(text.split())[:TITLE_LENGTH] or "New chat"
-            conversation = self.store.create_conversation(title, settings=self.settings.to_dict())
-            self.conversation_id = conversation.id
-        branch = self.store.active_branch(self.conversation_id)
-        parent_id = branch[-1].id if branch else None
-        attachments = self._new_attachments(documents, branch, self._attachment_token_counts())
-        message = self.store.add_message(self.conversation_id, "user", text, parent_id, attachments=attachments)
-        if self.attachments is not None:
-            self.attachments.clear()
-        self._after_new_user_message(message)
-
-    def _attachment_token_counts(self) -> dict[str, int]:
-        if self.attachments is None:
-            return {}
-        pairs = zip(self.attachments.documents(), self.attachments.token_counts(), strict=False)
-        return {document.sha256: count for document, count in pairs if count is not None}
-
-    @staticmethod
-    def _new_attachments(documents: list[Any], branch: list[Message], counts: dict[str, int]) -> list[Any]:
-        """History attachments for the documents, minus those already sent earlier in this branch."""
-        if not documents:
-            return []
-        from app.core.documents.layout import not_yet_in_conversation
-
-        earlier = {a.sha256 for m in branch for a in m.attachments}
-        return [
-            d.as_history_attachment(max(counts.get(d.sha256, 0) - d.dropped_tokens, 0))
-            for d in not_yet_in_conversation(documents, earlier)
-        ]
-
-    @staticmethod
-    def _content_for_model(message: Message) -> str:
-        """What the model sees for a message: its attached documents (as the documents feature lays them out),
-        then the text. The store keeps the text and the attachments apart."""
-        if not message.attachments:
-            return message.content
-        from app.core.documents.layout import compose_user_message
-
-        return compose_user_message(message.content, cast(Any, message.attachments))
-
-    def _after_new_user_message(self, message: Message) -> None:
-        self._reload_messages()
-        self._refresh_sidebar()
-        if self.model_info is None:
-            self.pending_parent = message  # sent when the model has loaded
-            return
-        self._start_reply(message)
-
-    def _prompt_messages(self, up_to: Message) -> tuple[ChatMessage, ...]:
-        """System prompt + the active branch down to `up_to` (inclusive), as the engine's messages."""
-        branch = self.store.active_branch(up_to.conversation_id)
-        messages: list[ChatMessage] = []
-        if self.settings.system_prompt.strip():
-            messages.append(ChatMessage("system", self.settings.system_prompt))
-        for message in branch:
-            if message.role in ("user", "assistant"):
-                messages.append(ChatMessage(message.role, self._content_for_model(message)))  # type: ignore[arg-type]
-            if message.id == up_to.id:
-                break
-        return tuple(messages)
-
-    def _start_reply(self, parent: Message, *, continue_message: Message | None = None, cache: bool = True) -> None:
-        assert self.model_info is not None
-        prefix = continue_message.content if continue_message is not None else ""
-        messages = self._prompt_messages(parent)
-        if continue_message is not None:
-            target = continue_message
-            created = False
-        else:
-            target = self.store.add_message(
-                parent.conversation_id, "assistant", "", parent.id, model=self.model_info.name
-            )
-            created = True
-        self._reload_messages()
-        row = self.chat_model.row_of(target.id)
-        if row is not None:
-            self.chat_model.update(row, streaming=True, finish_reason=None, stats=None, error=None)
-        request = GenerateRequest(
-            self.host.next_request_id(),
-            ReplyRequest(
-                messages,
-                params=self.settings.sampling,
-                conversation_id=parent.conversation_id,
-                assistant_prefix=prefix,
-                context_policy=self.settings.context_policy,
-                use_response_cache=cache and self.settings.response_cache,
-            ),
-        )
-        self.reply = ActiveReply(request, parent.conversation_id, target.id, created, prefix, prefix)
-        self.input_box.set_generating(True)
-        self.flush_timer.start()
-        self.host.generate(request)
-
-    def _current(self, request_id: int) -> ActiveReply | None:
-        reply = self.reply
-        return reply if reply is not None and reply.request.request_id == request_id else None
-
-    @Slot(int, str, int)
-    def _on_token(self, request_id: int, text: str, count: int) -> None:
-        reply = self._current(request_id)
-        if reply is not None:
-            reply.buffer.append(text)
-            reply.tokens += count
-
-    def _flush(self) -> None:
-        reply = self.reply
-        if reply is None or not reply.buffer:
-            return
-        delta = "".join(reply.buffer)
-        reply.buffer.clear()
-        reply.text += delta
-        if self.conversation_id == reply.conversation_id:
-            row = self.chat_model.row_of(reply.message_id)
-            if row is not None:
-                self.chat_model.append_text(row, delta)
-        if reply.usage is not None and reply.final_usage is None:
-            self.memory_panel.set_context(reply.usage.with_reply(reply.usage.reply + reply.tokens))
-        now = time.monotonic()
-        if now - reply.last_saved >= SAVE_EVERY_S:
-            reply.last_saved = now
-            self.store.update_message(reply.message_id, content=reply.text)
-
-    @Slot(int, object)
-    def _on_stats(self, request_id: int, stats: ReplyStats) -> None:
-        reply = self._current(request_id)
-        if reply is not None:
-            reply.stats = stats
-
-    @Slot(int, object)
-    def _on_context(self, request_id: int, usage: ContextUsage) -> None:
-        """First an estimate before prefill (reply grows live as tokens arrive), then exact numbers at the end."""
-        reply = self._current(request_id)
-        if reply is None:
-            return
-        if reply.stats is None:
-            reply.usage = usage
-            self.memory_panel.set_context(usage.with_reply(usage.reply + reply.tokens))
-        else:
-            reply.final_usage = usage
-            self.memory_panel.set_context(usage)
-            if self.attachments is not None:
-                self.attachments.set_remaining_context(max(0, usage.window - usage.used))
-
-    @Slot(int, str, str, str)
-    def _on_finished(self, request_id: int, finish_reason: str, text: str, error: str) -> None:
-        reply = self._current(request_id)
-        if reply is None:
-            return
-        self.flush_timer.stop()
-        self._flush()
-        full = reply.prefix + text
-        stats = reply.stats.to_dict() if reply.stats is not None else None
-        self.store.update_message(reply.message_id, content=full, finish_reason=finish_reason, stats=stats)
-        self.reply = None
-        self.input_box.set_generating(False)
-        if self.conversation_id == reply.conversation_id:
-            row = self.chat_model.row_of(reply.message_id)
-            if row is not None:
-                self.chat_model.update(
-                    row, content=full, streaming=False, finish_reason=finish_reason, stats=stats, error=error or None
-                )
-            if finish_reason == "error" and error:
-                self._chat_error(error)
-        self._refresh_sidebar()
-        self.reply_finished.emit(finish_reason)
-
-    @Slot(int, str)
-    def _on_failed(self, request_id: int, message: str) -> None:
-        """Nothing was generated (e.g. the prompt does not fit): undo the empty reply, say why in the chat."""
-        reply = self._current(request_id)
-        if reply is None:
-            return
-        self.flush_timer.stop()
-        self.reply = None
-        self.input_box.set_generating(False)
-        if reply.created:
-            self.store.delete_message(reply.message_id)
-        else:
-            self.store.update_message(reply.message_id, content=reply.prefix, finish_reason="length")
-        if self.conversation_id == reply.conversation_id:
-            self._reload_messages()
-            self._chat_error(message)
-        self.reply_finished.emit("error")
-
-    def stop(self) -> None:
-        self.host.cancel_generation()
-
-    # -- actions on messages ----------------------------------------------------------------------
-    def _usable_model(self) -> bool:
-        if self.model_info is None:
-            self._chat_error("No model is loaded: load one from the model bar first.")
-            return False
-        return True
-
-    def regenerate(self, message_id: int) -> None:
-        if self._busy() or not self._usable_model():
-            return
-        message = self.store.get_message(message_id)
-        if message.parent_id is None:
-            return
-        parent = self.store.get_message(message.parent_id)
-        self._start_reply(parent, cache=False)
-
-    def continue_reply(self, message_id: int) -> None:
-        if self._busy() or not self._usable_model():
-            return
-        message = self.store.get_message(message_id)
-        if message.parent_id is None:
-            return
-        parent = self.store.get_message(message.parent_id)
-        self._start_reply(parent, continue_message=message)
-
-    def edit_message(self, message_id: int, text: str) -> None:
-        if self._busy():
-            return
-        original = self.store.get_message(message_id)
-        message = self.store.add_message(original.conversation_id, "user", text, original.parent_id)
-        if self.model_info is None and not self.loading:
-            self._reload_messages()
-            self._chat_error("No model is loaded: load one from the model bar first.")
-            return
-        self._after_new_user_message(message)
-
-    def delete_message(self, message_id: int) -> None:
-        if self._busy():
-            return
-        self.store.delete_message(message_id)
-        self._reload_messages()
-        self._refresh_sidebar()
-
-    def switch_branch(self, message_id: int, step: int) -> None:
-        if self._busy():
-            return
-        siblings = self.store.siblings(message_id)
-        index = next((i for i, s in enumerate(siblings) if s.id == message_id), 0) + step
-        if 0 <= index < len(siblings):
-            self.store.switch_to(siblings[index].id)
-            self._reload_messages()
-
     # -- export / import ----------------------------------------------------------------------------
     def export_conversation(self, path: Path, fmt: str) -> None:
         if self.conversation_id is None:
@@ -828,7 +498,7 @@ class MainWindow(QMainWindow):
 
     def import_conversation(self, path: Path) -> None:
         conversation = self.store.import_json_file(path)
-        self.open_conversation(conversation.id)
+        self.chat.open_conversation(conversation.id)
 
     def _export_dialog(self, fmt: str) -> None:
         if self.conversation_id is None:
@@ -860,34 +530,26 @@ class MainWindow(QMainWindow):
             self.apply_settings(dialog.result_settings)
 
     def apply_settings(self, settings: Settings) -> None:
-        theme_changed = settings.theme != self.settings.theme
-        self.settings = settings
-        if self.save_settings_to_disk:
-            try:
-                if self.settings_file_rejected:  # the file Hearth could not read is kept, never written over
-                    kept = keep_rejected_file()
-                    self.settings_file_rejected = False
-                    if kept is not None:
-                        self.show_error(f"Settings saved. The file Hearth could not read is kept at {kept}.")
-                save_settings(settings)
-            except OSError as exc:
-                self.show_error(f"The settings could not be saved: {exc}")
-        if theme_changed:
+        self.settings_store.replace(settings)
+
+    @Slot(str)
+    def _setting_changed(self, key: str) -> None:
+        """What the window shows follows the settings store; the controller reads it at each request."""
+        settings = self.settings
+        if key == "theme":
             app = QApplication.instance()
             if isinstance(app, QApplication):
                 self.palette_ = theme.apply(app, settings.theme)
                 self.chat_view.set_palette(self.palette_)
                 self.memory_panel.set_palette(self.palette_)
+        elif key == "model" and settings.model:
+            self.model_bar.set_model(settings.model)
+        elif key == "attachment_limit_mb" and self.attachments is not None:
+            self.attachments.max_bytes = settings.attachment_limit_mb * 2**20
 
     # -- shutdown ---------------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
-        reply = self.reply
-        if reply is not None:  # keep what was streamed: the worker's last events will not be delivered
-            self.flush_timer.stop()
-            self._flush()
-            self.store.update_message(reply.message_id, content=reply.text, finish_reason="cancelled")
-            self.reply = None
-        self.flush_timer.stop()
+        self.chat.close()
         self.plan_timer.stop()
         if self.attachments is not None:
             self.attachments.shutdown()

@@ -70,7 +70,7 @@ def test_a_damaged_history_opens_the_window_with_a_banner_and_is_left_byte_ident
     with qtbot.waitSignal(window.model_ready, timeout=10_000):
         window.load_model(window.model_bar.request())
     with qtbot.waitSignal(window.reply_finished, timeout=10_000):
-        window.send("Hello")  # the window works meanwhile, its conversations in memory
+        window.chat.send("Hello")  # the window works meanwhile, its conversations in memory
     assert len(window.store.list_conversations()) == 1
     window.close()
     assert path.read_bytes() == damaged
@@ -87,7 +87,7 @@ def test_moving_a_damaged_history_aside_keeps_it_and_this_windows_conversations(
     with qtbot.waitSignal(window.model_ready, timeout=10_000):
         window.load_model(window.model_bar.request())
     with qtbot.waitSignal(window.reply_finished, timeout=10_000):
-        window.send("Written while the history was damaged")
+        window.chat.send("Written while the history was damaged")
     qtbot.mouseClick(window.banner.action_button, Qt.MouseButton.LeftButton)
     [moved] = list(path.parent.glob("history.sqlite.damaged-*"))
     assert moved.read_bytes() == damaged
@@ -140,7 +140,7 @@ def test_a_reply_cut_short_by_a_crash_shows_as_interrupted_and_can_be_continued(
     with qtbot.waitSignal(window.model_ready, timeout=10_000):
         window.load_model(window.model_bar.request())
     with qtbot.waitSignal(window.reply_finished, timeout=10_000):
-        window.continue_reply(reply.message_id)
+        window.chat.continue_reply(reply.message_id)
     assert window.chat_model.items()[1].content == "One, two, three, four, five."
     assert window.chat_model.items()[1].finish_reason == "stop"
 
@@ -177,7 +177,7 @@ def test_notices_from_the_backend_reach_the_banner(open_window: Any, qtbot: Any)
         window.load_model(window.model_bar.request())
     assert "The response cache was damaged and rebuilt." in window.banner.label.text()
     with qtbot.waitSignal(window.reply_finished, timeout=10_000):
-        window.send("Hi")
+        window.chat.send("Hi")
     qtbot.waitUntil(lambda: "entry in the response cache was dropped" in window.banner.label.text(), timeout=5000)
 
 

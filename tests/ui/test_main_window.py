@@ -128,7 +128,7 @@ def test_edit_resends_as_a_branch(make_window, qtbot) -> None:
     assert rows(window) == [("user", "Tell me about dogs"), ("assistant", "About dogs.")]
     assert [m.content for m in backend.calls[-1]] == ["You are terse.", "Tell me about dogs"]
     assert window.chat_model.item(0).sibling_count == 2
-    window.switch_branch(window.chat_model.item(0).message_id, -1)
+    window.chat.switch_branch(window.chat_model.item(0).message_id, -1)
     assert window.chat_model.item(0).message_id == original_user
     assert rows(window) == [("user", "Tell me about cats"), ("assistant", "About cats.")]
 
@@ -280,7 +280,7 @@ def test_reply_is_saved_while_streaming(make_window, qtbot) -> None:
     assert partial.finish_reason is None and LONG_REPLY.startswith(partial.content)
     reader.close()
     with qtbot.waitSignal(window.reply_finished, timeout=10_000):
-        window.stop()
+        window.chat.stop()
 
 
 def test_quitting_mid_reply_stops_generation_and_keeps_the_text(make_window, qtbot) -> None:
@@ -303,7 +303,7 @@ def test_conversations_new_rename_search_delete(make_window, qtbot) -> None:
     send(window, qtbot, "About pears")
     assert window.sidebar.list.count() == 2
     pears = window.conversation_id
-    window.rename_conversation(pears, "Pear talk")
+    window.chat.rename_conversation(pears, "Pear talk")
     assert window.store.get_conversation(pears).title == "Pear talk"
     window.sidebar.search.setText("apple")
     assert [window.sidebar.list.item(i).text() for i in range(window.sidebar.list.count())] == ["About apples"]
@@ -316,7 +316,7 @@ def test_conversations_new_rename_search_delete(make_window, qtbot) -> None:
 def test_rename_to_empty_title_shows_the_error(make_window, qtbot) -> None:
     window = make_window()
     send(window, qtbot, "hello")
-    window.rename_conversation(window.conversation_id, "   ")
+    window.chat.rename_conversation(window.conversation_id, "   ")
     assert window.banner.isVisible() and "title cannot be empty" in window.banner.label.text()
 
 
@@ -356,15 +356,15 @@ def test_browsing_while_a_reply_streams_and_sending_is_refused(make_window, qtbo
     qtbot.keyClick(window.input_box.editor, Qt.Key.Key_Return)
     busy = window.conversation_id
     qtbot.waitUntil(lambda: len(window.chat_model.item(1).content) > 10, timeout=5000)
-    window.open_conversation(older)  # browsing is fine: the reply keeps streaming into its own conversation
+    window.chat.open_conversation(older)  # browsing is fine: the reply keeps streaming into its own conversation
     assert rows(window) == [("user", "older chat"), ("assistant", "Short.")]
-    window.send("another question")
+    window.chat.send("another question")
     assert window.banner.label.text() == "A reply is being generated: stop it first (Esc)."
-    window.open_conversation(busy)
+    window.chat.open_conversation(busy)
     shown = window.chat_model.item(1)
     assert shown.streaming and LONG_REPLY.startswith(shown.content) and len(shown.content) > 10
     with qtbot.waitSignal(window.reply_finished, timeout=10_000):
-        window.stop()
+        window.chat.stop()
     final = window.chat_model.item(1).content
     assert (
         LONG_REPLY.startswith(final) and window.store.get_message(window.chat_model.item(1).message_id).content == final

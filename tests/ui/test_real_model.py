@@ -43,5 +43,5 @@ def test_real_model_streams_an_answer_with_stats_and_memory(make_window, qtbot, 
     assert usage is not None and usage.window == default_loaded.context_window and usage.current > 5
     # a second turn reuses the KV cache of the first
     with qtbot.waitSignal(window.reply_finished, timeout=120_000):
-        window.send("And of Italy?")
+        window.chat.send("And of Italy?")
     assert window.chat_model.item(3).stats["cached_tokens"] > 0

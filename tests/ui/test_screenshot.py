@@ -53,11 +53,11 @@ def test_main_window_screenshot(make_window, qtbot, tmp_path: Path, theme_name: 
     for title in ("Packing list for a week in Lisbon", "Regex for ISO dates", "Explain Rust lifetimes"):
         window.new_conversation()
         with qtbot.waitSignal(window.reply_finished, timeout=10_000):
-            window.send(title)
+            window.chat.send(title)
     window.new_conversation()
     for question in ("What is a KV cache, and how big does it get?", "How do I keep it small on a laptop?"):
         with qtbot.waitSignal(window.reply_finished, timeout=10_000):
-            window.send(question)
+            window.chat.send(question)
     window.sidebar.set_conversations(window.store.list_conversations(), window.conversation_id)
     window.input_box.editor.setPlainText("And what does quantization do to it?")
     window.input_box.editor.setFocus(Qt.FocusReason.OtherFocusReason)
