@@ -28,13 +28,14 @@ The bar never imports torch: token counts come in through the callable above.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from PySide6.QtCore import QEvent, QMimeData, QObject, QRunnable, Qt, QThreadPool, Signal, Slot
+from PySide6.QtCore import QEvent, QMimeData, QObject, Qt, Signal, Slot
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent, QGuiApplication, QKeyEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDialog,
@@ -59,6 +60,7 @@ from app.core.documents import (
     document_block,
     extract_document,
 )
+from app.ui.tasks import TaskRunner
 
 TokenCounter = Callable[[str], int]
 FitChooser = Callable[[FitDecision, Sequence[ExtractedDocument]], str]
@@ -90,49 +92,34 @@ def local_paths_from_mime(mime: QMimeData) -> list[Path]:
     return paths
 
 
-class _JobSignals(QObject):
-    progress = Signal(int, float)
-    finished = Signal(int, object, int)  # job id, ExtractedDocument, token count (-1 = unknown)
-    failed = Signal(int, str)
+class _ProgressRelay(QObject):
+    progress = Signal(int, float)  # job id, fraction read (emitted from the runner's thread, received queued)
 
 
-class _ExtractionJob(QRunnable):
-    """Reads one file (or recounts an already read one) on the bar's thread pool; reports through signals."""
-
-    def __init__(
-        self,
-        job_id: int,
-        path: Path,
-        document: ExtractedDocument | None,
-        max_bytes: int,
-        counter: TokenCounter | None,
-        cancel: threading.Event,
-    ) -> None:
-        super().__init__()  # auto-deleted by the pool after run(); the bar keeps only the signals object
-        self.signals = _JobSignals()
-        self.job_id, self.path, self.document = job_id, path, document
-        self.max_bytes, self.counter, self.cancel = max_bytes, counter, cancel
-
-    def _progress(self, fraction: float) -> None:
-        self.signals.progress.emit(self.job_id, fraction)
-
-    def run(self) -> None:
+def _read_document(
+    path: Path,
+    document: ExtractedDocument | None,
+    max_bytes: int,
+    counter: TokenCounter | None,
+    cancel: threading.Event,
+    progress: Callable[[float], None],
+) -> tuple[ExtractedDocument, int]:
+    """Read one file (or recount an already read one), off the GUI thread: the document and its token count
+    (-1 = unknown)."""
+    document = document or extract_document(path, max_bytes=max_bytes, progress=progress, cancel=cancel)
+    tokens = -1
+    if counter is not None:
         try:
-            document = self.document or extract_document(
-                self.path, max_bytes=self.max_bytes, progress=self._progress, cancel=self.cancel
-            )
+            tokens = counter(document_block(document)) + 2
+        except Exception:  # a counter that fails leaves the count unknown, not the file unusable
             tokens = -1
-            if self.counter is not None:
-                try:
-                    tokens = self.counter(document_block(document)) + 2
-                except Exception:  # a counter that fails leaves the count unknown, not the file unusable
-                    tokens = -1
-        except DocumentError as exc:
-            self.signals.failed.emit(self.job_id, str(exc))
-        except Exception as exc:  # never let a worker die silently
-            self.signals.failed.emit(self.job_id, f"{self.path.name} could not be read ({type(exc).__name__}: {exc}).")
-        else:
-            self.signals.finished.emit(self.job_id, document, tokens)
+    return document, tokens
+
+
+def _read_failure(path: Path, exc: BaseException) -> str:
+    if isinstance(exc, DocumentError):
+        return str(exc)
+    return f"{path.name} could not be read ({type(exc).__name__}: {exc})."
 
 
 class AttachmentChip(QFrame):
@@ -278,11 +265,12 @@ class AttachmentBar(QWidget):
         self._next_key = 0
         self._busy = False
         self._drop_targets: list[QObject] = []
-        # Jobs in flight: id -> (entry key, the job's signals, kept alive until the worker reports).
-        self._jobs: dict[int, tuple[int, _JobSignals]] = {}
+        # Jobs in flight: job id -> entry key.
+        self._jobs: dict[int, int] = {}
         self._next_job = 0
-        self._pool = QThreadPool(self)
-        self._pool.setMaxThreadCount(2)
+        self._tasks = TaskRunner("attachments", max_threads=2, parent=self)
+        self._progress_relay = _ProgressRelay(self)
+        self._progress_relay.progress.connect(self._on_progress)
         # Replaceable for tests and for other front ends: the file dialog and the fit dialog.
         self.file_picker: FilePicker = self._pick_with_dialog
         self.fit_chooser: FitChooser = self._choose_with_dialog
@@ -336,7 +324,7 @@ class AttachmentBar(QWidget):
         return [e.error for e in self._entries.values() if e.error is not None]
 
     def add_paths(self, paths: Sequence[str | Path]) -> None:
-        """Attach files; each is read on the bar's thread pool and shows progress on its chip."""
+        """Attach files; each is read on the bar's task runner and shows progress on its chip."""
         for raw in paths:
             path = Path(raw)
             key = self._next_key
@@ -434,7 +422,7 @@ class AttachmentBar(QWidget):
         """Cancel reads in progress and wait for the workers (before the window closes)."""
         for entry in self._entries.values():
             entry.cancel.set()
-        self._pool.waitForDone(timeout_ms)
+        self._tasks.shutdown(timeout_ms)
 
     # -- drops and pastes ------------------------------------------------------------------------
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
@@ -487,18 +475,31 @@ class AttachmentBar(QWidget):
     def _start(self, entry: _Entry, document: ExtractedDocument | None) -> None:
         job_id = self._next_job
         self._next_job += 1
-        job = _ExtractionJob(job_id, entry.path, document, self.max_bytes, self._counter, entry.cancel)
-        job.signals.progress.connect(self._on_progress)
-        job.signals.finished.connect(self._on_finished)
-        job.signals.failed.connect(self._on_failed)
-        self._jobs[job_id] = (entry.key, job.signals)
+        self._jobs[job_id] = entry.key
         entry.pending = job_id  # a newer job (a recount) makes the reports of older ones stale
         self._set_busy(True)
-        self._pool.start(job)
+        path, max_bytes, counter, cancel, relay = (
+            entry.path,
+            self.max_bytes,
+            self._counter,
+            entry.cancel,
+            self._progress_relay,
+        )
+
+        def progress(fraction: float) -> None:
+            with contextlib.suppress(RuntimeError):  # the bar is gone: the read ends at its next cancel check
+                relay.progress.emit(job_id, fraction)
+
+        self._tasks.run(
+            path.name,
+            lambda: _read_document(path, document, max_bytes, counter, cancel, progress),
+            lambda result: self._on_finished(job_id, *result),
+            lambda exc: self._on_failed(job_id, _read_failure(path, exc)),
+        )
 
     def _current(self, job_id: int, *, done: bool) -> _Entry | None:
         """The entry a job reports for, or None when it was removed or a newer job replaced this one."""
-        key = self._jobs.pop(job_id, (None, None))[0] if done else self._jobs.get(job_id, (None, None))[0]
+        key = self._jobs.pop(job_id, None) if done else self._jobs.get(job_id)
         entry = self._entries.get(key) if key is not None else None
         if entry is None or entry.pending != job_id:
             return None

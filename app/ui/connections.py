@@ -2,18 +2,18 @@
 
 A dialog over app.core.remote.engines: name, base URL and an optional API key (saved to the OS keyring, never to a
 file), presets for the common servers, the server's models from GET /v1/models, and a connection test (the same
-probe as `hearth engines test`). Network calls run on a plain thread; results come back through a queued signal.
+probe as `hearth engines test`). Network calls run on a TaskRunner (app/ui/tasks.py); results come back to the GUI
+thread through a queued signal.
 
 Signals: engine_saved(str) (an engine was added or changed; its name), engine_removed(str).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -31,14 +31,9 @@ from PySide6.QtWidgets import (
 from app.core.errors import HearthError
 from app.core.remote import engines as registry
 from app.core.remote.backend import RemoteBackend, probe_engine
+from app.ui.tasks import TaskRunner
 
 _KEEP_KEY = "(saved in the keyring — leave empty to keep it)"
-
-
-class _Relay(QObject):
-    """Carries a worker thread's result to the GUI thread (queued connection)."""
-
-    done = Signal(str, object, str)  # job, result, error ("" = none)
 
 
 class ConnectionsDialog(QDialog):
@@ -49,9 +44,7 @@ class ConnectionsDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Connections")
         self.setMinimumWidth(620)
-        self._relay = _Relay(self)
-        self._relay.done.connect(self._finished)
-        self._threads: list[threading.Thread] = []
+        self._tasks = TaskRunner("connections", parent=self)
         layout = QHBoxLayout(self)
 
         left = QVBoxLayout()
@@ -233,27 +226,22 @@ class ConnectionsDialog(QDialog):
         self._busy(True)
         self._say("Connecting…")
 
-        def run() -> None:
+        def run() -> Any:
             backend = RemoteBackend(engine, model or "?", api_key=key, timeout_s=20.0)
             if not model:
                 backend.model = ""
             try:
-                result, error = work(backend), ""
-            except HearthError as exc:
-                result, error = None, str(exc)
-            except Exception as exc:  # never a traceback in the window
-                result, error = None, f"{type(exc).__name__}: {exc}"
+                return work(backend)
             finally:
                 backend.close()
-            self._relay.done.emit(job, result, error)
 
-        thread = threading.Thread(target=run, name=f"connections-{job}", daemon=True)
-        self._threads.append(thread)
-        thread.start()
+        def failed(exc: BaseException) -> None:
+            # never a traceback in the window
+            self._finished(job, None, str(exc) if isinstance(exc, HearthError) else f"{type(exc).__name__}: {exc}")
 
-    @Slot(str, object, str)
+        self._tasks.run(job, run, lambda result: self._finished(job, result, ""), failed)
+
     def _finished(self, job: str, result: object, error: str) -> None:
-        self._threads = [t for t in self._threads if t.is_alive()]
         self._busy(False)
         if error:
             self._say(error, error=True)
@@ -277,6 +265,5 @@ class ConnectionsDialog(QDialog):
         self.status.setProperty("error", error)
 
     def wait_idle(self, timeout_s: float = 30.0) -> None:
-        """For tests and closing: wait for network threads to end."""
-        for thread in list(self._threads):
-            thread.join(timeout_s)
+        """For tests and closing: wait for the network jobs to end and report."""
+        self._tasks.wait(timeout_s)

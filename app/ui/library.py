@@ -1,12 +1,12 @@
 """The model library window, the download dialog and the Hub-token box for the settings dialog.
 
-Listing, planning and downloading run on plain worker threads that talk back only through queued signals
-(the planner imports torch: never on the GUI thread). Nothing here imports torch or the model libraries.
+Listing, planning and downloading run on TaskRunners (app/ui/tasks.py): results come back to the GUI thread
+through queued signals (the planner imports torch: never on the GUI thread). Nothing here imports torch or the
+model libraries.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -40,6 +40,7 @@ from PySide6.QtWidgets import (
 from app.core import hub, library, secrets
 from app.core.errors import HearthError
 from app.core.settings import QUANTIZATIONS
+from app.ui.tasks import TaskRunner
 
 log = logging.getLogger(__name__)
 
@@ -67,47 +68,6 @@ def _error_text(exc: BaseException) -> str:
         return str(exc)
     log.exception("unexpected error in the model library", exc_info=exc)
     return secrets.redact(f"Unexpected error: {type(exc).__name__}: {exc}")
-
-
-class _Relay(QObject):
-    """Carries a worker thread's results to the GUI thread (queued signals; the worker never touches widgets)."""
-
-    done = Signal(object, object)  # (job name, result)
-    failed = Signal(object, object)  # (job name, exception)
-
-
-def _run_in_thread(relay: _Relay, name: str, job: Callable[[], Any]) -> threading.Thread:
-    def target() -> None:
-        try:
-            result = job()
-        except BaseException as exc:  # every failure reaches the GUI
-            _emit(relay.failed, name, exc)
-        else:
-            _emit(relay.done, name, result)
-
-    # Not a daemon: the interpreter waits for a job (a planner run, a chunk of a download) instead of killing it
-    # halfway through native code at exit.
-    thread = threading.Thread(target=target, name=f"hearth-library-{name}")
-    thread.start()
-    return thread
-
-
-def _emit(signal: Any, *args: object) -> None:
-    with contextlib.suppress(RuntimeError):  # the window was closed and deleted meanwhile: nobody is left to tell
-        signal.emit(*args)
-
-
-def _drain(threads: Callable[[], list[threading.Thread]], timeout: float) -> None:
-    """Wait for the workers, delivering their queued results (which may start follow-up workers) in between."""
-    from PySide6.QtCore import QCoreApplication
-
-    for _ in range(100):  # bounded: listing -> verdicts is the longest chain
-        alive = [t for t in threads() if t.is_alive()]
-        for thread in alive:
-            thread.join(timeout)
-        QCoreApplication.processEvents()
-        if not alive and not any(t.is_alive() for t in threads()):
-            return
 
 
 # --- the Hub token box (for the settings dialog) -------------------------------------------------------------------
@@ -227,10 +187,7 @@ class DownloadDialog(QDialog):
         self.state = ""
         self._cancel = threading.Event()
         self._discard_when_stopped = False
-        self._threads: list[threading.Thread] = []
-        self._relay = _Relay(self)
-        self._relay.done.connect(self._on_done)
-        self._relay.failed.connect(self._on_failed)
+        self._tasks = TaskRunner(f"download {reference}", parent=self)
         self._progress_relay = _ProgressRelay(self)
         self._progress_relay.progress.connect(self._on_progress)
 
@@ -281,8 +238,7 @@ class DownloadDialog(QDialog):
         self.state_changed.emit(state)
 
     def _start_thread(self, name: str, job: Callable[[], Any]) -> None:
-        self._threads = [t for t in self._threads if t.is_alive()]
-        self._threads.append(_run_in_thread(self._relay, name, job))
+        self._tasks.run(name, job, lambda result: self._on_done(name, result), lambda exc: self._on_failed(name, exc))
 
     def _prepare(self, file: str | None) -> None:
         self._set_state("preparing")
@@ -403,7 +359,7 @@ class DownloadDialog(QDialog):
             self.speed_label.setText(text)
 
     def wait_for_workers(self, timeout: float = 30.0) -> None:
-        _drain(lambda: self._threads, timeout)
+        self._tasks.wait(timeout)
 
     def closeEvent(self, event: Any) -> None:
         if self.state in ("downloading", "pausing"):
@@ -434,11 +390,8 @@ class LibraryWindow(QWidget):
         self.models: list[library.LibraryModel] = []
         self.recommended: list[library.RecommendedModel] = []
         self.dialogs: list[DownloadDialog] = []
-        self._threads: list[threading.Thread] = []
+        self._tasks = TaskRunner("model library", parent=self)
         self._generation = 0
-        self._relay = _Relay(self)
-        self._relay.done.connect(self._on_done)
-        self._relay.failed.connect(self._on_failed)
 
         self.quant_choice = QComboBox()
         self.quant_choice.addItems(list(QUANTIZATIONS))
@@ -543,8 +496,7 @@ class LibraryWindow(QWidget):
         self._start("listing", listing)
 
     def _start(self, name: str, job: Callable[[], Any]) -> None:
-        self._threads = [t for t in self._threads if t.is_alive()]
-        self._threads.append(_run_in_thread(self._relay, name, job))
+        self._tasks.run(name, job, lambda result: self._on_done(name, result), lambda exc: self._on_failed(name, exc))
 
     def _plan_verdicts(self, generation: int) -> None:
         quant, device = self.quantization, self.device
@@ -733,11 +685,12 @@ class LibraryWindow(QWidget):
         return dialog
 
     def wait_for_workers(self, timeout: float = 60.0) -> None:
+        """Until the listing, the verdicts and every dialog's jobs have ended and reported (tests)."""
         for _ in range(10):
-            _drain(lambda: self._threads, timeout)
+            self._tasks.wait(timeout)
             for dialog in self.dialogs:
                 dialog.wait_for_workers(timeout)
-            if not any(t.is_alive() for t in self._threads):
+            if not self._tasks.busy and not any(dialog._tasks.busy for dialog in self.dialogs):
                 return
 
     def closeEvent(self, event: Any) -> None:

@@ -1,4 +1,5 @@
-"""UI test fixtures: a window over a scripted backend, and a check that no QThread outlives its test."""
+"""UI test fixtures: a window over a scripted backend, and a check that no QThread or background task (app/ui/tasks.py)
+outlives its test."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from app.core.backend import LoadRequest, ScriptedBackend, scripted_factory
 from app.core.history import HistoryStore
 from app.core.settings import Settings
 from app.ui.main_window import MainWindow
+from app.ui.tasks import busy_runners
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -27,7 +29,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def no_dangling_qthreads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[QThread]]:
-    """Fails a test that leaves a QThread running (napari's _dangling_qthreads, simplified)."""
+    """Fails a test that leaves a QThread running (napari's _dangling_qthreads, simplified), or a TaskRunner's job:
+    the worker thread and the task runners are the only ways app/ui runs background work."""
     started: list[QThread] = []
     original = QThread.start
 
@@ -42,7 +45,11 @@ def no_dangling_qthreads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[QThre
         if thread.isRunning():
             thread.quit()
             thread.wait(5000)
+    tasks = [runner.name for runner in busy_runners()]
+    for runner in busy_runners():
+        runner.shutdown(5000)
     assert not running, f"QThreads left running: {running}"
+    assert not tasks, f"Background tasks left running: {tasks}"
 
 
 WindowFactory = Callable[..., MainWindow]
