@@ -35,6 +35,8 @@ def test_attachment_size_limit_comes_from_settings(make_window, qtbot) -> None:
     window = make_window(settings=Settings(attachment_limit_mb=3))
     qtbot.waitUntil(lambda: window.attachments is not None, timeout=5000)
     assert window.attachments.max_bytes == 3 * 2**20
+    window.settings_store.update(attachment_limit_mb=5)  # the bar follows the settings store's change signal
+    assert window.attachments.max_bytes == 5 * 2**20
 
 
 def test_settings_dialog_edits_the_attachment_limit_and_holds_the_hub_token_box(qtbot) -> None:
@@ -59,4 +61,5 @@ def test_models_menu_opens_the_library_and_a_chosen_model_becomes_the_default(
     library.model_chosen.emit(str(tmp_path))
     assert window.settings.model == str(tmp_path)
     assert window.model_bar.request().model == str(tmp_path)
+    library.wait_for_workers()  # its listing and verdicts run on a task runner: let them report
     library.close()
