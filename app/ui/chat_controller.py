@@ -63,7 +63,9 @@ class ChatController(QObject):
     remaining_context = Signal(int)  # tokens left after the last reply (the attachment bar's fit check)
     text_returned = Signal(str)  # a message that was not sent: back into the input box
 
-    def __init__(self, store: HistoryStore, settings: SettingsStore, host: WorkerHost, parent: QObject | None = None):
+    def __init__(
+        self, store: HistoryStore, settings: SettingsStore, host: WorkerHost, parent: QObject | None = None
+    ) -> None:
         super().__init__(parent)
         self.store = store
         self.settings = settings

@@ -48,6 +48,8 @@ from app.ui.worker import Planner, WorkerHost
 log = logging.getLogger(__name__)
 
 PLAN_DEBOUNCE_MS = 300
+IGNORE_FIT_HINT = "To load it anyway, use --ignore-fit."  # the planner's advice, for the command line
+LOAD_ANYWAY_HINT = "Load anyway tries regardless: it may run out of memory or be very slow."
 
 
 class ErrorBridge(QObject):
@@ -104,8 +106,13 @@ class Banner(QWidget):
         if action is not None:
             action()
 
+    def withdraw_offer(self) -> None:
+        self._action = None
+        self.action_button.hide()
+
     def dismiss(self) -> None:
         self.messages.clear()
+        self.withdraw_offer()
         self.hide()
 
 
@@ -182,6 +189,8 @@ class MainWindow(QMainWindow):
         self._build_menus()
 
         self.last_memory: MemoryReading | None = None
+        self.load_request: LoadRequest | None = None  # the last load asked for ("Load anyway" repeats it)
+        self._offering_load_anyway = False
         self.attachments: Any = None  # app.ui.attachments.AttachmentBar, once installed
         self.library_window: Any = None  # app.ui.library.LibraryWindow, opened from the Models menu
 
@@ -417,9 +426,18 @@ class MainWindow(QMainWindow):
             trust_remote_code=settings.trust_remote_code,
             response_cache=settings.response_cache,
         )
+        if self._offering_load_anyway:
+            self._offering_load_anyway = False
+            self.banner.withdraw_offer()
+        self.load_request = request
         self.chat.model_loading()
         self.model_bar.set_loading("Starting…", -1.0)
         self.host.load(request)
+
+    def load_anyway(self) -> None:
+        """The planner refused the last model: load it regardless (the command line's --ignore-fit)."""
+        if self.load_request is not None:
+            self.load_model(replace(self.load_request, ignore_fit=True))
 
     def cancel_load(self) -> None:
         self.host.cancel_load()
@@ -456,10 +474,17 @@ class MainWindow(QMainWindow):
         self.attachments.set_token_counter(counter)
         self.attachments.set_remaining_context(info.context_window)
 
-    @Slot(str)
-    def _on_load_failed(self, message: str) -> None:
+    @Slot(str, bool)
+    def _on_load_failed(self, message: str, too_large: bool) -> None:
+        """`too_large`: the memory planner refused the model; the banner offers to load it anyway."""
         self.model_bar.set_unloaded("Not loaded")
-        self.show_error(message)
+        if too_large and self.load_request is not None:
+            message = message.replace(IGNORE_FIT_HINT, "").rstrip()
+            self.show_error(f"{message} {LOAD_ANYWAY_HINT}")
+            self.banner.offer("Load anyway", self.load_anyway)
+            self._offering_load_anyway = True
+        else:
+            self.show_error(message)
         self.chat.model_load_failed(message)
 
     @Slot()

@@ -19,7 +19,7 @@ from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 from app.core.backend import BackendFactory, ChatBackend, LoadRequest, ReplyRequest
 from app.core.crash import user_message
-from app.core.errors import HearthError
+from app.core.errors import HearthError, ModelTooLargeError
 from app.core.events import ContextUsage, DoneEvent, PromptEvent, StatsEvent, TokenEvent
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class InferenceWorker(QObject):
 
     load_progress = Signal(str, float)  # message, fraction (-1 = unknown)
     model_loaded = Signal(object)  # ModelInfo
-    load_failed = Signal(str)
+    load_failed = Signal(str, bool)  # message, whether the memory planner refused it (loading anyway may work)
     model_unloaded = Signal()
     plan_ready = Signal(object)  # the planner's MemoryPlan
     plan_failed = Signal(str)
@@ -117,7 +117,7 @@ class InferenceWorker(QObject):
     def load(self, job: LoadJob) -> None:
         self._close_backend()
         if job.cancel.is_set():
-            self.load_failed.emit("Loading was cancelled.")
+            self.load_failed.emit("Loading was cancelled.", False)
             return
 
         def progress(message: str, fraction: float | None) -> None:
@@ -126,15 +126,15 @@ class InferenceWorker(QObject):
         try:
             backend = self._factory(job.request, progress, job.cancel)
         except HearthError as exc:
-            self.load_failed.emit(str(exc))
+            self.load_failed.emit(str(exc), isinstance(exc, ModelTooLargeError))
             return
         except Exception as exc:
             log.exception("model load failed")
-            self.load_failed.emit(user_message(exc))
+            self.load_failed.emit(user_message(exc), False)
             return
         if job.cancel.is_set():  # cancelled during the last, uninterruptible step: honour it anyway
             backend.close()
-            self.load_failed.emit("Loading was cancelled.")
+            self.load_failed.emit("Loading was cancelled.", False)
             return
         self._backend = backend
         settle_after_load()
