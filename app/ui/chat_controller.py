@@ -189,7 +189,7 @@ class ChatController(QObject):
         message = self.store.add_message(self.conversation_id, "user", text, parent_id, attachments=attachments)
         if self.attachments is not None:
             self.attachments.clear()
-        self._after_new_user_message(message)
+        self._after_new_user_message(message, branch=[*branch, message])
 
     def _attachment_token_counts(self) -> dict[str, int]:
         if self.attachments is None:
@@ -220,17 +220,17 @@ class ChatController(QObject):
 
         return compose_user_message(message.content, cast(Any, message.attachments))
 
-    def _after_new_user_message(self, message: Message) -> None:
-        self._sync_rows()
+    def _after_new_user_message(self, message: Message, branch: list[Message] | None = None) -> None:
+        """`branch`: the active branch ending in `message`, when the caller has it (one read of the store less)."""
+        self._sync_rows(branch)
         self.conversations_changed.emit()
         if self.model_info is None:
             self.pending_parent = message  # sent when the model has loaded
             return
-        self._start_reply(message)
+        self._start_reply(message, branch=branch)
 
-    def _prompt_messages(self, up_to: Message) -> tuple[ChatMessage, ...]:
+    def _prompt_messages(self, up_to: Message, branch: list[Message]) -> tuple[ChatMessage, ...]:
         """System prompt + the active branch down to `up_to` (inclusive), as the engine's messages."""
-        branch = self.store.active_branch(up_to.conversation_id)
         messages: list[ChatMessage] = []
         system_prompt = self.settings.current.system_prompt
         if system_prompt.strip():
@@ -242,18 +242,32 @@ class ChatController(QObject):
                 break
         return tuple(messages)
 
-    def _start_reply(self, parent: Message, *, continue_message: Message | None = None, cache: bool = True) -> None:
-        """A new reply to `parent`, or (continue_message) more of an existing one; the worker streams it."""
+    def _start_reply(
+        self,
+        parent: Message,
+        *,
+        continue_message: Message | None = None,
+        cache: bool = True,
+        branch: list[Message] | None = None,
+    ) -> None:
+        """A new reply to `parent`, or (continue_message) more of an existing one; the worker streams it.
+        `branch`: the active branch ending in `parent`, when the caller has it."""
         assert self.model_info is not None
         settings = self.settings.current
-        messages = self._prompt_messages(parent)
+        if branch is None or branch[-1].id != parent.id:
+            branch = self.store.active_branch(parent.conversation_id)
+        messages = self._prompt_messages(parent, branch)
         if continue_message is not None:
             target, created, prefix = continue_message, False, continue_message.content
+            shown: list[Message] | None = None
         else:
             target = self.store.add_message(
                 parent.conversation_id, "assistant", "", parent.id, model=self.model_info.name
             )
             created, prefix = True, ""
+            ids = [m.id for m in branch]
+            # the new reply is the active branch's new end (else the store is asked)
+            shown = [*branch[: ids.index(parent.id) + 1], target] if parent.id in ids else None
         request = GenerateRequest(
             self.host.next_request_id(),
             ReplyRequest(
@@ -267,7 +281,7 @@ class ChatController(QObject):
         )
         self.reply = ActiveReply(request, parent.conversation_id, target.id, created, prefix, prefix)
         if parent.conversation_id == self.conversation_id:
-            self._sync_rows()
+            self._sync_rows(shown)
         self.generating_changed.emit(True)
         self.flush_timer.start()
         self.host.generate(request)
@@ -432,17 +446,29 @@ class ChatController(QObject):
         """An error about the conversation: shown in the chat, where the reply would have been."""
         self.chat_model.append(ChatItem("error", message))
 
-    def _branch_items(self) -> list[ChatItem]:
-        """The rows the active branch should show (the streaming reply with what has streamed so far)."""
+    def _branch_items(
+        self, known: dict[int, tuple[int, int]] | None = None, branch: list[Message] | None = None
+    ) -> list[ChatItem]:
+        """The rows the active branch should show (the streaming reply with what has streamed so far).
+
+        `known`: message id -> (sibling index, sibling count) of rows already shown at the same place: those did
+        not change (new siblings only appear where the rows diverge), so the store is not asked again."""
         if self.conversation_id is None:
             return []
+        known = known or {}
         items: list[ChatItem] = []
         reply = self.reply if self.reply is not None and self.reply.conversation_id == self.conversation_id else None
-        for message in self.store.active_branch(self.conversation_id):
+        if branch is None:
+            branch = self.store.active_branch(self.conversation_id)
+        for message in branch:
             if message.role == "system":
                 continue
-            siblings = self.store.siblings(message.id)
-            index = next((i for i, s in enumerate(siblings) if s.id == message.id), 0)
+            if message.id in known:
+                index, count = known[message.id]
+            else:
+                siblings = self.store.siblings(message.id)
+                index = next((i for i, s in enumerate(siblings) if s.id == message.id), 0)
+                count = len(siblings)
             finish = message.finish_reason
             if message.role == "assistant" and finish is None and (reply is None or message.id != reply.message_id):
                 finish = "interrupted"  # saved while streaming, never finished: the app died or was killed
@@ -453,7 +479,7 @@ class ChatController(QObject):
                 finish_reason=finish,
                 stats=message.stats,
                 sibling_index=index,
-                sibling_count=len(siblings),
+                sibling_count=count,
                 model=message.model,
                 extra={"attachments": [a.name for a in message.attachments]} if message.attachments else {},
             )
@@ -463,15 +489,20 @@ class ChatController(QObject):
             items.append(item)
         return items
 
-    def _sync_rows(self) -> None:
+    def _sync_rows(self, branch: list[Message] | None = None) -> None:
         """Make the rows match the active branch, touching only rows that differ: rows that stay the same keep
         their widgets (and rendered Markdown); a changed row is updated; from the first row that is a different
         message on, rows are replaced (a new branch, a deleted message, a new message at the end)."""
-        wanted = self._branch_items()
         shown = self.chat_model.items()
+        known: dict[int, tuple[int, int]] = {}
+        for item in shown:
+            if item.message_id is None:
+                break
+            known[item.message_id] = (item.sibling_index, item.sibling_count)
+        wanted = self._branch_items(known, branch)
         keep = 0
         while keep < min(len(wanted), len(shown)) and wanted[keep].message_id == shown[keep].message_id:
-            if wanted[keep] != shown[keep]:  # e.g. a new sibling count after an edit: this row only
+            if wanted[keep] != shown[keep]:  # e.g. the reply being continued: this row only
                 self.chat_model.update(keep, **wanted[keep].__dict__)
             keep += 1
         for row in range(len(shown) - 1, keep - 1, -1):
