@@ -14,6 +14,7 @@ from typing import Any
 from app.cli import Subparsers
 from app.cli.attach import add_attach_flags, message_with_documents, read_attachments
 from app.cli.common import add_model_flags, progress_to_stderr, settings_from_args
+from app.core.backend import LoadRequest
 from app.core.errors import HearthError
 from app.core.events import DoneEvent, Event, ReplyStats, StatsEvent, TokenEvent, event_to_json
 from app.core.sampling import SamplingParams
@@ -147,28 +148,24 @@ def emit(events: Iterator[Event], *, as_json: bool, show_stats: bool) -> DoneEve
     return done
 
 
+def load_request(settings: Settings, args: argparse.Namespace) -> LoadRequest:
+    """The settings' load options with this command's flags (the window's worker gets the same LoadRequest)."""
+    return LoadRequest.from_settings(
+        settings,
+        ignore_fit=bool(args.ignore_fit),
+        response_cache=settings.response_cache and not args.no_response_cache,
+    )
+
+
 def open_session(settings: Settings, args: argparse.Namespace) -> Any:
     if getattr(args, "engine", None):  # a remote engine instead of a local model
         from app.core.remote.session import open_remote_session
 
         return open_remote_session(settings, args, sampling_from_args(args, settings.sampling))
-    from app.core.engine_backend import EngineBackend
-    from app.core.loader import load_model
-    from app.core.response_cache import ResponseCache
+    from app.core.engine_backend import open_backend
     from app.core.session import ChatSession
 
-    loaded = load_model(
-        settings.model,
-        quantization=settings.quantization,
-        device=settings.device,
-        context_length=settings.context_length,
-        allow_pickle=settings.allow_pickle,
-        trust_remote_code=settings.trust_remote_code,
-        progress=progress_to_stderr,
-        ignore_fit=bool(getattr(args, "ignore_fit", False)),
-    )
-    cache = ResponseCache() if settings.response_cache and not args.no_response_cache else None
-    backend = EngineBackend(loaded, response_cache=cache)
+    backend = open_backend(load_request(settings, args), progress_to_stderr)
     for notice in [*backend.info.notices, *backend.info.recovered]:
         print(f"hearth: note: {notice}", file=sys.stderr)
     return ChatSession(

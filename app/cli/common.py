@@ -6,7 +6,17 @@ import argparse
 import sys
 
 from app.core.errors import InvalidSettingError
-from app.core.settings import DEVICES, QUANTIZATIONS, Settings, read_settings
+from app.core.quant import QUANTIZATIONS, auto_summary
+from app.core.settings import DEVICES, Settings, read_settings
+
+
+def quant_help(default: str) -> str:
+    """The --quant help, with what `auto` picks on each device (from app.core.quant, so it cannot go stale)."""
+    return f"weights precision (default: {default}; auto = {auto_summary()})"
+
+
+def add_quant_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: str) -> None:
+    parser.add_argument("--quant", choices=QUANTIZATIONS, help=quant_help(default))
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -16,9 +26,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         "-m",
         help="folder, .gguf file or Hub repo id in the local cache (default: the embedded SmolLM2-135M-Instruct)",
     )
-    group.add_argument(
-        "--quant", choices=QUANTIZATIONS, help="weights precision (default: auto = nf4 on a GPU, bf16 on the CPU)"
-    )
+    add_quant_flag(group, default="the settings, auto unless changed")
     group.add_argument("--device", choices=DEVICES, help="where to run (default: auto = CUDA, then MPS, then CPU)")
     group.add_argument("--context", type=int, metavar="TOKENS", help="context window (default: the model's maximum)")
     group.add_argument(

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from app.cli import Subparsers
-from app.cli.common import saved_settings
-from app.core.settings import DEVICES, QUANTIZATIONS
+from app.cli.common import add_quant_flag, saved_settings
+from app.core.settings import DEVICES
 
 
 def register(subparsers: Subparsers) -> None:
@@ -16,7 +16,7 @@ def register(subparsers: Subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per model")
     parser.add_argument("--recommended", action="store_true", help="list the curated chat models instead")
     parser.add_argument("--add", metavar="PATH", type=Path, help="add a model folder or .gguf file kept elsewhere")
-    parser.add_argument("--quant", choices=QUANTIZATIONS, help="quantization the verdict is for (default: settings)")
+    add_quant_flag(parser, default="the settings")
     parser.add_argument("--device", choices=DEVICES, help="device the verdict is for (default: settings)")
     parser.add_argument("--no-verdict", action="store_true", help="skip the memory planner (faster)")
     parser.set_defaults(handler=run)

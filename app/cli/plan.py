@@ -6,9 +6,11 @@ import argparse
 import json
 
 from app.cli import Subparsers
+from app.cli.common import quant_help
 from app.core.errors import InvalidSettingError
 from app.core.memory.types import MemoryPlan, format_bytes, parse_size
-from app.core.settings import DEVICES, QUANTIZATIONS
+from app.core.quant import QUANTIZATIONS
+from app.core.settings import DEVICES
 
 VERDICTS = {"yes": "fits", "offload": "fits only with CPU offload", "no": "does not fit"}
 
@@ -22,7 +24,7 @@ def register(subparsers: Subparsers) -> None:
         nargs="?",
         help="folder (even one with only config.json), .gguf file or cached Hub repo id (default: the embedded model)",
     )
-    parser.add_argument("--quant", choices=QUANTIZATIONS, default="auto", help="weights precision (default: auto)")
+    parser.add_argument("--quant", choices=QUANTIZATIONS, default="auto", help=quant_help("auto"))
     parser.add_argument("--context", type=int, metavar="TOKENS", help="context length (default: the model's maximum)")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="device to plan for (default: auto)")
     parser.add_argument(

@@ -71,12 +71,11 @@ def seconds_since_launch() -> float | None:
 
 
 def expected_kv_bytes(model_config: Any, tokens: int, element_size: int) -> int:
-    """2 (keys and values) × layers × KV heads × head dim × tokens × bytes per element (GQA-aware)."""
-    layers = int(model_config.num_hidden_layers)
-    heads = int(model_config.num_attention_heads)
-    kv_heads = int(getattr(model_config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(model_config, "head_dim", None) or model_config.hidden_size // heads)
-    return 2 * layers * kv_heads * head_dim * tokens * element_size
+    """What the memory planner says the cache holds at `tokens`: 2 (keys and values) × KV heads × head dim × bytes
+    per element for each attention layer (GQA-aware, sliding windows capped)."""
+    from app.core.memory.planner import kv_layout
+
+    return kv_layout(model_config, element_size).bytes_at(tokens)
 
 
 def run_checks(loaded: LoadedModel | None = None, *, progress: Callable[[str], None] | None = None) -> SelfTestReport:

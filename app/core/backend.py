@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from app.core.events import (
     ChatMessage,
@@ -24,22 +24,35 @@ from app.core.events import (
     StatsEvent,
     TokenEvent,
 )
+from app.core.memory.types import DeviceMemory
+from app.core.quant import Quantization
 from app.core.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from app.core.settings import Settings
 
 ProgressCallback = Callable[[str, float | None], None]
 
 
 @dataclass(frozen=True)
 class LoadRequest:
+    """Every option of one model load: the window's worker and the command line both hand one to
+    app.core.engine_backend.open_backend. The worker never re-reads the settings file behind the window's back."""
+
     model: str | None  # None = the embedded default
-    quantization: str = "auto"
+    quantization: Quantization = "auto"
     device: str = "auto"
     context_length: int | None = None
-    # Every load option travels here: the worker never re-reads the settings file behind the window's back.
     allow_pickle: bool = False
     trust_remote_code: bool = False
-    ignore_fit: bool = False
+    ignore_fit: bool = False  # load even when the memory planner says it will not fit (a per-load choice)
     response_cache: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **choices: Any) -> LoadRequest:
+        """The settings' load options (every field named alike), then `choices` (a flag, the model bar's picks)."""
+        saved = {item.name: getattr(settings, item.name) for item in fields(cls) if hasattr(settings, item.name)}
+        return cls(**(saved | choices))
 
 
 @dataclass(frozen=True)
@@ -52,21 +65,6 @@ class ModelInfo:
     notices: tuple[str, ...] = ()
     recovered: tuple[str, ...] = ()  # damaged derived files moved aside and rebuilt at load: the banner shows them
     tokenizer_file: str | None = None  # tokenizer.json, for torch-free token counts in the GUI
-
-
-@dataclass(frozen=True)
-class DeviceMemory:
-    """One device's memory split, in bytes; `free` is what is left for the KV cache to grow into."""
-
-    device: str
-    weights_bytes: int
-    kv_bytes: int
-    overhead_bytes: int
-    free_bytes: int
-
-    @property
-    def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.overhead_bytes + self.free_bytes
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,12 @@ from typing import Any
 import psutil
 import torch
 
-from app.core.backend import DeviceMemory, LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
+from app.core.backend import LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
 from app.core.engine import Engine, KVState
 from app.core.events import Event
 from app.core.loader import LoadedModel, load_model
+from app.core.memory.accounting import MemoryMonitor, model_kv_layout
+from app.core.memory.types import DeviceMemory, MemorySnapshot
 from app.core.response_cache import ResponseCache
 
 log = logging.getLogger(__name__)
@@ -93,7 +95,7 @@ class EngineBackend:
     def _fallback_memory(self) -> MemoryReading:
         kv_bytes = sum(kv.nbytes() for kv in self._caches.values())
         kv_tokens = sum(len(kv.ids) for kv in self._caches.values())
-        per_token = kv_bytes // kv_tokens if kv_tokens else _kv_bytes_per_token(self.loaded)
+        per_token = kv_bytes // kv_tokens if kv_tokens else _kv_bytes_per_token(self.loaded.model)
         devices: list[DeviceMemory] = []
         by_device: dict[str, int] = {}
         for placement in self.loaded.placements:
@@ -103,12 +105,13 @@ class EngineBackend:
         for device, weights in by_device.items():
             kv_here = kv_bytes if device == self.loaded.device else 0
             if device.startswith("cuda"):
-                free, _total = torch.cuda.mem_get_info(torch.device(device))
+                free, total = torch.cuda.mem_get_info(torch.device(device))
                 overhead = max(int(torch.cuda.memory_reserved(torch.device(device))) - weights - kv_here, 0)
             else:
-                free = int(psutil.virtual_memory().available)
+                memory = psutil.virtual_memory()
+                free, total = memory.available, memory.total
                 overhead = max(int(psutil.Process().memory_info().rss) - weights - kv_here, 0)
-            devices.append(DeviceMemory(device, weights, kv_here, overhead, int(free)))
+            devices.append(DeviceMemory(device, weights, kv_here, overhead, int(free), total_bytes=int(total)))
         main = next((d for d in devices if d.device == self.loaded.device), devices[0])
         forecast = (kv_tokens + main.free_bytes // per_token) if per_token else None
         return MemoryReading(tuple(devices), kv_bytes_per_token=per_token, forecast_kv_full_at_tokens=forecast)
@@ -130,25 +133,16 @@ class EngineBackend:
             torch.cuda.empty_cache()
 
 
-def _kv_bytes_per_token(loaded: LoadedModel) -> int:
-    config = getattr(loaded.model, "config", None)
-    if config is None:
-        return 0
-    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
-    heads = int(getattr(config, "num_key_value_heads", 0) or getattr(config, "num_attention_heads", 0) or 0)
-    head_dim = getattr(config, "head_dim", None) or (
-        int(getattr(config, "hidden_size", 0) or 0) // max(int(getattr(config, "num_attention_heads", 1) or 1), 1)
-    )
-    element = 2 if loaded.quantization in ("bf16", "fp16", "nf4", "nf4-nodq", "int8") else 4
-    return 2 * layers * heads * int(head_dim) * element
-
-
-def _memory_monitor(loaded: LoadedModel, kv_provider: Any) -> Any:
-    """The memory issue's live accounting, when that module is present."""
+def _kv_bytes_per_token(model: Any) -> int:
+    """The planner's figure (0 for a model it cannot lay out: the panel then shows no forecast)."""
     try:
-        from app.core.memory.accounting import MemoryMonitor
-    except ImportError:
-        return None
+        return model_kv_layout(model).bytes_per_token
+    except (AttributeError, TypeError, ValueError, KeyError, ZeroDivisionError):
+        return 0
+
+
+def _memory_monitor(loaded: LoadedModel, kv_provider: Any) -> MemoryMonitor | None:
+    """The live accounting; None (the fallback numbers) if it cannot measure this model."""
     try:
         return MemoryMonitor(loaded, kv_provider)
     except Exception:
@@ -156,26 +150,16 @@ def _memory_monitor(loaded: LoadedModel, kv_provider: Any) -> Any:
         return None
 
 
-def _reading_from_snapshot(snapshot: Any) -> MemoryReading:
-    """Adapt the accounting's MemorySnapshot (one device or several) to the panel's plain data."""
-    items = getattr(snapshot, "devices", None) or [snapshot]
-    devices = tuple(
-        DeviceMemory(
-            device=str(getattr(item, "device", "device")),
-            weights_bytes=int(getattr(item, "weights_bytes", 0) or 0),
-            kv_bytes=int(getattr(item, "kv_bytes", 0) or 0),
-            overhead_bytes=int(getattr(item, "overhead_bytes", 0) or 0),
-            free_bytes=int(getattr(item, "free_bytes", 0) or 0),
-        )
-        for item in items
-    )
-    forecast = getattr(snapshot, "forecast_kv_full_at_tokens", None)
-    per_token = getattr(snapshot, "kv_bytes_per_token", 0) or 0
-    return MemoryReading(devices, int(per_token), int(forecast) if forecast is not None else None)
+def _reading_from_snapshot(snapshot: MemorySnapshot) -> MemoryReading:
+    """The accounting's snapshot as the panel's reading (the same DeviceMemory rows)."""
+    return MemoryReading(snapshot.devices, snapshot.kv_bytes_per_token, snapshot.forecast_kv_full_at_tokens)
 
 
-def load_engine_backend(request: LoadRequest, progress: ProgressCallback, cancel: threading.Event) -> EngineBackend:
-    """The default backend factory the GUI's worker uses."""
+def open_backend(
+    request: LoadRequest, progress: ProgressCallback | None = None, cancel: threading.Event | None = None
+) -> EngineBackend:
+    """Load the request's model and wrap it with its engine: the one load path of the window's worker and the
+    command line, so that every option in the request reaches the loader the same way from both."""
     loaded = load_model(
         request.model,
         quantization=request.quantization,

@@ -1,4 +1,4 @@
-"""Load a model through transformers (+ bitsandbytes for nf4/int8) onto the device the user asked for.
+"""Load a model through transformers (+ bitsandbytes, see app.core.quant) onto the device the user asked for.
 
 Never falls back silently: a missing GPU is an error when asked for, and a notice when `auto` lands on the CPU.
 """
@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from app.core import gguf_cache
+from app.core.attention import attention_shape
 from app.core.errors import (
     CorruptModelError,
     DeviceUnavailableError,
@@ -30,6 +31,8 @@ from app.core.errors import (
     UnsupportedModelError,
 )
 from app.core.fastpath.prefill import apply_prefill_upcast
+from app.core.memory.planner import check_fit, plan_memory
+from app.core.memory.types import format_bytes
 from app.core.model_source import (
     ModelSource,
     check_folder_weights,
@@ -37,6 +40,7 @@ from app.core.model_source import (
     resolve_model,
     weights_fingerprint,
 )
+from app.core.quant import Precision, is_4bit, quantization_kwargs, resolve_quantization
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +68,7 @@ class LoadedModel:
     tokenizer: Any
     source: ModelSource
     folder: Path
-    quantization: str  # resolved: nf4, nf4-nodq, int8, bf16, fp16, fp32
+    quantization: Precision  # what `auto` (or the user's choice) resolved to
     device: str  # resolved torch device string
     context_window: int
     load_seconds: float
@@ -119,48 +123,6 @@ def resolve_device(choice: str) -> tuple[str, list[str]]:
     raise DeviceUnavailableError(f"Unknown device {choice!r}: use auto, cuda, cpu or mps.")
 
 
-def resolve_quantization(choice: str, device: str) -> str:
-    if choice != "auto":
-        if choice in ("nf4", "nf4-nodq", "int8") and device == "mps":
-            raise QuantizationError(f"{choice} (bitsandbytes) is not supported on Apple MPS here; use fp16 or bf16.")
-        return choice
-    if device == "mps":
-        return "fp16"
-    if device == "cpu":
-        # Decode on the CPU runs the fused C step over packed copies whatever the loaded precision
-        # (app.core.fastpath; bf16 and nf4 both ~145 tok/s on SmolLM2-135M, bench/engine.py), so the loaded
-        # weights matter for prefill: bf16 runs through fp32 GEMMs (app.core.fastpath.prefill), while
-        # bitsandbytes 0.50's CPU 4-bit path dequantizes every weight per call without AVX512-BF16.
-        return "bf16"
-    return "nf4"
-
-
-def compute_dtype(device: str) -> torch.dtype:
-    return torch.float16 if device == "mps" else torch.bfloat16
-
-
-def quantization_kwargs(quantization: str, device: str) -> dict[str, Any]:
-    """from_pretrained kwargs for a resolved quantization (bnb's own defaults, fp4 and fp32 compute, are wrong here)."""
-    dtype = compute_dtype(device)
-    if quantization in ("nf4", "nf4-nodq"):
-        config = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=quantization == "nf4",
-            bnb_4bit_compute_dtype=dtype,
-            # This list replaces bnb's default skip list, so lm_head must be named to stay 16-bit.
-            llm_int8_skip_modules=["lm_head"],
-        )
-        return {"quantization_config": config, "dtype": dtype}
-    if quantization == "int8":
-        config = BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=["lm_head"])
-        return {"quantization_config": config, "dtype": dtype}
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-    if quantization not in dtypes:
-        raise QuantizationError(f"Unknown quantization {quantization!r}: use nf4, nf4-nodq, int8, bf16, fp16 or fp32.")
-    return {"dtype": dtypes[quantization]}
-
-
 def prepare_folder(
     source: ModelSource,
     *,
@@ -180,7 +142,7 @@ def prepare_folder(
 def load_model(
     spec: str | ModelSource | None,
     *,
-    quantization: str = "auto",
+    quantization: str = "auto",  # a Quantization name (app.core.quant), checked here
     device: str = "auto",
     context_length: int | None = None,
     allow_pickle: bool = False,
@@ -220,7 +182,7 @@ def load_model(
             f"{folder}: model type {config_data.get('model_type')!r} is not supported by this transformers "
             f"version ({exc})."
         ) from exc
-    if quant in ("nf4", "nf4-nodq") and torch_device == "cpu":
+    if is_4bit(quant) and torch_device == "cpu":
         _check_cpu_4bit_shapes(config)
     fit_window = None
     if not ignore_fit:
@@ -282,16 +244,13 @@ MIN_AUTO_CONTEXT = 2048
 def _check_memory(
     source: ModelSource,
     config: Any,
-    quant: str,
+    quant: Precision,
     device: str,
     context_length: int | None,
     free_bytes: int | None,
     notices: list[str],
 ) -> int | None:
     """Refuse a model the planner says will not fit; returns a shorter context window when only that fits."""
-    from app.core.memory.planner import check_fit, plan_memory
-    from app.core.memory.types import format_bytes
-
     try:
         plan = plan_memory(
             config,
@@ -346,14 +305,13 @@ def _check_cpu_4bit_shapes(config: Any) -> None:
         "hidden_size": getattr(config, "hidden_size", None),
         "intermediate_size": getattr(config, "intermediate_size", None),
     }
-    heads = getattr(config, "num_attention_heads", None)
-    kv_heads = getattr(config, "num_key_value_heads", heads)
-    head_dim = getattr(config, "head_dim", None) or (
-        sizes["hidden_size"] // heads if heads and sizes["hidden_size"] else None
-    )
-    if head_dim and heads:
-        sizes["q_proj"] = heads * head_dim
-        sizes["kv_proj"] = (kv_heads or heads) * head_dim
+    try:
+        shape = attention_shape(config)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        shape = None  # no attention config to check: the other sizes still are
+    if shape is not None:
+        sizes["q_proj"] = shape.heads * shape.head_dim
+        sizes["kv_proj"] = shape.kv_heads * shape.head_dim
     bad = {k: v for k, v in sizes.items() if isinstance(v, int) and v % CPU_4BIT_BLOCK_N}
     if bad:
         listed = ", ".join(f"{k}={v}" for k, v in bad.items())

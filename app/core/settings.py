@@ -13,15 +13,14 @@ from pydantic import Field
 
 from app.core import paths
 from app.core.errors import InvalidSettingError
+from app.core.quant import Quantization
 from app.core.sampling import SamplingParams
 from app.core.schema import Rule, check_fields, from_mapping, read_json_file, write_json_file
 
-Quantization = Literal["auto", "nf4", "nf4-nodq", "int8", "bf16", "fp16", "fp32"]
 DeviceChoice = Literal["auto", "cuda", "cpu", "mps"]
 Theme = Literal["system", "light", "dark"]
 ContextPolicy = Literal["error", "drop-oldest"]
 
-QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 DEVICES: tuple[str, ...] = get_args(DeviceChoice)
 THEMES: tuple[str, ...] = get_args(Theme)
 CONTEXT_POLICIES: tuple[str, ...] = get_args(ContextPolicy)

@@ -39,7 +39,7 @@ from PySide6.QtWidgets import (
 
 from app.core import hub, library, secrets
 from app.core.errors import HearthError
-from app.core.settings import QUANTIZATIONS
+from app.core.quant import QUANTIZATIONS
 from app.ui.tasks import TaskRunner
 
 log = logging.getLogger(__name__)

@@ -233,7 +233,7 @@ class MemoryPanel(QWidget):
                     Segment("Overhead", device.overhead_bytes, p.overhead),
                     Segment("Free", device.free_bytes, p.free),
                 ],
-                caption=f"{format_bytes(device.total_bytes - device.free_bytes)} used",
+                caption=f"{format_bytes(device.used_bytes)} used",
             )
         if reading is not None and reading.forecast_kv_full_at_tokens:
             per_token = f" ({format_bytes(reading.kv_bytes_per_token)} per token)" if reading.kv_bytes_per_token else ""

@@ -18,7 +18,8 @@ from PySide6.QtWidgets import (
 
 from app.core.backend import LoadRequest, ModelInfo
 from app.core.model_source import DEFAULT_MODEL_NAME
-from app.core.settings import DEVICES, QUANTIZATIONS, Settings
+from app.core.quant import QUANTIZATIONS, auto_summary, parse_quantization
+from app.core.settings import DEVICES, Settings
 
 DEFAULT_LABEL = f"{DEFAULT_MODEL_NAME} (built in)"
 
@@ -92,7 +93,7 @@ class ModelBar(QWidget):
         self.quant_combo = QComboBox()
         self.quant_combo.addItems(list(QUANTIZATIONS))
         self.quant_combo.setCurrentText(settings.quantization)
-        self.quant_combo.setToolTip("Quantization (auto: bf16 on the CPU, nf4 on a GPU)")
+        self.quant_combo.setToolTip(f"Quantization (auto: {auto_summary()})")
         self.device_combo = QComboBox()
         self.device_combo.addItems(list(DEVICES))
         self.device_combo.setCurrentText(settings.device)
@@ -145,7 +146,8 @@ class ModelBar(QWidget):
         text = self.model_combo.currentText().strip()
         model = None if text in ("", DEFAULT_LABEL) else text
         context = self.context_spin.value() or None
-        return LoadRequest(model, self.quant_combo.currentText(), self.device_combo.currentText(), context)
+        quantization = parse_quantization(self.quant_combo.currentText())  # the combo only lists QUANTIZATIONS
+        return LoadRequest(model, quantization, self.device_combo.currentText(), context)
 
     def set_model(self, spec: str) -> None:
         if self.model_combo.findText(spec) < 0:

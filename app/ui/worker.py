@@ -47,9 +47,9 @@ def default_backend_factory() -> BackendFactory:
     """The real engine, imported inside the worker thread on first load (torch is never imported before)."""
 
     def load(request: LoadRequest, progress: Any, cancel: threading.Event) -> ChatBackend:
-        from app.core.engine_backend import load_engine_backend
+        from app.core.engine_backend import open_backend
 
-        return load_engine_backend(request, progress, cancel)
+        return open_backend(request, progress, cancel)
 
     return load
 

@@ -71,11 +71,11 @@ def test_snapshot_check_catches_a_cache_the_accounting_does_not_see(default_load
 
 
 def test_expected_kv_bytes_uses_kv_heads_and_head_dim() -> None:
-    gqa = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    from transformers import LlamaConfig
+
+    gqa = LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
     assert selftest.expected_kv_bytes(gqa, tokens=10, element_size=2) == 2 * 30 * 3 * 64 * 10 * 2
-    explicit = SimpleNamespace(
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=None, head_dim=32, hidden_size=64
-    )
+    explicit = LlamaConfig(num_hidden_layers=2, num_attention_heads=4, head_dim=32, hidden_size=64)
     assert selftest.expected_kv_bytes(explicit, tokens=1, element_size=4) == 2 * 2 * 4 * 32 * 1 * 4
 
 

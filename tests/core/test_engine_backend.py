@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app.core.backend import LoadRequest, ReplyRequest
-from app.core.engine_backend import EngineBackend, load_engine_backend
+from app.core.engine_backend import EngineBackend, open_backend
 from app.core.errors import ContextOverflowError, ModelNotFoundError
 from app.core.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
 from app.core.sampling import SamplingParams
@@ -18,7 +18,7 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=6)
 
 def test_factory_loads_streams_and_accounts_memory(tiny_model_dir: Any) -> None:
     progress: list[str] = []
-    backend = load_engine_backend(
+    backend = open_backend(
         LoadRequest(str(tiny_model_dir("llama")), quantization="fp32", device="cpu"),
         lambda message, fraction: progress.append(message),
         threading.Event(),
@@ -52,7 +52,7 @@ def test_factory_loads_streams_and_accounts_memory(tiny_model_dir: Any) -> None:
 
 
 def test_user_errors_raise_before_the_first_event(tiny_model_dir: Any) -> None:
-    backend = load_engine_backend(
+    backend = open_backend(
         LoadRequest(str(tiny_model_dir("llama")), quantization="fp32", device="cpu", context_length=32),
         lambda message, fraction: None,
         threading.Event(),
@@ -66,4 +66,4 @@ def test_user_errors_raise_before_the_first_event(tiny_model_dir: Any) -> None:
 
 def test_missing_model_is_a_clear_error(tmp_path: Any) -> None:
     with pytest.raises(ModelNotFoundError):
-        load_engine_backend(LoadRequest(str(tmp_path / "nope")), lambda m, f: None, threading.Event())
+        open_backend(LoadRequest(str(tmp_path / "nope")), lambda m, f: None, threading.Event())

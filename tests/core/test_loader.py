@@ -21,8 +21,9 @@ from app.core.errors import (
     UnsupportedModelError,
 )
 from app.core.events import ChatMessage, DoneEvent, TokenEvent
-from app.core.loader import load_model, resolve_device, resolve_quantization
+from app.core.loader import load_model, resolve_device
 from app.core.model_source import default_model_gguf, resolve_model
+from app.core.quant import resolve_quantization
 from app.core.sampling import SamplingParams
 
 

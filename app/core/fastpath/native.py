@@ -36,6 +36,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from app.core.attention import attention_shape
 from app.core.fastpath import integrity
 from app.core.fastpath.int8 import quantize_rows
 from app.core.paths import cache_dir
@@ -485,13 +486,6 @@ def new_slab_cache(model: Any, limit: int) -> DynamicCache:
 def is_slab_cache(cache: Any) -> bool:
     layers = getattr(cache, "layers", None) or []
     return bool(layers) and all(isinstance(layer, SlabLayer) for layer in layers)
-
-
-def attention_shape(config: Any) -> tuple[int, int, int]:
-    """(query heads, kv heads, head dim) of a decoder config."""
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    return heads, kv_heads, int(getattr(config, "head_dim", None) or config.hidden_size // heads)
 
 
 def _kv_dtype(model: Any) -> torch.dtype:

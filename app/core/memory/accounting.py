@@ -94,7 +94,8 @@ def kv_tokens(held: Any) -> int:
     return int(cache.get_seq_length())
 
 
-def _model_kv_layout(model: Any) -> KVLayout:
+def model_kv_layout(model: Any) -> KVLayout:
+    """The planner's KV layout for a loaded model, in the dtype its cache is kept in."""
     dtype = getattr(model, "dtype", torch.bfloat16)
     return kv_layout(model.config, torch.tensor([], dtype=dtype).element_size())
 
@@ -118,7 +119,7 @@ class MemoryMonitor:
         self.weights_by_device = measured_weights_by_device(loaded.model)
         # Layers bnb will repack at their first forward change size then; watched until they all have.
         self._repack_pending = [m for m in loaded.model.modules() if bnb_cpu.will_repack(m)]
-        self.layout = _model_kv_layout(loaded.model)
+        self.layout = model_kv_layout(loaded.model)
         self._process = psutil.Process()
         self._slow: dict[str, tuple[int, int, int | None]] = {}  # device -> (free, total, rss)
         self._slow_at: float | None = None

@@ -19,6 +19,7 @@ import psutil
 import torch
 
 from app.core import bnb_cpu, gguf_cache
+from app.core.attention import attention_shape
 from app.core.errors import (
     CorruptModelError,
     DeviceUnavailableError,
@@ -26,9 +27,18 @@ from app.core.errors import (
     ModelTooLargeError,
     UnsupportedModelError,
 )
+from app.core.gguf_meta import config_dict_from_gguf
 from app.core.memory import calibration
 from app.core.memory.types import Fit, MemoryPlan, format_bytes
 from app.core.model_source import ModelSource, resolve_model
+from app.core.quant import (
+    is_4bit,
+    is_bitsandbytes,
+    quantization_kwargs,
+    resolve_quantization,
+    uses_double_quant,
+    weights_dtype_name,
+)
 
 PREFILL_CHUNK = 512  # app.core.engine.PREFILL_CHUNK (not imported: the engine pulls in the sampling stack)
 NF4_BLOCKSIZE = 64  # bitsandbytes' 4-bit blocksize: one absmax per 64 weights
@@ -37,7 +47,6 @@ DQ_BLOCKSIZE = 256  # double quant: absmax quantized to 8 bits in blocks of 256,
 DQ_CODE_BYTES = 256 * 4  # the 8-bit dynamic code book (fp32), one per layer
 DQ_OFFSET_BYTES = 4  # the fp32 mean subtracted from the absmax before quantizing it
 REPACKED_ABSMAX_BYTES = 2  # bf16 absmax per block in bnb's AVX512-BF16 CPU layout
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 @dataclass(frozen=True)
@@ -169,8 +178,6 @@ def _config_from_dict(data: dict[str, Any], where: str) -> Any:
 
 def config_from_gguf(path: Path) -> Any:
     """The model config from a GGUF file's header (metadata only: no tensor is read or dequantized)."""
-    from app.core.memory.gguf_header import config_dict_from_gguf
-
     return _config_from_dict(config_dict_from_gguf(path), str(path))
 
 
@@ -189,7 +196,8 @@ def model_shape(config: Any, name: str) -> ModelShape:
 
 # -- KV cache --------------------------------------------------------------------------------------------------
 def kv_layout(config: Any, dtype_bytes: int) -> KVLayout:
-    """Per layer KV bytes per token, as DynamicCache(config=...) lays the cache out."""
+    """Per layer KV bytes per token, as DynamicCache(config=...) lays the cache out: the one KV size function (the
+    live accounting, the engine backend's fallback and the self-test read it too)."""
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     text = config.get_text_config(decoder=True)
@@ -203,11 +211,9 @@ def kv_layout(config: Any, dtype_bytes: int) -> KVLayout:
         if layer_type not in ("full_attention", "sliding_attention", "chunked_attention"):
             unmodelled.append(layer_type)
             continue
-        heads = int(getattr(layer_config, "num_attention_heads", 0) or 0)
-        kv_heads = int(getattr(layer_config, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(layer_config, "head_dim", None) or (int(layer_config.hidden_size) // heads))
         window = kwargs.get("sliding_window")
-        layers.append(KVLayer(bytes_per_token=2 * kv_heads * head_dim * dtype_bytes, window=window or None))
+        per_token = attention_shape(layer_config).kv_bytes_per_token(dtype_bytes)
+        layers.append(KVLayer(bytes_per_token=per_token, window=window or None))
     return KVLayout(tuple(layers), dtype_bytes, tuple(sorted(set(unmodelled))))
 
 
@@ -260,7 +266,7 @@ def estimate_weights(
     from transformers.quantizers.base import HfQuantizer
     from transformers.quantizers.quantizers_utils import should_convert_module
 
-    quantized = quantization in ("nf4", "nf4-nodq", "int8")
+    quantized = is_bitsandbytes(quantization)
     keep_fp32 = list(getattr(model, "_keep_in_fp32_modules", None) or []) + list(
         getattr(model, "_keep_in_fp32_modules_strict", None) or []
     )
@@ -301,7 +307,7 @@ def estimate_weights(
                     out_features = tensor.shape[1] if isinstance(module, Conv1D) else tensor.shape[0]
                     size = int8_weight_bytes(out_features, elements // out_features)
                 else:
-                    size = nf4_weight_bytes(elements, quantization == "nf4", repacked=repacked_4bit)
+                    size = nf4_weight_bytes(elements, uses_double_quant(quantization), repacked=repacked_4bit)
                 plain = elements * compute_bytes
             if group is None:
                 other += size
@@ -342,7 +348,7 @@ def _group_of(module_name: str, layer_index: dict[str, int]) -> int | None:
 
 def repacks_4bit_on(device: str, quantization: str) -> bool:
     """Whether bnb will hold this plan's 4-bit weights in its repacked CPU layout (only on the CPU, this kind)."""
-    return device.startswith("cpu") and quantization in ("nf4", "nf4-nodq") and bnb_cpu.cpu_repacks_4bit()
+    return device.startswith("cpu") and is_4bit(quantization) and bnb_cpu.cpu_repacks_4bit()
 
 
 # -- devices ---------------------------------------------------------------------------------------------------
@@ -465,8 +471,6 @@ def plan_memory(
     `free_bytes`: the device's free memory to plan against (default: measured now). `cpu_free_bytes`: the host's
     available memory for CPU offload on CUDA (default: measured now).
     """
-    from app.core.loader import quantization_kwargs, resolve_quantization
-
     torch_device = normalize_device(device)
     config, found_name = load_config(source)
     name = name or found_name
@@ -556,7 +560,7 @@ def plan_memory(
         kv_bytes_per_token=kv.bytes_per_token,
         kv_bytes_per_token_long=kv.bytes_per_token_long,
         kv_bytes=kv.bytes_at(tokens),
-        kv_dtype=DTYPE_NAMES.get(dtype, str(dtype)),
+        kv_dtype=weights_dtype_name(quant, torch_device),  # the cache is kept in the 16/32-bit dtype
         kv_layers=len(kv.layers),
         kv_sliding_layers=sum(1 for layer in kv.layers if layer.window),
         overhead_bytes=sum(parts.values()),

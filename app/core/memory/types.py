@@ -52,17 +52,24 @@ class MemoryPlan:
 
 @dataclass(frozen=True)
 class DeviceMemory:
-    """One device's memory as measured now. CUDA fills allocated/reserved; the CPU fills process_rss."""
+    """One device's memory as measured now, in bytes: the one type the accounting, every backend and the memory
+    panel share. `free_bytes` is what is left for the KV cache to grow into. The details are filled where known:
+    the device's whole memory, CUDA's allocated/reserved, the CPU process's RSS."""
 
     device: str
     weights_bytes: int
     kv_bytes: int
     overhead_bytes: int  # what the process holds beyond weights and KV (activations, allocator slack, libraries)
     free_bytes: int
-    total_bytes: int
+    total_bytes: int | None = None  # the device's whole memory (GPU memory, system RAM)
     allocated_bytes: int | None = None
     reserved_bytes: int | None = None
     process_rss_bytes: int | None = None
+
+    @property
+    def used_bytes(self) -> int:
+        """What this model's process holds on the device."""
+        return self.weights_bytes + self.kv_bytes + self.overhead_bytes
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core.backend import DeviceMemory, MemoryReading, ModelInfo, ReplyRequest, estimate_context
+from app.core.backend import MemoryReading, ModelInfo, ReplyRequest, estimate_context
 from app.core.errors import HearthError
 from app.core.events import (
     ChatMessage,
@@ -32,6 +32,7 @@ from app.core.events import (
     StatsEvent,
     TokenEvent,
 )
+from app.core.memory.types import DeviceMemory
 from app.core.remote import pricing
 from app.core.remote.engines import EngineConfig
 

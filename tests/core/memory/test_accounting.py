@@ -83,6 +83,26 @@ def test_snapshot_after_generation_reports_the_real_cache(tiny_nf4) -> None:  # 
     assert snap.to_json_dict()["weights_bytes"] == cpu.weights_bytes
 
 
+def test_the_backend_reports_the_accountings_rows_whole(tiny_nf4) -> None:  # type: ignore[no-untyped-def]
+    from app.core.engine_backend import EngineBackend
+    from app.core.memory.accounting import model_kv_layout
+
+    backend = EngineBackend(tiny_nf4)
+    try:
+        reading = backend.memory()
+        fallback = backend._fallback_memory()  # what the panel shows if the accounting fails
+    finally:
+        backend.close()
+    cpu = reading.devices[0]
+    # One DeviceMemory type from the accounting to the panel: the details are not dropped on the way.
+    assert cpu.device == "cpu" and cpu.total_bytes and cpu.process_rss_bytes
+    assert cpu.used_bytes == cpu.weights_bytes + cpu.kv_bytes + cpu.overhead_bytes
+    assert fallback.devices[0].total_bytes == cpu.total_bytes
+    # One KV size: the monitor, the fallback and the planner's layout agree.
+    per_token = model_kv_layout(tiny_nf4.model).bytes_per_token
+    assert reading.kv_bytes_per_token == fallback.kv_bytes_per_token == per_token > 0
+
+
 def test_slow_parts_refresh_at_most_every_interval(tiny_nf4) -> None:  # type: ignore[no-untyped-def]
     clock = FakeClock()
     kv = KVState()
