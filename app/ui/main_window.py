@@ -41,6 +41,7 @@ from app.ui.conversations import ConversationList
 from app.ui.input_box import InputBox
 from app.ui.memory_panel import MemoryPanel
 from app.ui.model_bar import ModelBar
+from app.ui.remote_window import RemoteEngines
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.settings_store import SettingsStore
 from app.ui.worker import Planner, WorkerHost
@@ -187,6 +188,9 @@ class MainWindow(QMainWindow):
         splitter.setCollapsible(1, False)
         self.setCentralWidget(splitter)
         self._build_menus()
+        # Remote engines (app/ui/remote_window.py): Models ▸ Connections…, their models in the model bar, the cost.
+        self.remote = RemoteEngines(self)
+        banner_box.addWidget(self.remote.cost_label)
 
         self.last_memory: MemoryReading | None = None
         self.load_request: LoadRequest | None = None  # the last load asked for ("Load anyway" repeats it)
@@ -414,7 +418,8 @@ class MainWindow(QMainWindow):
     @Slot(int)
     def _set_remaining_context(self, tokens: int) -> None:
         if self.attachments is not None:
-            self.attachments.set_remaining_context(tokens)
+            known = self.model_info is None or self.model_info.context_window > 0  # a remote window may be unknown
+            self.attachments.set_remaining_context(tokens if known else None)
 
     # -- model loading ----------------------------------------------------------------------------
     def load_model(self, request: LoadRequest) -> None:
@@ -472,7 +477,7 @@ class MainWindow(QMainWindow):
             except Exception as exc:  # an unreadable tokenizer.json: attachments still work, without counts
                 log.warning("token counter unavailable: %s", exc)
         self.attachments.set_token_counter(counter)
-        self.attachments.set_remaining_context(info.context_window)
+        self.attachments.set_remaining_context(info.context_window or None)
 
     @Slot(str, bool)
     def _on_load_failed(self, message: str, too_large: bool) -> None:
@@ -575,6 +580,7 @@ class MainWindow(QMainWindow):
     # -- shutdown ---------------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
         self.chat.close()
+        self.remote.shutdown()
         self.plan_timer.stop()
         if self.attachments is not None:
             self.attachments.shutdown()

@@ -1,6 +1,11 @@
-"""The model bar: which model, quantization, device and context length; load/unload with progress and cancel."""
+"""The model bar: which model, quantization, device and context length; load/unload with progress and cancel.
+
+The model list holds local models and the registered remote engines' models together, the latter as
+"MODEL @ ENGINE" (app.core.backend.RemoteModel); choosing one loads a RemoteBackend through the same worker."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QFontMetrics, QResizeEvent
@@ -16,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.backend import LoadRequest, ModelInfo
+from app.core.backend import LoadRequest, ModelInfo, RemoteModel
 from app.core.model_source import DEFAULT_MODEL_NAME
 from app.core.quant import QUANTIZATIONS, auto_summary, parse_quantization
 from app.core.settings import DEVICES, Settings
@@ -144,8 +149,11 @@ class ModelBar(QWidget):
 
     def request(self) -> LoadRequest:
         text = self.model_combo.currentText().strip()
-        model = None if text in ("", DEFAULT_LABEL) else text
         context = self.context_spin.value() or None
+        remote = RemoteModel.parse(text)
+        if remote is not None:  # quantization and device are the server's business
+            return LoadRequest(None, context_length=context, remote=remote)
+        model = None if text in ("", DEFAULT_LABEL) else text
         quantization = parse_quantization(self.quant_combo.currentText())  # the combo only lists QUANTIZATIONS
         return LoadRequest(model, quantization, self.device_combo.currentText(), context)
 
@@ -154,7 +162,36 @@ class ModelBar(QWidget):
             self.model_combo.addItem(spec)
         self.model_combo.setCurrentText(spec)
 
+    def set_remote_models(self, models: Sequence[RemoteModel]) -> None:
+        """The registered engines' models (app/ui/remote_window.py lists them), after the local ones; the text the
+        user chose or typed stays."""
+        chosen = self.model_combo.currentText()
+        blocked = self.model_combo.blockSignals(True)
+        for index in range(self.model_combo.count() - 1, -1, -1):
+            if isinstance(self.model_combo.itemData(index), RemoteModel):
+                self.model_combo.removeItem(index)
+        for model in models:
+            self.model_combo.addItem(model.label, model)
+        self.model_combo.setCurrentText(chosen)
+        self.model_combo.blockSignals(blocked)
+        self._show_remote_choice()
+
+    def remote_models(self) -> list[RemoteModel]:
+        data = (self.model_combo.itemData(i) for i in range(self.model_combo.count()))
+        return [item for item in data if isinstance(item, RemoteModel)]
+
+    def _show_remote_choice(self) -> None:
+        remote = self.request().remote is not None
+        for combo in (self.quant_combo, self.device_combo):
+            combo.setEnabled(not remote)
+        self.context_spin.setToolTip(
+            "The model's context window on the server, for the context gauge (max context = unknown)"
+            if remote
+            else "Context length in tokens (max context = the model's own maximum)"
+        )
+
     def _selection_changed(self, *args: object) -> None:
+        self._show_remote_choice()
         self.selection_changed.emit(self.request())
 
     def _load_clicked(self) -> None:
@@ -185,9 +222,9 @@ class ModelBar(QWidget):
         self.load_button.setText("Unload")
         self.load_button.setObjectName("")
         self.load_button.style().polish(self.load_button)
-        self.status.set_full_text(
-            f"{info.name} · {info.quantization} · {info.device} · {info.context_window:,} ctx", "\n".join(info.notices)
-        )
+        window = f" · {info.context_window:,} ctx" if info.context_window else ""
+        where = "remote engine" if info.device == "remote" else f"{info.quantization} · {info.device}"
+        self.status.set_full_text(f"{info.name} · {where}{window}", "\n".join(info.notices))
 
     def set_unloaded(self, message: str = "No model loaded") -> None:
         self.loading = False

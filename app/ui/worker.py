@@ -21,6 +21,7 @@ from app.core.backend import BackendFactory, ChatBackend, LoadRequest, ReplyRequ
 from app.core.crash import user_message
 from app.core.errors import HearthError, ModelTooLargeError
 from app.core.events import ContextUsage, DoneEvent, PromptEvent, StatsEvent, TokenEvent
+from app.core.remote.pricing import compare_local_reply
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class GenerateRequest:
     request_id: int
     reply: ReplyRequest
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+    compare_cost_with: str | None = None  # a local reply is also priced on this hosted model (Settings)
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,12 @@ class InferenceWorker(QObject):
     @Slot(object)
     def plan(self, request: LoadRequest) -> None:
         """The memory planner's verdict before loading (torch-free, but may read a big file header)."""
+        if request.remote is not None:
+            self.plan_failed.emit(
+                f"{request.remote.label} runs on the remote engine {request.remote.engine!r}: "
+                "nothing is loaded into this machine's memory."
+            )
+            return
         try:
             result = self._planner(request)
         except ImportError:
@@ -206,7 +214,8 @@ class InferenceWorker(QObject):
                     usage = event.usage
                     self.context.emit(rid, usage)
                 elif isinstance(event, StatsEvent):
-                    self.stats.emit(rid, event.stats)
+                    stats = compare_local_reply(event.stats, request.compare_cost_with, usage.system + usage.history)
+                    self.stats.emit(rid, stats)
                     prompt = event.stats.prompt_tokens
                     history = max(prompt - usage.system - usage.current, 0)
                     self.context.emit(
