@@ -80,8 +80,12 @@ class LoadRequest:
 
     @classmethod
     def from_settings(cls, settings: Settings, **choices: Any) -> LoadRequest:
-        """The settings' load options (every field named alike), then `choices` (a flag, the model bar's picks)."""
+        """The settings' load options (every field named alike), then `choices` (a flag, the model bar's picks).
+        A default model spelled "MODEL @ ENGINE" is that engine's model."""
         saved = {item.name: getattr(settings, item.name) for item in fields(cls) if hasattr(settings, item.name)}
+        remote = RemoteModel.parse(settings.model) if settings.model else None
+        if remote is not None:
+            saved |= {"model": None, "remote": remote}
         return cls(**(saved | choices))
 
 

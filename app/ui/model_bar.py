@@ -167,8 +167,10 @@ class ModelBar(QWidget):
         user chose or typed stays."""
         chosen = self.model_combo.currentText()
         blocked = self.model_combo.blockSignals(True)
+        labels = {model.label for model in models}
         for index in range(self.model_combo.count() - 1, -1, -1):
-            if isinstance(self.model_combo.itemData(index), RemoteModel):
+            # the old list, and a default model saved as "MODEL @ ENGINE" (listed again, once, with the others)
+            if isinstance(self.model_combo.itemData(index), RemoteModel) or self.model_combo.itemText(index) in labels:
                 self.model_combo.removeItem(index)
         for model in models:
             self.model_combo.addItem(model.label, model)

@@ -137,6 +137,7 @@ def test_a_remote_model_picked_in_the_window_streams_its_reply_with_the_cost(
     assert ("assistant", "Paris is the capital.") in history  # the conversation so far was sent again
     assert cost.text().startswith("This conversation cost ~$0.0002 (estimate, 2 priced replies)")
     assert "re-sent history $" in cost.text()
+    assert panel.context_bar.caption.endswith("(window unknown)")  # the server does not say its context window
     window.new_conversation()
     assert cost.isHidden()
 
@@ -276,3 +277,16 @@ def test_the_settings_dialog_edits_the_compare_cost_model(qtbot: QtBot) -> None:
     assert (
         dialog.error.text() == 'compare cost with must be provider/model, e.g. openai/gpt-4o-mini (got "gpt-4.1-mini")'
     )
+
+
+def test_a_default_model_saved_as_model_at_engine_is_listed_once_and_loads_remotely(
+    make_window: Any, qtbot: QtBot, replay: ReplayServer, hosted: registry.EngineConfig
+) -> None:
+    window = make_window(load=False, settings=Settings(model=REMOTE), factory=default_backend_factory())
+    qtbot.waitUntil(lambda: REMOTE in listed(window), timeout=20_000)
+    window.remote.model_list.tasks.wait()
+    combo = window.model_bar.model_combo
+    assert [combo.itemText(i) for i in range(combo.count())].count(REMOTE) == 1 and combo.currentText() == REMOTE
+    with qtbot.waitSignal(window.model_ready, timeout=120_000):
+        window.load_model(window.model_bar.request())  # what the autoload after the first paint does
+    assert window.model_info is not None and window.model_info.name == REMOTE

@@ -70,6 +70,12 @@ def test_open_backend_opens_a_remote_model_with_its_key_and_no_connection(
     backend.close()
 
 
+def test_a_default_model_spelled_model_at_engine_is_a_remote_choice() -> None:
+    request = LoadRequest.from_settings(Settings(model="llama3 @ box", context_length=4096))
+    assert request.model is None and request.remote == RemoteModel("box", "llama3") and request.context_length == 4096
+    assert LoadRequest.from_settings(Settings(model="/models/x")).remote is None
+
+
 def test_open_remote_backend_errors_are_one_sentence(keys: memory_keyring.MemoryKeyring) -> None:
     with pytest.raises(HearthError, match=r"There is no engine named 'nowhere' \(known: none yet\)"):
         open_remote_backend(LoadRequest(None, remote=RemoteModel("nowhere", "m")))
