@@ -8,12 +8,16 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QWidget
 
-from app.core.backend import ScriptedBackend
+from app.core.backend import LoadRequest, ScriptedBackend, scripted_factory
+from app.core.history import HistoryStore
 from app.core.sampling import SamplingParams
 from app.core.settings import Settings
+from app.ui.chat_controller import ChatController
 from app.ui.main_window import MainWindow
 from app.ui.settings_store import SettingsStore
+from app.ui.worker import WorkerHost
 
 REPLY = "A reply with **bold** text and `code`."
 
@@ -109,6 +113,41 @@ def test_the_controller_reads_the_settings_store_at_each_request(make_window, qt
     window.settings_store.update(system_prompt="Be brief.", sampling=SamplingParams(max_new_tokens=2))
     assert send(window, qtbot, "x") == "length"
     assert backend.calls[-1][0].content == "Be brief."
+
+
+def test_the_controller_drives_a_chat_without_the_window(qtbot) -> None:
+    """Input -> controller -> worker -> backend -> events -> rows, with no window: another front end (or a
+    remote engine behind the same worker) plugs in at the controller."""
+    backend = ScriptedBackend(replies=["Hi there."])
+    owner = QWidget()  # deleted by qtbot on the GUI thread, with the host and the controller
+    qtbot.addWidget(owner)
+    host = WorkerHost(scripted_factory(backend), parent=owner)
+    settings = SettingsStore(Settings(system_prompt=""), persist=False, parent=owner)
+    controller = ChatController(HistoryStore(), settings, host, parent=owner)
+    try:
+        # the window's wiring: the worker's signals arrive queued, on the GUI thread
+        host.worker.model_loaded.connect(controller.model_loaded, Qt.ConnectionType.QueuedConnection)
+        host.load(LoadRequest(None))
+        qtbot.waitUntil(lambda: controller.model_info is not None, timeout=10_000)
+        generating: list[bool] = []
+        controller.generating_changed.connect(generating.append)
+        with qtbot.waitSignal(controller.reply_finished, timeout=10_000) as finished:
+            controller.send("Hello")
+        assert finished.args == ["stop"] and generating == [True, False]
+        assert [(i.role, i.content) for i in controller.chat_model.items()] == [
+            ("user", "Hello"),
+            ("assistant", "Hi there."),
+        ]
+        stored = controller.store.active_branch(controller.conversation_id or -1)
+        assert [(m.role, m.content, m.model) for m in stored] == [
+            ("user", "Hello", None),
+            ("assistant", "Hi there.", "Scripted model"),
+        ]
+        assert [(m.role, m.content) for m in backend.calls[0]] == [("user", "Hello")]
+    finally:
+        controller.close()
+        assert host.shutdown()
+        controller.store.close()
 
 
 # -- the settings store ---------------------------------------------------------------------------------------------
