@@ -27,6 +27,18 @@ from app.core.quant import QUANTIZATIONS, auto_summary, parse_quantization
 from app.core.settings import DEVICES, Settings
 
 DEFAULT_LABEL = f"{DEFAULT_MODEL_NAME} (built in)"
+LIBRARY_ITEM = "library"  # item data of the library's local models (remote ones carry their RemoteModel)
+
+
+class ModelCombo(QComboBox):
+    """The model list; says when its list is about to open, so the library's models can be listed then (listing
+    them reads every model's config: not worth doing at each start)."""
+
+    popup_opening = Signal()
+
+    def showPopup(self) -> None:
+        self.popup_opening.emit()
+        super().showPopup()
 
 
 class ElidedLabel(QLabel):
@@ -85,7 +97,7 @@ class ModelBar(QWidget):
         row.setSpacing(8)
         outer.addLayout(row)
 
-        self.model_combo = QComboBox()
+        self.model_combo = ModelCombo()
         self.model_combo.setEditable(True)
         self.model_combo.setMinimumWidth(160)  # narrow enough for a 1366-px laptop screen with every panel shown
         self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
@@ -177,6 +189,29 @@ class ModelBar(QWidget):
         self.model_combo.setCurrentText(chosen)
         self.model_combo.blockSignals(blocked)
         self._show_remote_choice()
+
+    def set_local_models(self, specs: Sequence[str]) -> None:
+        """The library's models (app.core.library specs: a folder, a .gguf file, a Hugging Face repo id), after
+        the built-in one; the text the user chose or typed stays."""
+        chosen = self.model_combo.currentText()
+        blocked = self.model_combo.blockSignals(True)
+        for index in range(self.model_combo.count() - 1, -1, -1):
+            if self.model_combo.itemData(index) == LIBRARY_ITEM:
+                self.model_combo.removeItem(index)
+        position = 1  # after the built-in model
+        for spec in specs:
+            if self.model_combo.findText(spec) < 0:
+                self.model_combo.insertItem(position, spec, LIBRARY_ITEM)
+                position += 1
+        self.model_combo.setCurrentText(chosen)
+        self.model_combo.blockSignals(blocked)
+
+    def local_models(self) -> list[str]:
+        return [
+            self.model_combo.itemText(i)
+            for i in range(self.model_combo.count())
+            if self.model_combo.itemData(i) == LIBRARY_ITEM
+        ]
 
     def remote_models(self) -> list[RemoteModel]:
         data = (self.model_combo.itemData(i) for i in range(self.model_combo.count()))

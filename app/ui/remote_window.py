@@ -1,5 +1,5 @@
-"""Remote engines in the main window: Models ▸ Connections…, the engines' models in the model bar, and the
-conversation's cost above the chat.
+"""Remote engines in the main window: Models ▸ Connections…, the engines' models in the model bar (with the
+library's local models, listed when the list opens), and the conversation's cost above the chat.
 
 Choosing "MODEL @ ENGINE" needs nothing here: the model bar's LoadRequest names a RemoteModel and the worker's
 open_backend returns a RemoteBackend, so the controller, the worker and the views treat it like a local model.
@@ -108,6 +108,7 @@ class RemoteEngines(QObject):
         self.window = window
         self.model_list = RemoteModelList(parent=self)
         self.model_list.models_changed.connect(self._models_listed)
+        self.library_tasks = TaskRunner("library-models", parent=self)
         self.dialog: ConnectionsDialog | None = None
         self.connections_action = QAction("&Connections…", window)
         self.connections_action.setToolTip("Remote engines: vLLM, TGI, SGLang, Ollama, llama-server, hosted APIs")
@@ -116,6 +117,20 @@ class RemoteEngines(QObject):
         self.cost_label = ConversationCostLabel()
         window.chat.conversations_changed.connect(self.update_cost)
         window.first_painted.connect(self.model_list.refresh)
+        window.model_bar.model_combo.popup_opening.connect(self.list_local_models)
+
+    def list_local_models(self) -> None:
+        """The library's models (what Models ▸ Model library lists) join the model list."""
+        from app.core import library
+
+        def job() -> list[str]:
+            return [m.spec for m in library.list_models() if m.kind != "default" and m.complete]
+
+        def failed(exc: BaseException) -> None:  # an unreadable library: the list keeps what it has
+            log.warning("listing the library's models failed: %s", exc)
+
+        if not self.library_tasks.busy:  # one listing at a time
+            self.library_tasks.run("library", job, self.window.model_bar.set_local_models, failed)
 
     def _models_listed(self, models: list[RemoteModel]) -> None:
         bar = self.window.model_bar
@@ -151,3 +166,4 @@ class RemoteEngines(QObject):
             self.dialog.wait_idle()
             self.dialog.close()
         self.model_list.shutdown()
+        self.library_tasks.shutdown()

@@ -290,3 +290,31 @@ def test_a_default_model_saved_as_model_at_engine_is_listed_once_and_loads_remot
     with qtbot.waitSignal(window.model_ready, timeout=120_000):
         window.load_model(window.model_bar.request())  # what the autoload after the first paint does
     assert window.model_info is not None and window.model_info.name == REMOTE
+
+
+@pytest.mark.qt_log_ignore(  # the offscreen platform, as in conftest.py, and its popup
+    "This plugin does not support propagateSizeHints",
+    "This plugin does not support raise",
+    "This plugin does not support grabbing the keyboard",
+)
+def test_the_library_models_join_the_list_when_it_opens(make_window: Any, qtbot: QtBot, tmp_path: Path) -> None:
+    from app.core import library
+
+    folders = {}
+    for name, weights in (("complete", True), ("paused-download", False)):
+        folder = folders[name] = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 2048}')
+        if weights:
+            (folder / "model.safetensors").write_bytes(b"")
+        library.add_path(folder)
+    window = make_window(load=False)
+    bar = window.model_bar
+    assert bar.local_models() == []  # not listed at start: listing reads every model's config
+    bar.model_combo.showPopup()
+    qtbot.waitUntil(lambda: str(folders["complete"]) in bar.local_models(), timeout=30_000)
+    bar.model_combo.hidePopup()
+    assert str(folders["paused-download"]) not in bar.local_models()  # no weights yet: not loadable
+    assert bar.model_combo.itemText(0) == DEFAULT_LABEL and bar.model_combo.currentText() == DEFAULT_LABEL
+    bar.model_combo.setCurrentIndex(bar.model_combo.findText(str(folders["complete"])))
+    assert bar.request().model == str(folders["complete"]) and bar.request().remote is None
