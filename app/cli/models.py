@@ -30,7 +30,7 @@ def _count(parameters: int | None) -> str:
 
 def _verdict(verdict: object) -> str:
     from app.core.hub import format_bytes
-    from app.core.library import Verdict
+    from app.core.memory.verdict import Verdict
 
     assert isinstance(verdict, Verdict)
     return f"{verdict.label} ({format_bytes(verdict.total_bytes)})" if verdict.total_bytes else verdict.label
@@ -38,6 +38,7 @@ def _verdict(verdict: object) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from app.core import library
+    from app.core.memory.verdict import Verdict, model_verdict
 
     settings = saved_settings()
     quant = args.quant or settings.quantization
@@ -47,10 +48,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"Added {added.name} ({added.path}); load it with --model {added.spec}")
         return 0
 
-    def verdict_for(source: Path | dict[str, object] | None) -> library.Verdict:
+    def verdict_for(source: Path | dict[str, object] | None) -> Verdict:
         if args.no_verdict:
-            return library.Verdict("unknown", note="not planned (--no-verdict)")
-        return library.model_verdict(source, quantization=quant, device=device)
+            return Verdict("unknown", note="not planned (--no-verdict)")
+        return model_verdict(source, quantization=quant, device=device)
 
     if args.recommended:
         return _print_recommended(args, verdict_for)

@@ -50,7 +50,7 @@ class ProgressBar:
 def run(args: argparse.Namespace) -> int:
     from app.cli.common import saved_settings
     from app.core.hub import DownloadCancelled, HubClient
-    from app.core.library import model_verdict
+    from app.core.memory.verdict import model_verdict
 
     client = HubClient.default()
     plan = client.prepare(args.repo, file=args.file)

@@ -133,6 +133,7 @@ class ReplyRequest:
     response_format: ResponseFormat = field(default_factory=ResponseFormat)
     tools: Sequence[dict[str, Any]] = ()  # OpenAI-style tool definitions, for chat templates that support tools
     model: str | None = None  # a remote engine's model id; local backends serve the model they loaded
+    raw_prompt: str | None = None  # /v1/completions: this text as the whole prompt, no chat template
 
     def __post_init__(self) -> None:
         # Callers pass lists; the request stays immutable and hashable-by-identity either way.
@@ -237,6 +238,7 @@ class ScriptedBackend:
         conversation_id = request.conversation_id if request.conversation_id is not None else 0
         yield PromptEvent(estimate_context(messages, request.assistant_prefix, self.count_tokens, self.context_window))
         prompt_tokens = sum(self.count_tokens(m.content) + 4 for m in messages)
+        prompt_tokens += self.count_tokens(request.raw_prompt or "")
         cached = min(self._kv_tokens.get(conversation_id, 0), max(prompt_tokens - 1, 0))
         pieces: list[str] = []
         finish: FinishReason = "stop"

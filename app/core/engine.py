@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psutil
@@ -27,7 +27,8 @@ from transformers.generation.logits_process import (
 )
 
 from app.core.backend import ReplyRequest
-from app.core.chat_format import FALLBACK_NOTICE, format_prompt
+from app.core.chat_format import FALLBACK_NOTICE, format_prompt, supports_tools
+from app.core.constrained import LogitsMask, logits_mask
 from app.core.detok import IncrementalDetokenizer
 from app.core.errors import ContextOverflowError, HearthError
 from app.core.events import (
@@ -119,6 +120,7 @@ class PreparedPrompt:
     dropped_turns: int
     used_fallback_template: bool
     kept: tuple[ChatMessage, ...] = ()  # the messages the prompt holds (old turns dropped to fit are not)
+    constraint: LogitsMask | None = None  # the response format's grammar, for this one reply
 
 
 class Engine:
@@ -138,6 +140,7 @@ class Engine:
         self.context_window = loaded.context_window
         self.device = torch.device(loaded.device)
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        self.vocab_size = int(getattr(self.model.config, "vocab_size", 0) or len(self.tokenizer))
         self.path: DecodePathChoice = apply_decode_path(
             self.model, loaded.device, loaded.quantization, decode_path, folder=loaded.folder
         )
@@ -153,14 +156,19 @@ class Engine:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def prepare_prompt(
-        self, messages: list[ChatMessage], *, assistant_prefix: str = "", context_policy: str = "error"
+        self,
+        messages: list[ChatMessage],
+        *,
+        assistant_prefix: str = "",
+        context_policy: str = "error",
+        tools: list[dict[str, Any]] | None = None,
     ) -> PreparedPrompt:
         """Token ids for the messages; raises ContextOverflowError rather than truncate, unless the
         policy allows dropping whole old turns (never the system prompt or the newest message)."""
         working = list(messages)
         dropped = 0
         while True:
-            formatted = format_prompt(self.tokenizer, working, assistant_prefix)
+            formatted = format_prompt(self.tokenizer, working, assistant_prefix, tools)
             if len(formatted.ids) < self.context_window:
                 return PreparedPrompt(formatted.ids, dropped, formatted.used_fallback, tuple(working))
             droppable = [i for i, m in enumerate(working[:-1]) if m.role != "system"]
@@ -175,20 +183,25 @@ class Engine:
     def prepare(self, request: ReplyRequest) -> PreparedPrompt:
         """The request's prompt as token ids, tokenized once; raises the user's errors (the prompt does not fit, a
         feature this engine cannot honour) before any event."""
-        unsupported = [
-            name
-            for name, wanted in (
-                ("stop sequences", bool(request.stop)),
-                ("tools", bool(request.tools)),
-                ("a response format", request.response_format.kind != "text"),
+        if request.tools and not supports_tools(self.tokenizer):
+            raise HearthError(
+                f"The chat template of {self.loaded.display_name} does not support tools: send the request without "
+                "'tools', or load a model whose template has them (e.g. Qwen2.5 or Llama 3.1 Instruct)."
             )
-            if wanted
-        ]
-        if unsupported:
-            raise HearthError(f"The local engine cannot honour {', '.join(unsupported)} yet.")
-        return self.prepare_prompt(
-            list(request.messages), assistant_prefix=request.assistant_prefix, context_policy=request.context_policy
-        )
+        if request.raw_prompt is not None:  # a plain completion: the text as is, with the tokenizer's own BOS
+            ids = list(self.tokenizer(request.raw_prompt)["input_ids"])
+            if len(ids) >= self.context_window:
+                raise ContextOverflowError(len(ids), self.context_window)
+            prompt = PreparedPrompt(ids, 0, False)
+        else:
+            prompt = self.prepare_prompt(
+                list(request.messages),
+                assistant_prefix=request.assistant_prefix,
+                context_policy=request.context_policy,
+                tools=list(request.tools) or None,
+            )
+        constraint = logits_mask(self.tokenizer, self.vocab_size, request.response_format)  # a bad schema raises
+        return replace(prompt, constraint=constraint) if constraint is not None else prompt
 
     def context_usage(self, request: ReplyRequest, prompt: PreparedPrompt) -> ContextUsage:
         """How the prepared prompt fills the window: the system prompt and the newest message counted alone, the
@@ -232,6 +245,8 @@ class Engine:
             use_response_cache=request.use_response_cache,
             dropped_turns=prompt.dropped_turns,
             started=started,
+            stop=tuple(request.stop),
+            constraint=prompt.constraint,
         )
 
     def generate_from_ids(
@@ -244,7 +259,11 @@ class Engine:
         use_response_cache: bool = True,
         dropped_turns: int = 0,
         started: float | None = None,
+        stop: tuple[str, ...] = (),
+        constraint: LogitsMask | None = None,
     ) -> Iterator[Event]:
+        """`stop`: end the reply at the first of these strings (the DoneEvent's text is cut before it; token events
+        may already hold part of it). `constraint`: mask each step's logits to the response format's grammar."""
         started = started if started is not None else time.perf_counter()
         if len(prompt_ids) >= self.context_window:
             raise ContextOverflowError(len(prompt_ids), self.context_window)
@@ -252,7 +271,7 @@ class Engine:
             raise ValueError("empty prompt")
         budget = min(params.max_new_tokens, self.context_window - len(prompt_ids))
         key = None
-        if self.response_cache is not None and params.greedy:
+        if self.response_cache is not None and params.greedy and not stop and constraint is None:
             key = cache_key(
                 self.loaded.model_id,
                 self.loaded.quantization,
@@ -275,7 +294,8 @@ class Engine:
         finish: FinishReason = "error"
         error: str | None = None
         try:
-            for event in self._decode(prompt_ids, params, budget, kv, cancel, started, dropped_turns):
+            decoding = self._decode(prompt_ids, params, budget, kv, cancel, started, dropped_turns, stop, constraint)
+            for event in decoding:
                 if isinstance(event, TokenEvent):
                     pieces.append(event.text)
                 elif isinstance(event, DoneEvent):
@@ -359,8 +379,11 @@ class Engine:
         cancel: threading.Event | None,
         started: float,
         dropped_turns: int,
+        stop: tuple[str, ...] = (),
+        constraint: LogitsMask | None = None,
     ) -> Iterator[Event]:
         cuda = self.device.type == "cuda"
+        stop_at: int | None = None  # where in the reply text a stop string begins
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         peak = self._memory_now()
@@ -390,6 +413,8 @@ class Engine:
             prefill_done = time.perf_counter()
             peak = max(peak, self._memory_now())
             while logits is not None and finish != "cancelled":
+                if constraint is not None:  # before the warpers: top-p then picks among the allowed tokens
+                    logits = constraint.apply(logits.float().contiguous())
                 if processors:
                     logits = processors(seen, logits)  # type: ignore[arg-type]
                 if generator is None:
@@ -398,6 +423,8 @@ class Engine:
                     probs = torch.softmax(logits, dim=-1)
                     token = int(torch.multinomial(probs, 1, generator=generator).item())
                 generated += 1
+                if constraint is not None:
+                    constraint.accept(token)
                 if token in self.eos_ids:
                     finish = "stop"
                     break
@@ -406,6 +433,12 @@ class Engine:
                     first_token_at = time.perf_counter()
                 if text:
                     yield TokenEvent(text)
+                if stop and text and (stop_at := _stop_position(detok.emitted, stop, len(text))) is not None:
+                    finish = "stop"
+                    break
+                if constraint is not None and constraint.finished:
+                    finish = "stop"
+                    break
                 if generated >= budget:
                     finish = "length"
                     break
@@ -446,7 +479,17 @@ class Engine:
                 context_window=self.context_window,
             )
         )
-        yield DoneEvent(finish_reason=finish, text=detok.emitted)
+        yield DoneEvent(finish_reason=finish, text=detok.emitted[:stop_at] if stop_at is not None else detok.emitted)
+
+
+def _stop_position(text: str, stops: tuple[str, ...], new: int) -> int | None:
+    """Where the earliest stop string that the last `new` characters completed begins, if any."""
+    found: int | None = None
+    for stop in stops:
+        at = text.find(stop, max(0, len(text) - new - len(stop) + 1))
+        if at != -1 and (found is None or at < found):
+            found = at
+    return found
 
 
 def _processors(params: SamplingParams) -> LogitsProcessorList | None:

@@ -17,6 +17,7 @@ import torch
 from app.core.backend import ChatBackend, LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
 from app.core.engine import Engine, KVState
 from app.core.events import Event
+from app.core.kv_pool import PrefixKVPool, pool_size
 from app.core.loader import LoadedModel, load_model
 from app.core.memory.accounting import MemoryMonitor, model_kv_layout
 from app.core.memory.types import DeviceMemory, MemorySnapshot
@@ -27,7 +28,9 @@ log = logging.getLogger(__name__)
 # Only the active conversation keeps its KV cache: the memory panel then shows every byte the caches hold.
 # Switching conversations prefills the other one again.
 MAX_KEPT_CACHES = 1
-SHARED_SLOT = -1  # the cache of requests that name no conversation
+# Requests that name no conversation (API clients) share a pool of caches matched by prefix (app.core.kv_pool),
+# sized to this share of the memory free when the model loaded.
+POOL_MEMORY_SHARE = 0.25
 
 
 class EngineBackend:
@@ -52,10 +55,19 @@ class EngineBackend:
         )
         self._caches: dict[int, KVState] = {}
         self._active: int | None = None
+        self._pool_active: KVState | None = None
         self._monitor = _memory_monitor(loaded, self._active_kv)
+        # The memory planner's KV bytes per token; a full-window cache each, as many as a share of free memory holds.
+        budget = int(_free_bytes(loaded) * POOL_MEMORY_SHARE)
+        self._pool = PrefixKVPool(pool_size(budget, _kv_bytes_per_token(loaded.model), loaded.context_window))
 
     def _active_kv(self) -> KVState | None:
-        return self._caches.get(self._active) if self._active is not None else None
+        if self._active is None:
+            return self._pool_active
+        return self._caches.get(self._active)
+
+    def _all_caches(self) -> list[KVState]:
+        return [*self._caches.values(), *self._pool.states()]
 
     def _kv_for(self, conversation_id: int) -> KVState:
         kv = self._caches.pop(conversation_id, None) or KVState()
@@ -73,11 +85,13 @@ class EngineBackend:
         return backend
 
     def generate(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
-        slot = request.conversation_id if request.conversation_id is not None else SHARED_SLOT
-        self._active = slot
-        kv = self._kv_for(slot)
         # Tokenize once, now, so the user's errors raise before the first event.
         prompt = self.engine.prepare(request)
+        self._active = request.conversation_id
+        if request.conversation_id is None:  # an API client resending its conversation: the best-matching cache
+            kv = self._pool_active = self._pool.take(prompt.ids)
+        else:
+            kv = self._kv_for(request.conversation_id)
         return self.engine.generate_prepared(prompt, request, kv=kv, cancel=cancel)
 
     def count_tokens(self, text: str) -> int:
@@ -93,8 +107,8 @@ class EngineBackend:
         return self._fallback_memory()
 
     def _fallback_memory(self) -> MemoryReading:
-        kv_bytes = sum(kv.nbytes() for kv in self._caches.values())
-        kv_tokens = sum(len(kv.ids) for kv in self._caches.values())
+        kv_bytes = sum(kv.nbytes() for kv in self._all_caches())
+        kv_tokens = sum(len(kv.ids) for kv in self._all_caches())
         per_token = kv_bytes // kv_tokens if kv_tokens else _kv_bytes_per_token(self.loaded.model)
         devices: list[DeviceMemory] = []
         by_device: dict[str, int] = {}
@@ -127,10 +141,23 @@ class EngineBackend:
         for kv in self._caches.values():
             kv.reset()
         self._caches.clear()
+        self._pool.clear()
+        self._pool_active = None
         del self.engine, self.loaded, self._monitor
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _free_bytes(loaded: LoadedModel) -> int:
+    """Memory free on the model's device now (the pool's budget is a share of it)."""
+    try:
+        if loaded.device.startswith("cuda"):
+            free, _total = torch.cuda.mem_get_info(torch.device(loaded.device))
+            return int(free)
+        return int(psutil.virtual_memory().available)
+    except Exception:  # no reading: room for one cache
+        return 0
 
 
 def _kv_bytes_per_token(model: Any) -> int:

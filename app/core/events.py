@@ -114,9 +114,17 @@ def event_to_json(event: Event) -> dict[str, Any] | None:
 
 @dataclass
 class ChatMessage:
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]  # "tool": a tool's result, for the API server
     content: str
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def as_template_dict(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+    def as_template_dict(self) -> dict[str, Any]:
+        """Role and content, plus what tool-capable templates read: an assistant's tool_calls, a tool result's id."""
+        data: dict[str, Any] = {"role": self.role, "content": self.content}
+        for key in TEMPLATE_EXTRAS:
+            if key in self.extra:
+                data[key] = self.extra[key]
+        return data
+
+
+TEMPLATE_EXTRAS = ("tool_calls", "tool_call_id", "name")

@@ -1,4 +1,4 @@
-"""The model library: every model on this machine, the curated recommendations, and the planner's verdicts.
+"""The model library: every model on this machine and the curated recommendations (verdicts: app.core.memory.verdict).
 
 On disk: the embedded default, repos in the Hugging Face cache, converted GGUF caches, and folders or GGUF files
 the user added (a JSON list in the config dir; removing one from the library never deletes the user's files).
@@ -21,28 +21,10 @@ from app.core.model_source import DEFAULT_MODEL_NAME, default_model_gguf
 log = logging.getLogger(__name__)
 
 ModelKind = Literal["default", "hub", "converted", "folder", "gguf"]
-Fit = Literal["yes", "offload", "no", "unknown"]
-FIT_LABELS: dict[str, str] = {"yes": "fits", "offload": "fits with offload", "no": "too large", "unknown": "unknown"}
-# Verdicts are for a usable chat context, not the model's maximum (128k tokens of KV cache would make every
-# modern model "too large"); the verdict also says the largest context that fits.
-VERDICT_CONTEXT = 8192
 
 
 class LibraryError(HearthError):
     pass
-
-
-@dataclass(frozen=True)
-class Verdict:
-    fits: Fit
-    total_bytes: int | None = None
-    parameters: int | None = None
-    max_context: int | None = None
-    note: str = ""
-
-    @property
-    def label(self) -> str:
-        return FIT_LABELS[self.fits]
 
 
 @dataclass(frozen=True)
@@ -89,48 +71,6 @@ class RecommendedModel:
         return int(value) if isinstance(value, int) else None
 
 
-# --- verdicts ------------------------------------------------------------------------------------------------------
-
-
-def model_verdict(
-    source: Path | dict[str, Any] | None,
-    *,
-    quantization: str = "auto",
-    device: str = "auto",
-    context: int | None = None,
-    free_bytes: int | None = None,
-) -> Verdict:
-    """The memory planner's verdict for a config (folder with config.json, or the dict), or `unknown` with why.
-
-    `context` None: VERDICT_CONTEXT tokens, or the model's maximum if that is smaller. Imports torch (the planner
-    does): call it off the GUI thread.
-    """
-    if source is None:
-        return Verdict("unknown", note="no config.json to plan from")
-    if context is None:
-        config = _read_config(source) if isinstance(source, Path) else source
-        _, model_max = _describe_config(config)
-        context = min(VERDICT_CONTEXT, model_max) if model_max else VERDICT_CONTEXT
-    try:
-        from app.core.memory.planner import plan_memory
-    except ImportError:
-        return Verdict("unknown", note="the memory planner is not available")
-    try:
-        plan = plan_memory(source, quantization=quantization, context=context, device=device, free_bytes=free_bytes)
-    except HearthError as exc:
-        return Verdict("unknown", note=str(exc))
-    except Exception as exc:  # a config the planner does not understand must not break the list
-        log.warning("memory planner failed on %s: %s", source if isinstance(source, Path) else "config", exc)
-        return Verdict("unknown", note=f"the planner could not read this model ({type(exc).__name__})")
-    return Verdict(
-        fits=plan.fits,
-        total_bytes=plan.total_bytes,
-        parameters=plan.parameters,
-        max_context=plan.max_context,
-        note="; ".join(getattr(plan, "notes", ()) or ()),
-    )
-
-
 # --- models on disk ------------------------------------------------------------------------------------------------
 
 
@@ -145,7 +85,7 @@ def _tree_size(path: Path) -> int:
     return total
 
 
-def _read_config(folder: Path) -> dict[str, Any] | None:
+def read_config(folder: Path) -> dict[str, Any] | None:
     try:
         data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
@@ -153,7 +93,7 @@ def _read_config(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _describe_config(config: dict[str, Any] | None) -> tuple[str | None, int | None]:
+def describe_config(config: dict[str, Any] | None) -> tuple[str | None, int | None]:
     if not config:
         return None, None
     text = config.get("text_config")
@@ -171,7 +111,7 @@ def _gguf_entry(path: Path, *, name: str, kind: ModelKind, spec: str) -> Library
         config, parameters = gguf_summary(path)
     except (HearthError, OSError):
         config, parameters = None, None
-    arch, context = _describe_config(config)
+    arch, context = describe_config(config)
     return LibraryModel(
         name=name,
         kind=kind,
@@ -186,13 +126,13 @@ def _gguf_entry(path: Path, *, name: str, kind: ModelKind, spec: str) -> Library
 
 
 def _folder_entry(folder: Path, *, name: str, kind: ModelKind, spec: str, size: int | None = None) -> LibraryModel:
-    config = _read_config(folder)
+    config = read_config(folder)
     ggufs = sorted(folder.glob("*.gguf")) if folder.is_dir() else []
     has_weights = folder.is_dir() and any(folder.glob("*.safetensors"))
     if config is None and ggufs:
         entry = _gguf_entry(ggufs[0], name=name, kind=kind, spec=spec)
         return LibraryModel(**{**entry.__dict__, "path": folder, "size_bytes": size or _tree_size(folder)})
-    arch, context = _describe_config(config)
+    arch, context = describe_config(config)
     return LibraryModel(
         name=name,
         kind=kind,

@@ -50,6 +50,8 @@ class Settings:
         Field(pattern=r"^[A-Za-z0-9_.-]+/\S+$"),
         Rule("compare cost with", "provider/model, e.g. openai/gpt-4o-mini"),
     ] = None
+    # the window's Server switch listens on 127.0.0.1 at this port (0 = any free port)
+    server_port: Annotated[int, Field(ge=0, le=65535), Rule("server port", "0 to 65535")] = 8080
     # Safety opt-ins: only a JSON `true` switches them on (strict bool); anything else is an error.
     allow_pickle: Annotated[bool, Rule("allow pickle")] = False
     trust_remote_code: Annotated[bool, Rule("trust remote code")] = False

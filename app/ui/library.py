@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 
 from app.core import hub, library, secrets
 from app.core.errors import HearthError
+from app.core.memory import verdict as fit
 from app.core.quant import QUANTIZATIONS
 from app.ui.tasks import TaskRunner
 
@@ -54,7 +55,7 @@ def _count(parameters: int | None) -> str:
     return f"{parameters / 1e9:.1f} B" if parameters >= 1e9 else f"{parameters / 1e6:.0f} M"
 
 
-def _verdict_text(verdict: library.Verdict) -> str:
+def _verdict_text(verdict: fit.Verdict) -> str:
     if verdict.fits == "unknown":
         return "unknown"
     text = verdict.label
@@ -154,7 +155,7 @@ class HubTokenBox(QGroupBox):
 @dataclass(frozen=True)
 class _Prepared:
     plan: hub.DownloadPlan
-    verdict: library.Verdict
+    verdict: fit.Verdict
 
 
 class _ProgressRelay(QObject):
@@ -247,7 +248,7 @@ class DownloadDialog(QDialog):
 
         def job() -> _Prepared:
             plan = client.prepare(reference, file=file)
-            return _Prepared(plan, library.model_verdict(plan.config, quantization=quantization, device=device))
+            return _Prepared(plan, fit.model_verdict(plan.config, quantization=quantization, device=device))
 
         self._start_thread("prepare", job)
 
@@ -503,11 +504,11 @@ class LibraryWindow(QWidget):
         local = [(i, m.config) for i, m in enumerate(self.models)]
         recommended = [(i, r.config) for i, r in enumerate(self.recommended)]
 
-        def verdicts() -> tuple[int, list[tuple[str, int, library.Verdict]]]:
-            results: list[tuple[str, int, library.Verdict]] = []
+        def verdicts() -> tuple[int, list[tuple[str, int, fit.Verdict]]]:
+            results: list[tuple[str, int, fit.Verdict]] = []
             for table, rows in (("local", local), ("recommended", recommended)):
                 for row, config in rows:
-                    results.append((table, row, library.model_verdict(config, quantization=quant, device=device)))
+                    results.append((table, row, fit.model_verdict(config, quantization=quant, device=device)))
             return generation, results
 
         self.status_label.setText("Planning memory for each model…")
@@ -537,7 +538,7 @@ class LibraryWindow(QWidget):
     def _on_failed(self, name: str, exc: BaseException) -> None:
         self.status_label.setText(_error_text(exc))
 
-    def _set_verdict(self, table: QTableWidget, row: int, verdict: library.Verdict) -> None:
+    def _set_verdict(self, table: QTableWidget, row: int, verdict: fit.Verdict) -> None:
         item = QTableWidgetItem(_verdict_text(verdict))
         tooltip = verdict.note
         if verdict.max_context:

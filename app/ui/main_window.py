@@ -42,6 +42,7 @@ from app.ui.input_box import InputBox
 from app.ui.memory_panel import MemoryPanel
 from app.ui.model_bar import ModelBar
 from app.ui.remote_window import RemoteEngines
+from app.ui.server_panel import install_server_panel
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.settings_store import SettingsStore
 from app.ui.worker import Planner, WorkerHost
@@ -191,6 +192,8 @@ class MainWindow(QMainWindow):
         # Remote engines (app/ui/remote_window.py): Models ▸ Connections…, their models in the model bar, the cost.
         self.remote = RemoteEngines(self)
         banner_box.addWidget(self.remote.cost_label)
+        # -- the Server switch (issue 13): app/ui/server_panel.py owns its dock, its View menu item and its wiring
+        self.server_panel = install_server_panel(self, self.host, self.settings_store, self.view_menu)
 
         self.last_memory: MemoryReading | None = None
         self.load_request: LoadRequest | None = None  # the last load asked for ("Load anyway" repeats it)
@@ -355,7 +358,7 @@ class MainWindow(QMainWindow):
         self.models_menu = bar.addMenu("&Models")
         # The model library window (app/ui/library.py) plugs in here.
         self.library_action = self._action(self.models_menu, "Model &library…", self.open_library)
-        view_menu = bar.addMenu("&View")
+        view_menu = self.view_menu = bar.addMenu("&View")
         toggle = self._action(view_menu, "&Memory panel", lambda: None)
         toggle.setCheckable(True)
         toggle.setChecked(True)

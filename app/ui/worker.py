@@ -22,6 +22,7 @@ from app.core.crash import user_message
 from app.core.errors import HearthError, ModelTooLargeError
 from app.core.events import ContextUsage, DoneEvent, PromptEvent, StatsEvent, TokenEvent
 from app.core.remote.pricing import compare_local_reply
+from app.ui.serving import NO_MODEL_MESSAGE, WindowServer
 
 log = logging.getLogger(__name__)
 
@@ -108,15 +109,23 @@ class InferenceWorker(QObject):
     notice = Signal(str)  # something the user should know that did not stop the reply (a damaged cache entry)
     memory = Signal(object)  # MemoryReading
     stopped = Signal()
+    # The window's server (app/ui/serving.py, app/ui/server_panel.py):
+    server_started = Signal(str)  # the base URL clients use
+    server_failed = Signal(str)  # why it did not start (one message for the panel)
+    server_stopped = Signal(str)  # why it stopped ("" when asked to)
+    server_request = Signal(object)  # RequestRecord; emitted from the server's thread, connect it queued
 
     def __init__(self, factory: BackendFactory, planner: Planner | None = None) -> None:
         super().__init__()
         self._factory = factory
         self._planner = planner or default_planner
         self._backend: ChatBackend | None = None
+        self._server: WindowServer | None = None
+        self.server_stop_requested = threading.Event()  # set by the GUI: a window request waiting in the queue yields
 
     @Slot(object)
     def load(self, job: LoadJob) -> None:
+        self._stop_server("The server stopped: another model is loading. Switch it on again to serve that one.")
         self._close_backend()
         if job.cancel.is_set():
             self.load_failed.emit("Loading was cancelled.", False)
@@ -145,6 +154,7 @@ class InferenceWorker(QObject):
 
     @Slot()
     def unload(self) -> None:
+        self._stop_server("The server stopped: the model was unloaded.")
         self._close_backend()
         self.model_unloaded.emit()
 
@@ -173,7 +183,9 @@ class InferenceWorker(QObject):
 
     @Slot(int)
     def forget(self, conversation_id: int) -> None:
-        if self._backend is not None:
+        if self._server is not None:
+            self._server.model.forget(conversation_id)  # applied in the queue's thread, between requests
+        elif self._backend is not None:
             self._backend.forget(conversation_id)
 
     @Slot(object)
@@ -186,7 +198,11 @@ class InferenceWorker(QObject):
         pieces: list[str] = []
         usage = ContextUsage(0, 0, 0, 0, backend.info.context_window)
         try:
-            events = backend.generate(request.reply, request.cancel)
+            server = self._server  # serving: the window's request waits its turn in the server's one queue
+            if server is not None:
+                events = server.stream(request.reply, request.cancel)
+            else:
+                events = backend.generate(request.reply, request.cancel)
             done: DoneEvent | None = None
             last_memory = last_tokens = time.monotonic()
             pending: list[str] = []
@@ -251,6 +267,11 @@ class InferenceWorker(QObject):
     def _emit_memory(self) -> None:
         if self._backend is None:
             return
+        if self._server is not None:  # only the queue's thread reads the backend while serving
+            reading = self._server.memory()
+            if reading is not None:
+                self.memory.emit(reading)
+            return
         try:
             self.memory.emit(self._backend.memory())
         except Exception:  # a failed reading must not end a reply
@@ -265,9 +286,58 @@ class InferenceWorker(QObject):
             except Exception:
                 log.exception("closing the model failed")
 
+    # --- the window's server -------------------------------------------------------------------------------------
+    @Slot(int)
+    def start_server(self, port: int) -> None:
+        """Serve the loaded model on 127.0.0.1:`port` (0 = any free port)."""
+        self.server_stop_requested.clear()
+        if self._server is not None:
+            self.server_started.emit(self._server.address)
+            return
+        if self._backend is None:
+            self.server_failed.emit(NO_MODEL_MESSAGE)
+            return
+        server = WindowServer(self._backend, self._on_server_request, self.server_stop_requested)
+        try:
+            address = server.start(port)
+        except HearthError as exc:
+            self.server_failed.emit(str(exc))
+            return
+        except Exception as exc:
+            log.exception("the server did not start")
+            self.server_failed.emit(f"The server did not start: {user_message(exc)}")
+            return
+        self._server = server
+        self.server_started.emit(address)
+
+    @Slot()
+    def stop_server(self) -> None:
+        self._stop_server("")
+        self.server_stop_requested.clear()
+
+    def server_depth(self) -> tuple[int, int] | None:
+        """(running, waiting) requests in the server's queue, or None when not serving. Thread-safe."""
+        server = self._server
+        return server.depth() if server is not None else None
+
+    def _on_server_request(self, record: Any) -> None:
+        """In the server's thread: a request was answered."""
+        self.server_request.emit(record)
+        server = self._server
+        reading = server.memory() if server is not None else None
+        if reading is not None:
+            self.memory.emit(reading)
+
+    def _stop_server(self, reason: str) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+            self.server_stopped.emit(reason)
+
     @Slot()
     def shutdown(self) -> None:
-        """Runs in the worker thread: release the model, then end this thread's event loop."""
+        """Runs in the worker thread: stop the server, release the model, then end this thread's event loop."""
+        self._stop_server("")
         self._close_backend()
         self.stopped.emit()
         thread = QThread.currentThread()
@@ -284,6 +354,8 @@ class WorkerHost(QObject):
     _generate_requested = Signal(object)
     _forget_requested = Signal(int)
     _shutdown_requested = Signal()
+    _start_server_requested = Signal(int)
+    _stop_server_requested = Signal()
 
     def __init__(
         self, factory: BackendFactory | None = None, planner: Planner | None = None, parent: QObject | None = None
@@ -300,6 +372,8 @@ class WorkerHost(QObject):
         self._generate_requested.connect(self.worker.generate, queued)
         self._forget_requested.connect(self.worker.forget, queued)
         self._shutdown_requested.connect(self.worker.shutdown, queued)
+        self._start_server_requested.connect(self.worker.start_server, queued)
+        self._stop_server_requested.connect(self.worker.stop_server, queued)
         self._load_job: LoadJob | None = None
         self._generation: GenerateRequest | None = None
         self._next_request_id = 1
@@ -342,6 +416,19 @@ class WorkerHost(QObject):
 
     def forget(self, conversation_id: int) -> None:
         self._forget_requested.emit(conversation_id)
+
+    def start_server(self, port: int) -> None:
+        """Serve the loaded model on 127.0.0.1:`port`; the worker answers server_started or server_failed."""
+        self._start_server_requested.emit(port)
+
+    def stop_server(self) -> None:
+        """The worker answers server_stopped. A window reply waiting behind API clients does not delay it: the
+        worker stops the server and runs that reply directly."""
+        self.worker.server_stop_requested.set()
+        self._stop_server_requested.emit()
+
+    def server_depth(self) -> tuple[int, int] | None:
+        return self.worker.server_depth()
 
     def shutdown(self, timeout_ms: int = 30_000) -> bool:
         """Stop generation, then the thread; returns whether the thread ended within the timeout."""

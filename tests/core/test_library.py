@@ -12,6 +12,7 @@ import pytest
 from app.core import library, paths
 from app.core.errors import ModelNotFoundError
 from app.core.library import LibraryError
+from app.core.memory import verdict as fit
 
 
 @pytest.fixture
@@ -172,7 +173,7 @@ def test_recommended_list_is_accurate_and_ordered() -> None:
 
 
 def test_verdict_without_a_config_is_unknown_with_the_reason() -> None:
-    verdict = library.model_verdict(None)
+    verdict = fit.model_verdict(None)
     assert verdict.fits == "unknown" and verdict.label == "unknown" and "no config.json" in verdict.note
 
 
@@ -180,10 +181,10 @@ def test_verdicts_come_from_the_memory_planner() -> None:
     planner = pytest.importorskip("app.core.memory.planner", reason="the memory planner (issue 3) has not landed")
     entry = next(e for e in library.recommended_models() if e.repo_id == "Qwen/Qwen2.5-7B-Instruct")
     for free in (64 * 2**30, 2 * 2**30):
-        verdict = library.model_verdict(entry.config, quantization="nf4", device="cuda", free_bytes=free)
+        verdict = fit.model_verdict(entry.config, quantization="nf4", device="cuda", free_bytes=free)
         plan = planner.plan_memory(entry.config, quantization="nf4", context=8192, device="cuda", free_bytes=free)
         assert (verdict.fits, verdict.total_bytes, verdict.parameters) == (plan.fits, plan.total_bytes, plan.parameters)
-    assert library.model_verdict(entry.config, quantization="nf4", device="cuda", free_bytes=64 * 2**30).fits == "yes"
+    assert fit.model_verdict(entry.config, quantization="nf4", device="cuda", free_bytes=64 * 2**30).fits == "yes"
     # The verdict is for a chat-sized context (8k), and says how far the context could grow.
-    roomy = library.model_verdict(entry.config, quantization="nf4", device="cuda", free_bytes=12 * 2**30)
+    roomy = fit.model_verdict(entry.config, quantization="nf4", device="cuda", free_bytes=12 * 2**30)
     assert roomy.fits == "yes" and roomy.max_context is not None and roomy.max_context > 8192

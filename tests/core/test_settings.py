@@ -27,6 +27,7 @@ def test_missing_file_gives_defaults() -> None:
         ({"device": "tpu"}, "device must be one of"),
         ({"theme": "neon"}, "theme must be one of"),
         ({"context_length": 4}, "at least 16 tokens"),
+        ({"server_port": 70000}, "server port.*0 to 65535"),
     ],
 )
 def test_bad_values_are_named(changes: dict[str, object], message: str) -> None:

@@ -1,0 +1,132 @@
+"""`hearth serve`: the loaded model as a local OpenAI-compatible server (127.0.0.1 unless told otherwise)."""
+
+from __future__ import annotations
+
+import argparse
+import secrets as random_secrets
+import sys
+import threading
+
+from app.cli import Subparsers
+from app.cli.common import add_model_flags, progress_to_stderr, settings_from_args
+from app.core.errors import HearthError
+from app.core.server.api import RequestRecord
+from app.core.server.handle import DEFAULT_PORT, ServerConfig, ServerHandle
+from app.core.server.protocol import Limits
+from app.core.server.security import check_bind
+
+KEY_PREFIX = "server-key:"  # keyring username = KEY_PREFIX + the name given to --api-key-name
+
+
+def register(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve the model over the OpenAI API (local only by default)",
+        description="Serve the model to other programs over the OpenAI API: /v1/chat/completions, "
+        "/v1/completions, /v1/models, /health, /metrics. Listens on 127.0.0.1 only unless --allow-network "
+        "and an API key are given.",
+    )  # fmt: skip
+    add_model_flags(parser)
+    net = parser.add_argument_group("network and safety")
+    net.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine)")
+    net.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 = any free)")
+    net.add_argument(
+        "--api-key-name", metavar="NAME",
+        help="require 'Authorization: Bearer KEY', KEY being the one saved in the system keyring under NAME",
+    )  # fmt: skip
+    net.add_argument(
+        "--new-key", action="store_true",
+        help="make a new random key, save it in the keyring under --api-key-name and print it once",
+    )  # fmt: skip
+    net.add_argument(
+        "--allow-network", action="store_true",
+        help="allow a --host other than this machine (needs --api-key-name too)",
+    )  # fmt: skip
+    net.add_argument(
+        "--cors-origin", action="append", default=[], metavar="ORIGIN",
+        help="let web pages at ORIGIN (e.g. http://localhost:3000) call the server; repeatable; off by default",
+    )  # fmt: skip
+    net.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 503 (default 16)")
+    net.add_argument(
+        "--max-tokens", type=int, default=Limits.max_tokens, help="the most tokens one request may ask for"
+    )
+    parser.set_defaults(handler=run)
+
+
+def api_key_from_keyring(name: str, *, make_new: bool) -> str:
+    from app.core.remote import engines
+
+    key_name = KEY_PREFIX + name
+    if make_new:
+        key = "hearth-" + random_secrets.token_urlsafe(24)
+        engines.save_key(key_name, key)  # raises the keyring's own one-line error when there is none
+        print(f"New API key saved in the system keyring as {name!r}. Give it to your clients (shown once):")
+        print(key, flush=True)
+        return key
+    stored = engines.read_key(key_name)
+    if not stored:
+        raise HearthError(
+            f"No API key named {name!r} in the system keyring; make one with `hearth serve --api-key-name {name} "
+            "--new-key`."
+        )
+    return stored
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    if args.new_key and not args.api_key_name:
+        raise HearthError("--new-key needs --api-key-name NAME (the name the key is saved under).")
+    if args.max_queue < 0:
+        raise HearthError("--max-queue must be 0 or more.")
+    if not 0 <= args.port <= 65535:
+        raise HearthError(f"--port must be between 0 and 65535 (got {args.port}).")
+    if args.max_tokens < 1:
+        raise HearthError("--max-tokens must be at least 1.")
+    # Refuse an off-loopback address before asking the keyring or loading the model.
+    check_bind(args.host, "pending" if args.api_key_name else None, args.allow_network)
+    key = api_key_from_keyring(args.api_key_name, make_new=args.new_key) if args.api_key_name else None
+    return ServerConfig(
+        host=args.host, port=args.port, api_key=key, allow_network=args.allow_network,
+        cors_origins=tuple(args.cors_origin), max_queue=args.max_queue,
+        limits=Limits(max_tokens=args.max_tokens, default_max_tokens=min(Limits.default_max_tokens, args.max_tokens)),
+    )  # fmt: skip
+
+
+def print_record(record: RequestRecord) -> None:
+    line = f"{record.client} {record.method} {record.path} {record.status}"
+    if record.completion_tokens or record.prompt_tokens:
+        line += (
+            f" · prompt {record.prompt_tokens} ({record.cached_tokens} cached) · {record.completion_tokens} generated"
+            f" · TTFT {record.ttft_ms:.0f} ms · {record.decode_tokens_per_s:.1f} tok/s"
+        )
+    if record.error:
+        line += f" · {record.error}"
+    print(line, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    settings = settings_from_args(args)
+    from app.core.backend import LoadRequest
+    from app.core.engine_backend import open_backend
+
+    # No response cache: an API client asking again wants a fresh reply (seeds are honoured).
+    request = LoadRequest.from_settings(settings, ignore_fit=bool(args.ignore_fit), response_cache=False)
+    backend = open_backend(request, progress_to_stderr)
+    handle = ServerHandle(config, on_request=print_record)
+    try:
+        address = handle.start(backend)
+        safety = "API key required" if config.api_key else "no key (this machine only)"
+        cors = ", ".join(config.cors_origins) or "off"
+        print(
+            f"Serving {backend.info.name} at {address} · {safety} · CORS {cors} · queue {config.max_queue}. "
+            "Ctrl+C stops.",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+        stopped = threading.Event()
+        while handle.running and not stopped.wait(0.5):
+            pass
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        handle.stop()
+        backend.close()

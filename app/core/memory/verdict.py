@@ -1,0 +1,74 @@
+"""The memory planner's verdict on a model in the library: fits, fits with offload, too large, or unknown (and why).
+
+Imports the planner (and so torch) only when a verdict is asked for: call it off the GUI thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from app.core.errors import HearthError
+from app.core.library import describe_config, read_config
+
+log = logging.getLogger(__name__)
+
+Fit = Literal["yes", "offload", "no", "unknown"]
+FIT_LABELS: dict[str, str] = {"yes": "fits", "offload": "fits with offload", "no": "too large", "unknown": "unknown"}
+# Verdicts are for a usable chat context, not the model's maximum (128k tokens of KV cache would make every
+# modern model "too large"); the verdict also says the largest context that fits.
+VERDICT_CONTEXT = 8192
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fits: Fit
+    total_bytes: int | None = None
+    parameters: int | None = None
+    max_context: int | None = None
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        return FIT_LABELS[self.fits]
+
+
+def model_verdict(
+    source: Path | dict[str, Any] | None,
+    *,
+    quantization: str = "auto",
+    device: str = "auto",
+    context: int | None = None,
+    free_bytes: int | None = None,
+) -> Verdict:
+    """The memory planner's verdict for a config (folder with config.json, or the dict), or `unknown` with why.
+
+    `context` None: VERDICT_CONTEXT tokens, or the model's maximum if that is smaller. Imports torch (the planner
+    does): call it off the GUI thread.
+    """
+    if source is None:
+        return Verdict("unknown", note="no config.json to plan from")
+    if context is None:
+        config = read_config(source) if isinstance(source, Path) else source
+        _, model_max = describe_config(config)
+        context = min(VERDICT_CONTEXT, model_max) if model_max else VERDICT_CONTEXT
+    try:
+        from app.core.memory.planner import plan_memory  # torch: only when a verdict is asked for
+    except ImportError:
+        return Verdict("unknown", note="the memory planner is not available")
+    try:
+        plan = plan_memory(source, quantization=quantization, context=context, device=device, free_bytes=free_bytes)
+    except HearthError as exc:
+        return Verdict("unknown", note=str(exc))
+    except Exception as exc:  # a config the planner does not understand must not break the list
+        log.warning("memory planner failed on %s: %s", source if isinstance(source, Path) else "config", exc)
+        return Verdict("unknown", note=f"the planner could not read this model ({type(exc).__name__})")
+    return Verdict(
+        fits=plan.fits,
+        total_bytes=plan.total_bytes,
+        parameters=plan.parameters,
+        max_context=plan.max_context,
+        note="; ".join(getattr(plan, "notes", ()) or ()),
+    )

@@ -1,0 +1,228 @@
+"""The Server panel: a switch that serves the window's loaded model to other programs over the OpenAI API.
+
+It talks to the server only through the worker host (WorkerHost.start_server / stop_server and the worker's
+server_* signals, all queued): the server's threads never touch a widget. The window installs it as a dock with
+`install_server_panel` (View ▸ Server).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QApplication,
+    QCheckBox,
+    QDockWidget,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QMainWindow,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.ui.settings_store import SettingsStore
+from app.ui.worker import WorkerHost
+
+if TYPE_CHECKING:
+    from app.core.server import RequestRecord
+
+DEPTH_EVERY_MS = 250
+MAX_LOG_ROWS = 500
+LOG_COLUMNS = ("Time", "Endpoint", "Status", "Prompt", "Cached", "Out", "TTFT ms", "tok/s")
+LOOPBACK_NOTE = (
+    "Only programs on this computer can connect (127.0.0.1, no API key). To serve other machines, run "
+    "`hearth serve --allow-network --api-key-name NAME` instead: the key is kept in the system keyring."
+)
+
+
+class ServerPanel(QWidget):
+    """Switch, port, address with Copy, one status/error line, the queue depth and the live request log."""
+
+    state_changed = Signal(str)  # "off", "starting", "on", "stopping" (tests wait on it)
+
+    def __init__(self, host: WorkerHost, settings: SettingsStore, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("ServerPanel")
+        self.host = host
+        self.settings = settings
+        self.state = "off"
+        self.records: list[RequestRecord] = []
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 10, 12, 10)
+        top = QHBoxLayout()
+        self.switch = QCheckBox("Serve the loaded model")
+        self.switch.setToolTip("An OpenAI-compatible server for editors, scripts and agents on this computer")
+        self.switch.toggled.connect(self._switch_toggled)
+        top.addWidget(self.switch, 1)
+        top.addWidget(QLabel("Port"))
+        self.port = QSpinBox()
+        self.port.setRange(0, 65535)
+        self.port.setValue(settings.current.server_port)
+        self.port.setToolTip("0 = any free port")
+        top.addWidget(self.port)
+        layout.addLayout(top)
+
+        address_row = QHBoxLayout()
+        self.address = QLineEdit()
+        self.address.setReadOnly(True)
+        self.address.setPlaceholderText("Not serving")
+        address_row.addWidget(self.address, 1)
+        self.copy_button = QPushButton("Copy")
+        self.copy_button.setEnabled(False)
+        self.copy_button.clicked.connect(self.copy_address)
+        address_row.addWidget(self.copy_button)
+        layout.addLayout(address_row)
+
+        self.status = QLabel("")
+        self.status.setObjectName("ServerStatus")
+        self.status.setWordWrap(True)
+        self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout.addWidget(self.status)
+        self.depth_label = QLabel("")
+        layout.addWidget(self.depth_label)
+        note = QLabel(LOOPBACK_NOTE)
+        note.setWordWrap(True)
+        note.setObjectName("Hint")
+        layout.addWidget(note)
+
+        self.log_table = QTableWidget(0, len(LOG_COLUMNS))
+        self.log_table.setHorizontalHeaderLabels(list(LOG_COLUMNS))
+        self.log_table.verticalHeader().hide()
+        self.log_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.log_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        layout.addWidget(self.log_table, 1)
+
+        self.depth_timer = QTimer(self)
+        self.depth_timer.setInterval(DEPTH_EVERY_MS)
+        self.depth_timer.timeout.connect(self._show_depth)
+
+        worker = host.worker
+        queued = Qt.ConnectionType.QueuedConnection
+        worker.server_started.connect(self._on_started, queued)
+        worker.server_failed.connect(self._on_failed, queued)
+        worker.server_stopped.connect(self._on_stopped, queued)
+        worker.server_request.connect(self._on_request, queued)
+
+    # -- the switch ---------------------------------------------------------------------------------------
+    def set_serving(self, on: bool) -> None:
+        self.switch.setChecked(on)
+
+    @Slot(bool)
+    def _switch_toggled(self, on: bool) -> None:
+        if on and self.state == "off":
+            self._set_state("starting")
+            self.status.setText("Starting…")
+            port = self.port.value()
+            if port != self.settings.current.server_port:
+                self.settings.update(server_port=port)  # remembered for the next run
+            self.host.start_server(port)
+        elif not on and self.state in ("starting", "on"):
+            self._set_state("stopping")
+            self.status.setText("Stopping…")
+            self.host.stop_server()
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        self.port.setEnabled(state == "off")
+        self.copy_button.setEnabled(state == "on")
+        if state == "on":
+            self.depth_timer.start()
+            self._show_depth()
+        else:
+            self.depth_timer.stop()
+            self.depth_label.setText("")
+        if state == "off":
+            self.address.clear()
+        self.state_changed.emit(state)
+
+    def _uncheck(self) -> None:
+        self.switch.blockSignals(True)
+        self.switch.setChecked(False)
+        self.switch.blockSignals(False)
+
+    @Slot(str)
+    def _on_started(self, address: str) -> None:
+        if self.state == "stopping":  # switched off again before it had started: the stop request follows
+            return
+        self.address.setText(address)
+        self.status.setText(f"Serving at {address}: use it as an OpenAI base URL (any API key).")
+        self._set_state("on")
+
+    @Slot(str)
+    def _on_failed(self, message: str) -> None:
+        self._uncheck()
+        self.status.setText(message)
+        self._set_state("off")
+
+    @Slot(str)
+    def _on_stopped(self, reason: str) -> None:
+        self._uncheck()
+        self.status.setText(reason or "Stopped.")
+        self._set_state("off")
+
+    def copy_address(self) -> None:
+        if self.address.text():
+            QApplication.clipboard().setText(self.address.text())
+
+    # -- live state ----------------------------------------------------------------------------------------
+    def _show_depth(self) -> None:
+        depth = self.host.server_depth()
+        if depth is None:
+            return
+        running, waiting = depth
+        self.depth_label.setText(f"Queue: {running} running, {waiting} waiting")
+
+    @Slot(object)
+    def _on_request(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        del self.records[:-MAX_LOG_ROWS]
+        table = self.log_table
+        if table.rowCount() >= MAX_LOG_ROWS:
+            table.removeRow(table.rowCount() - 1)
+        table.insertRow(0)  # newest first
+        for column, text in enumerate(log_row(record)):
+            item = QTableWidgetItem(text)
+            if column >= 2:
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            if record.error:
+                item.setToolTip(record.error)
+            table.setItem(0, column, item)
+
+
+def log_row(record: Any) -> tuple[str, ...]:
+    """The log's cells for one RequestRecord."""
+    generated = record.completion_tokens > 0
+    return (
+        time.strftime("%H:%M:%S", time.localtime(record.at)),
+        record.path.removeprefix("/v1/") if record.method == "POST" else f"{record.method} {record.path}",
+        str(record.status),
+        str(record.prompt_tokens) if generated else "",
+        str(record.cached_tokens) if generated else "",
+        str(record.completion_tokens) if generated else "",
+        f"{record.ttft_ms:.0f}" if generated else "",
+        f"{record.decode_tokens_per_s:.1f}" if generated else "",
+    )
+
+
+def install_server_panel(window: QMainWindow, host: WorkerHost, settings: SettingsStore, view_menu: Any) -> ServerPanel:
+    """The panel as a dock on the right (hidden until View ▸ Server is checked)."""
+    panel = ServerPanel(host, settings)
+    dock = QDockWidget("Server", window)
+    dock.setObjectName("ServerDock")
+    dock.setWidget(panel)
+    window.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+    dock.hide()
+    action = dock.toggleViewAction()
+    action.setText("&Server")
+    view_menu.addAction(action)
+    return panel
