@@ -890,6 +890,10 @@ def _reply_summary(message: Message) -> str:
         parts.append("replayed from the response cache")
     if message.model:
         parts.append(message.model)
+    cost = stats.get("cost")
+    if isinstance(cost, dict) and isinstance(cost.get("total_usd"), int | float):
+        what = "would cost" if cost.get("hypothetical") else "cost"
+        parts.append(f"{what} ~${cost['total_usd']:.4f} on {cost.get('provider')}/{cost.get('model')} (estimate)")
     if message.finish_reason in _FINISH_NOTES:
         parts.append(_FINISH_NOTES[message.finish_reason])
     return " · ".join(parts)

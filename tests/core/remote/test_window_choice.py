@@ -106,6 +106,11 @@ def test_conversation_costs_sum_every_reply_in_the_history_on_every_branch() -> 
     assert spent.replies == 2 and compared.replies == 0
     assert spent.total_usd == pytest.approx(1_000 * IN + 200 * IN + 800 * CACHED + 200 * OUT)
     assert spent.cache_saved_usd == pytest.approx(800 * (IN - CACHED))
+    exported = store.export_markdown(conversation.id)  # the active branch: the last reply, not priced
+    assert "cost ~$" not in exported
+    store.switch_to(store.siblings(user.id + 1)[0].id)
+    # reply A: 1,000 x 0.15 + 100 x 0.60 = $210 / 1e6
+    assert "cost ~$0.0002 on openai/gpt-4o-mini (estimate)" in store.export_markdown(conversation.id)
     store.close()
 
 
