@@ -21,7 +21,7 @@ from app.core.backend import BackendFactory, ChatBackend, LoadRequest, ReplyRequ
 from app.core.crash import user_message
 from app.core.errors import HearthError, ModelTooLargeError
 from app.core.events import ContextUsage, DoneEvent, PromptEvent, StatsEvent, TokenEvent
-from app.core.remote.pricing import compare_local_reply
+from app.core.remote.pricing import compare_local_reply, unpriced_comparison
 from app.ui.serving import NO_MODEL_MESSAGE, WindowServer
 
 log = logging.getLogger(__name__)
@@ -231,6 +231,8 @@ class InferenceWorker(QObject):
                     self.context.emit(rid, usage)
                 elif isinstance(event, StatsEvent):
                     stats = compare_local_reply(event.stats, request.compare_cost_with, usage.system + usage.history)
+                    if request.compare_cost_with and stats.cost is None and stats.memory_device != "remote":
+                        self.notice.emit(unpriced_comparison(request.compare_cost_with))
                     self.stats.emit(rid, stats)
                     prompt = event.stats.prompt_tokens
                     history = max(prompt - usage.system - usage.current, 0)

@@ -263,6 +263,13 @@ def test_the_compare_cost_setting_prices_local_replies(make_window: Any, qtbot: 
     window.settings_store.update(compare_cost_with="anthropic/claude-haiku-4-5")
     assert send(window, qtbot, "Once more") == "stop"
     assert "would cost ~$0.0000 on anthropic/claude-haiku-4-5 (estimate)" in stats_line(window, 5)
+    assert not window.banner.isVisible()
+
+    window.settings_store.update(compare_cost_with="openai/no-such-model")
+    assert send(window, qtbot, "And again") == "stop"
+    assert "cost" not in stats_line(window, 7)
+    qtbot.waitUntil(window.banner.isVisible)
+    assert window.banner.label.text().startswith("No price for openai/no-such-model in the genai-prices ")
 
 
 def test_the_settings_dialog_edits_the_compare_cost_model(qtbot: QtBot) -> None:

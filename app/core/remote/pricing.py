@@ -198,3 +198,11 @@ def compare_local_reply(stats: Any, compare_with: str | None, history_tokens: in
         return stats
     provider, _, model = compare_with.partition("/")
     return price_local_reply(stats, model, provider, history_tokens)
+
+
+def unpriced_comparison(compare_with: str) -> str:
+    """Why a local reply shows no comparison: the price list does not know the chosen model."""
+    return (
+        f"No price for {compare_with} in the {_price_list()}, so local replies are not compared with it; "
+        "choose another model in Settings (provider/model, e.g. openai/gpt-4o-mini)."
+    )
