@@ -31,7 +31,8 @@ LIST_TIMEOUT_S = 5.0  # a server that does not answer GET /v1/models soon is lis
 
 def list_engine_models(engine: registry.EngineConfig) -> list[str]:
     """The engine's models (GET /v1/models), its default model first; HearthError (one sentence) on failure.
-    Anthropic's listing needs a beta endpoint on some accounts: its default model stands for it."""
+    Anthropic's listing needs a beta endpoint on some accounts: its default model stands for it. A priced (hosted)
+    engine lists only the models its price list knows."""
     from app.core.remote.backend import RemoteBackend
 
     if engine.kind == "anthropic":
@@ -42,6 +43,13 @@ def list_engine_models(engine: registry.EngineConfig) -> list[str]:
         listed = backend.list_models()
     finally:
         backend.close()
+    if engine.price_provider is not None:
+        # A hosted API lists every model it has (embeddings, audio, images…): keep those its price list knows.
+        # Any other model can still be typed as "MODEL @ ENGINE".
+        from app.core.remote.pricing import TokenUsage, try_price_reply
+
+        usage = TokenUsage(1, 0, 1)
+        listed = [model for model in listed if try_price_reply(usage, model, engine.price_provider) is not None]
     first = [engine.default_model] if engine.default_model else []
     return first + [model for model in listed if model not in first]
 

@@ -40,7 +40,7 @@ def keys() -> Iterator[memory_keyring.MemoryKeyring]:
 @pytest.fixture
 def replay() -> Iterator[ReplayServer]:
     with ReplayServer().running() as server:
-        server.models = ["gpt-4o-mini", "gpt-4.1-mini"]
+        server.models = ["gpt-4o-mini", "gpt-4.1-mini", "my-finetune-zz9"]
         yield server
 
 
@@ -100,7 +100,8 @@ def test_a_remote_model_picked_in_the_window_streams_its_reply_with_the_cost(
 ) -> None:
     replay.metrics = 'vllm:kv_cache_usage_perc{engine="0"} 0.125\n'
     window = make_window(load=False, factory=default_backend_factory())
-    qtbot.waitUntil(lambda: listed(window) == ["gpt-4.1-mini @ hosted", REMOTE], timeout=20_000)  # sorted
+    # sorted; a priced (hosted) engine lists only the models its price list knows
+    qtbot.waitUntil(lambda: listed(window) == ["gpt-4.1-mini @ hosted", REMOTE], timeout=20_000)
     window.model_bar.model_combo.setCurrentText(REMOTE)
     assert not window.model_bar.quant_combo.isEnabled() and not window.model_bar.device_combo.isEnabled()
     qtbot.waitUntil(lambda: "runs on the remote engine 'hosted'" in window.memory_panel.plan_label.text())
@@ -220,7 +221,8 @@ def test_the_models_menu_opens_connections_and_a_saved_engine_joins_the_model_ba
     dialog.url.setText(replay.base_url)
     with qtbot.waitSignal(dialog.engine_saved):
         dialog.save()
-    qtbot.waitUntil(lambda: listed(window) == ["gpt-4.1-mini @ box", "gpt-4o-mini @ box"], timeout=20_000)
+    box = ["gpt-4.1-mini @ box", "gpt-4o-mini @ box", "my-finetune-zz9 @ box"]  # a local server: every model
+    qtbot.waitUntil(lambda: listed(window) == box, timeout=20_000)
     dialog.engine_list.setCurrentRow(0)
     with qtbot.waitSignal(dialog.engine_removed):
         dialog.remove_button.click()
