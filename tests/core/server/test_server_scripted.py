@@ -17,6 +17,7 @@ from app.core.server import ServerConfig, ServerHandle
 
 HELLO = [{"role": "user", "content": "Hi"}]
 LONG_REPLY = " ".join(f"word{i}" for i in range(400))
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 
 class CancelProbe:
@@ -229,6 +230,35 @@ def test_parameters_reach_the_backend(serve: Any) -> None:
         (json.dumps({"messages": HELLO, "tool_choice": "required"}).encode(), "'tool_choice' needs 'tools'."),
         (json.dumps({"messages": HELLO, "stream": "yes"}).encode(), "'stream' must be true or false."),
         (json.dumps({"messages": HELLO, "logprobs": True}).encode(), "'logprobs' is not supported."),
+        (json.dumps({"messages": HELLO, "logit_bias": {"1": 5}}).encode(), "'logit_bias' is not supported."),
+        (json.dumps({"messages": HELLO, "seed": "7"}).encode(), "'seed' must be an integer"),
+        (json.dumps({"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": 3}}).encode(),
+         "'response_format.json_schema' must be an object with a 'schema' object."),
+        (json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(),
+         "messages[0].content must be a string or a list of text parts."),
+        (json.dumps({"messages": ["hi"]}).encode(), "messages[0] must be an object with 'role' and 'content'."),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}] * 1025}).encode(),
+         "'messages' has 1025 items; this server takes at most 1024."),
+        (json.dumps({"messages": [{"role": "assistant", "content": "", "tool_calls": 1}]}).encode(),
+         "messages[0].tool_calls must be a list."),
+        (json.dumps({"messages": [{"role": "assistant", "content": "", "tool_calls": [{}]}]}).encode(),
+         "messages[0].tool_calls: each needs a function with a name."),
+        (json.dumps({"messages": [{"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "f", "arguments": "{oops"}}]}]}).encode(),
+         "messages[0].tool_calls: arguments must be a JSON object string."),
+        (json.dumps({"messages": HELLO, "tools": {"a": 1}}).encode(), "'tools' must be a list of"),
+        (json.dumps({"messages": HELLO, "tools": [{"type": "function", "function": {}}]}).encode(),
+         "tools[0].function.name is missing."),
+        (json.dumps({"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f", "parameters": 1}}]}
+                    ).encode(), "tools[0].function.parameters must be a JSON schema object."),
+        (json.dumps({"messages": HELLO, "tools": [TOOL], "tool_choice": {"type": "function", "function": {
+            "name": "g"}}}).encode(), "'tool_choice' names 'g', which is not in 'tools'."),
+        (json.dumps({"messages": HELLO, "tools": [TOOL], "tool_choice": "always"}).encode(),
+         "'tool_choice' must be 'none', 'auto', 'required' or"),
+        (json.dumps({"messages": HELLO, "tools": [TOOL], "tool_choice": "required",
+                     "response_format": {"type": "json_object"}}).encode(),
+         "A forced 'tool_choice' and a 'response_format' cannot be combined."),
+        (json.dumps({"messages": HELLO, "stream_options": 1}).encode(), "'stream_options' must be an object."),
     ],
 )  # fmt: skip
 def test_malformed_bodies_get_one_clear_400(serve: Any, body: bytes, message: str) -> None:
@@ -242,11 +272,41 @@ def test_malformed_bodies_get_one_clear_400(serve: Any, body: bytes, message: st
     assert message in error["message"]
 
 
-def test_completions_needs_a_prompt(serve: Any) -> None:
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"prompt": ""}, "'prompt' must be a non-empty string (one prompt per request)."),
+        ({"prompt": "a", "echo": True}, "'echo' is not supported."),
+        ({"prompt": "a", "suffix": "b"}, "'suffix' is not supported."),
+        ({"prompt": "a", "stream": 1}, "'stream' must be true or false."),
+    ],
+)
+def test_completions_bodies(serve: Any, body: dict[str, Any], message: str) -> None:
     server = serve(ScriptedBackend())
-    response = httpx.post(f"{server.base_url}/completions", json={"model": "m", "prompt": ""})
+    response = httpx.post(f"{server.base_url}/completions", json={"model": "m", **body})
     assert response.status_code == 400
-    assert response.json()["error"]["message"] == "'prompt' must be a non-empty string (one prompt per request)."
+    assert response.json()["error"]["message"] == message
+
+
+def test_a_failure_mid_reply_is_an_error(serve: Any) -> None:
+    server = serve(ScriptedBackend(replies=["one two three four"], fail_mid_stream=2))
+    client = server.client()
+    with pytest.raises(openai.InternalServerError) as raised:
+        client.chat.completions.create(model="m", messages=HELLO)
+    assert "RuntimeError: scripted failure" in raised.value.message
+    with pytest.raises(openai.APIError, match="The model failed mid-reply: RuntimeError: scripted failure"):
+        list(client.chat.completions.create(model="m", messages=HELLO, stream=True))
+
+
+def test_a_taken_port_is_one_clear_error(serve: Any) -> None:
+    first = serve(ScriptedBackend())
+    second = ServerHandle(ServerConfig(port=first.handle.port))
+    with pytest.raises(HearthError, match=r"could not listen on 127\.0\.0\.1:\d+ \(is the port in use\? try --port 0"):
+        second.start(ScriptedBackend())
+    with pytest.raises(HearthError, match=r"The server is not running\."):
+        _ = second.address
+    with pytest.raises(HearthError, match=r"The server is already running\."):
+        first.handle.start(ScriptedBackend())
 
 
 def test_backend_user_error_is_a_400_before_the_stream_starts(serve: Any) -> None:
