@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from decimal import Decimal
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 
 def _price_list() -> str:
-    return f"genai-prices {version('genai-prices')} bundled price list"
+    try:
+        return f"genai-prices {version('genai-prices')} bundled price list"
+    except PackageNotFoundError:  # a bundle built without the package's metadata: the prices are still there
+        return "genai-prices bundled price list"
 
 
 @dataclass(frozen=True)

@@ -137,3 +137,14 @@ def test_the_compare_setting_is_provider_slash_model() -> None:
     assert Settings().compare_cost_with is None  # off by default
     with pytest.raises(InvalidSettingError, match="compare_cost_with must be provider/model"):
         Settings.from_dict({"compare_cost_with": "gpt-4o-mini"})
+
+
+def test_a_bundle_without_the_price_lists_metadata_still_prices(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import PackageNotFoundError
+
+    def missing(name: str) -> str:
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr("app.core.remote.pricing.version", missing)
+    cost = price_reply(TokenUsage(1_000, 0, 100, 0), "gpt-4o-mini", "openai")
+    assert cost.source == "genai-prices bundled price list" and cost.total_usd == pytest.approx(1_000 * IN + 100 * OUT)
