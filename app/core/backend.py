@@ -7,11 +7,12 @@ here streams canned replies for tests, benchmarks and screenshots through exactl
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from app.core.events import (
     ChatMessage,
@@ -34,6 +35,32 @@ if TYPE_CHECKING:
 ProgressCallback = Callable[[str, float | None], None]
 
 
+_ENGINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # app.core.remote.engines' rule for names
+
+
+@dataclass(frozen=True)
+class RemoteModel:
+    """A model served by a registered remote engine: the model bar lists it as "MODEL @ ENGINE", and the remote
+    backend's ModelInfo.name (what each reply is stored under) is the same label."""
+
+    engine: str  # a name in the engines registry (app.core.remote.engines)
+    model: str  # the server's model id
+
+    SEPARATOR: ClassVar[str] = " @ "
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}{self.SEPARATOR}{self.engine}"
+
+    @classmethod
+    def parse(cls, text: str) -> RemoteModel | None:
+        """ "llama3 @ my-vllm" -> RemoteModel("my-vllm", "llama3"); None for anything else (a local model spec)."""
+        model, separator, engine = text.strip().rpartition(cls.SEPARATOR)
+        if not separator or not model.strip() or not _ENGINE_NAME.match(engine.strip()):
+            return None
+        return cls(engine.strip(), model.strip())
+
+
 @dataclass(frozen=True)
 class LoadRequest:
     """Every option of one model load: the window's worker and the command line both hand one to
@@ -47,11 +74,18 @@ class LoadRequest:
     trust_remote_code: bool = False
     ignore_fit: bool = False  # load even when the memory planner says it will not fit (a per-load choice)
     response_cache: bool = True
+    # A remote engine's model instead of a local one (then `model`, quantization and device are not used, and
+    # context_length, when set, is the window the context gauge shows: remote servers do not report theirs).
+    remote: RemoteModel | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, **choices: Any) -> LoadRequest:
-        """The settings' load options (every field named alike), then `choices` (a flag, the model bar's picks)."""
+        """The settings' load options (every field named alike), then `choices` (a flag, the model bar's picks).
+        A default model spelled "MODEL @ ENGINE" is that engine's model."""
         saved = {item.name: getattr(settings, item.name) for item in fields(cls) if hasattr(settings, item.name)}
+        remote = RemoteModel.parse(settings.model) if settings.model else None
+        if remote is not None:
+            saved |= {"model": None, "remote": remote}
         return cls(**(saved | choices))
 
 

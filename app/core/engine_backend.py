@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import torch
 
-from app.core.backend import LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
+from app.core.backend import ChatBackend, LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
 from app.core.engine import Engine, KVState
 from app.core.events import Event
 from app.core.kv_pool import PrefixKVPool, pool_size
@@ -184,9 +184,14 @@ def _reading_from_snapshot(snapshot: MemorySnapshot) -> MemoryReading:
 
 def open_backend(
     request: LoadRequest, progress: ProgressCallback | None = None, cancel: threading.Event | None = None
-) -> EngineBackend:
+) -> ChatBackend:
     """Load the request's model and wrap it with its engine: the one load path of the window's worker and the
-    command line, so that every option in the request reaches the loader the same way from both."""
+    command line, so that every option in the request reaches the loader the same way from both. A request for a
+    remote engine's model opens a RemoteBackend instead (its key from the keyring), behind the same interface."""
+    if request.remote is not None:
+        from app.core.remote.session import open_remote_backend
+
+        return open_remote_backend(request)
     loaded = load_model(
         request.model,
         quantization=request.quantization,

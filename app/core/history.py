@@ -638,6 +638,17 @@ class HistoryStore:
             ).fetchall()
             return self._messages_from_rows(db, rows)
 
+    def reply_stats(self, conversation_id: int) -> list[dict[str, Any]]:
+        """The stats of every finished reply in the conversation, on every branch (a regenerated reply was paid
+        for too), oldest first: what the window sums into the conversation's cost."""
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT stats FROM messages WHERE conversation_id = ? AND role = 'assistant' AND stats IS NOT NULL "
+                "ORDER BY id",
+                (conversation_id,),
+            ).fetchall()
+        return [json.loads(row[0]) for row in rows]
+
     def children(self, message_id: int | None, conversation_id: int) -> list[Message]:
         """The replies to a message in creation order; `message_id` None gives the conversation's roots."""
         with self._reading() as db:
@@ -879,6 +890,10 @@ def _reply_summary(message: Message) -> str:
         parts.append("replayed from the response cache")
     if message.model:
         parts.append(message.model)
+    cost = stats.get("cost")
+    if isinstance(cost, dict) and isinstance(cost.get("total_usd"), int | float):
+        what = "would cost" if cost.get("hypothetical") else "cost"
+        parts.append(f"{what} ~${cost['total_usd']:.4f} on {cost.get('provider')}/{cost.get('model')} (estimate)")
     if message.finish_reason in _FINISH_NOTES:
         parts.append(_FINISH_NOTES[message.finish_reason])
     return " · ".join(parts)

@@ -23,7 +23,15 @@ from app.core.errors import InvalidSettingError
 
 _STRICT = ConfigDict(strict=True, allow_inf_nan=False)
 _CONSTRAINT_ERRORS = frozenset(
-    {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_short", "too_long"}
+    {
+        "greater_than",
+        "greater_than_equal",
+        "less_than",
+        "less_than_equal",
+        "too_short",
+        "too_long",
+        "string_pattern_mismatch",
+    }
 )
 
 

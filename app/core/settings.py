@@ -43,6 +43,13 @@ class Settings:
     response_cache: Annotated[bool, Rule("response cache")] = True
     # the largest document file read into a prompt
     attachment_limit_mb: Annotated[int, Field(ge=1), Rule("attachment limit", "at least 1 MB")] = 50
+    # For local replies, what the same tokens would have cost on this hosted model, as genai-prices names it
+    # ("provider/model", e.g. "openai/gpt-4o-mini"); None = off. An estimate from the bundled price list.
+    compare_cost_with: Annotated[
+        str | None,
+        Field(pattern=r"^[A-Za-z0-9_.-]+/\S+$"),
+        Rule("compare cost with", "provider/model, e.g. openai/gpt-4o-mini"),
+    ] = None
     # the window's Server switch listens on 127.0.0.1 at this port (0 = any free port)
     server_port: Annotated[int, Field(ge=0, le=65535), Rule("server port", "0 to 65535")] = 8080
     # Safety opt-ins: only a JSON `true` switches them on (strict bool); anything else is an error.

@@ -278,6 +278,7 @@ class ChatController(QObject):
                 context_policy=settings.context_policy,
                 use_response_cache=cache and settings.response_cache,
             ),
+            compare_cost_with=settings.compare_cost_with,
         )
         self.reply = ActiveReply(request, parent.conversation_id, target.id, created, prefix, prefix)
         if parent.conversation_id == self.conversation_id:

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.ui.chat_model import ChatItem, ChatModel, Roles
+from app.ui.cost import reply_cost_text
 from app.ui.theme import Palette
 
 if TYPE_CHECKING:  # markdown-it and pygments load on the first rendered reply, not before the first paint
@@ -42,7 +43,8 @@ CONTINUABLE = ("length", "interrupted")
 
 
 def format_stats(stats: dict[str, Any] | None, finish_reason: str | None) -> str:
-    """The line under a reply: time to first token, prompt tokens (cached / new), speeds, tokens, stop reason."""
+    """The line under a reply: time to first token, prompt tokens (cached / new), speeds, tokens, cost (when
+    priced), stop reason."""
     parts: list[str] = []
     if stats:
         prompt = int(stats.get("prompt_tokens", 0))
@@ -57,6 +59,8 @@ def format_stats(stats: dict[str, Any] | None, finish_reason: str | None) -> str
             path = str(stats.get("decode_path") or "")
             parts.append(f"{decode} ({path})" if path else decode)  # which decode path ran; the why is the tooltip
         parts.append(f"{int(stats.get('generated_tokens', 0)):,} generated")
+        if cost := reply_cost_text(stats):  # a hosted engine's price, or a local reply's comparison (estimates)
+            parts.append(cost)
     if finish_reason:
         parts.append(FINISH_LABELS.get(finish_reason, finish_reason))
     return "  ·  ".join(parts)

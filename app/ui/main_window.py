@@ -41,6 +41,7 @@ from app.ui.conversations import ConversationList
 from app.ui.input_box import InputBox
 from app.ui.memory_panel import MemoryPanel
 from app.ui.model_bar import ModelBar
+from app.ui.remote_window import RemoteEngines
 from app.ui.server_panel import install_server_panel
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.settings_store import SettingsStore
@@ -188,6 +189,9 @@ class MainWindow(QMainWindow):
         splitter.setCollapsible(1, False)
         self.setCentralWidget(splitter)
         self._build_menus()
+        # Remote engines (app/ui/remote_window.py): Models ▸ Connections…, their models in the model bar, the cost.
+        self.remote = RemoteEngines(self)
+        banner_box.addWidget(self.remote.cost_label)
         # -- the Server switch (issue 13): app/ui/server_panel.py owns its dock, its View menu item and its wiring
         self.server_panel = install_server_panel(self, self.host, self.settings_store, self.view_menu)
 
@@ -417,7 +421,8 @@ class MainWindow(QMainWindow):
     @Slot(int)
     def _set_remaining_context(self, tokens: int) -> None:
         if self.attachments is not None:
-            self.attachments.set_remaining_context(tokens)
+            known = self.model_info is None or self.model_info.context_window > 0  # a remote window may be unknown
+            self.attachments.set_remaining_context(tokens if known else None)
 
     # -- model loading ----------------------------------------------------------------------------
     def load_model(self, request: LoadRequest) -> None:
@@ -475,7 +480,7 @@ class MainWindow(QMainWindow):
             except Exception as exc:  # an unreadable tokenizer.json: attachments still work, without counts
                 log.warning("token counter unavailable: %s", exc)
         self.attachments.set_token_counter(counter)
-        self.attachments.set_remaining_context(info.context_window)
+        self.attachments.set_remaining_context(info.context_window or None)
 
     @Slot(str, bool)
     def _on_load_failed(self, message: str, too_large: bool) -> None:
@@ -578,6 +583,7 @@ class MainWindow(QMainWindow):
     # -- shutdown ---------------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
         self.chat.close()
+        self.remote.shutdown()
         self.plan_timer.stop()
         if self.attachments is not None:
             self.attachments.shutdown()

@@ -176,6 +176,12 @@ class MemoryPanel(QWidget):
         self.no_model = QLabel("No model loaded.")
         self.no_model.setObjectName("Muted")
         self._bars_box.addWidget(self.no_model)
+        # A remote engine's memory is the server's: its own words (e.g. vLLM's KV-cache use), no local bars.
+        self.remote_label = QLabel()
+        self.remote_label.setObjectName("Muted")
+        self.remote_label.setWordWrap(True)
+        self.remote_label.hide()
+        self._bars_box.addWidget(self.remote_label)
         self.forecast_label = QLabel()
         self.forecast_label.setObjectName("Muted")
         self.forecast_label.setWordWrap(True)
@@ -213,7 +219,10 @@ class MemoryPanel(QWidget):
     def set_memory(self, reading: MemoryReading | None) -> None:
         self.reading = reading
         p = self.palette_
-        devices = reading.devices if reading is not None else ()
+        remote = reading.remote if reading is not None else ""
+        self.remote_label.setText(remote)
+        self.remote_label.setVisible(bool(remote))
+        devices = reading.devices if reading is not None and not remote else ()
         wanted = [d.device for d in devices]
         if list(self.device_bars) != wanted:
             for bar in self.device_bars.values():
@@ -224,7 +233,7 @@ class MemoryPanel(QWidget):
                 bar = StackedBar(name.upper() if name == "cpu" else name, format_bytes, p)
                 self.device_bars[name] = bar
                 self._bars_box.addWidget(bar)
-        self.no_model.setVisible(not devices)
+        self.no_model.setVisible(not devices and not remote)
         for device in devices:
             self.device_bars[device.device].set_segments(
                 [
@@ -258,7 +267,8 @@ class MemoryPanel(QWidget):
                 Segment("Reply", usage.reply, p.reply),
             ],
             total=max(usage.window, usage.used, 1),
-            caption=f"{usage.used:,} / {usage.window:,}",
+            # a remote server does not say its window (unless the model bar's context length names one)
+            caption=f"{usage.used:,} / {usage.window:,}" if usage.window else f"{usage.used:,} (window unknown)",
         )
 
     def set_plan(self, plan: Any) -> None:

@@ -1,6 +1,11 @@
-"""The model bar: which model, quantization, device and context length; load/unload with progress and cancel."""
+"""The model bar: which model, quantization, device and context length; load/unload with progress and cancel.
+
+The model list holds local models and the registered remote engines' models together, the latter as
+"MODEL @ ENGINE" (app.core.backend.RemoteModel); choosing one loads a RemoteBackend through the same worker."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QFontMetrics, QResizeEvent
@@ -16,12 +21,24 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.backend import LoadRequest, ModelInfo
+from app.core.backend import LoadRequest, ModelInfo, RemoteModel
 from app.core.model_source import DEFAULT_MODEL_NAME
 from app.core.quant import QUANTIZATIONS, auto_summary, parse_quantization
 from app.core.settings import DEVICES, Settings
 
 DEFAULT_LABEL = f"{DEFAULT_MODEL_NAME} (built in)"
+LIBRARY_ITEM = "library"  # item data of the library's local models (remote ones carry their RemoteModel)
+
+
+class ModelCombo(QComboBox):
+    """The model list; says when its list is about to open, so the library's models can be listed then (listing
+    them reads every model's config: not worth doing at each start)."""
+
+    popup_opening = Signal()
+
+    def showPopup(self) -> None:
+        self.popup_opening.emit()
+        super().showPopup()
 
 
 class ElidedLabel(QLabel):
@@ -80,7 +97,7 @@ class ModelBar(QWidget):
         row.setSpacing(8)
         outer.addLayout(row)
 
-        self.model_combo = QComboBox()
+        self.model_combo = ModelCombo()
         self.model_combo.setEditable(True)
         self.model_combo.setMinimumWidth(160)  # narrow enough for a 1366-px laptop screen with every panel shown
         self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
@@ -144,8 +161,11 @@ class ModelBar(QWidget):
 
     def request(self) -> LoadRequest:
         text = self.model_combo.currentText().strip()
-        model = None if text in ("", DEFAULT_LABEL) else text
         context = self.context_spin.value() or None
+        remote = RemoteModel.parse(text)
+        if remote is not None:  # quantization and device are the server's business
+            return LoadRequest(None, context_length=context, remote=remote)
+        model = None if text in ("", DEFAULT_LABEL) else text
         quantization = parse_quantization(self.quant_combo.currentText())  # the combo only lists QUANTIZATIONS
         return LoadRequest(model, quantization, self.device_combo.currentText(), context)
 
@@ -154,7 +174,61 @@ class ModelBar(QWidget):
             self.model_combo.addItem(spec)
         self.model_combo.setCurrentText(spec)
 
+    def set_remote_models(self, models: Sequence[RemoteModel]) -> None:
+        """The registered engines' models (app/ui/remote_window.py lists them), after the local ones; the text the
+        user chose or typed stays."""
+        chosen = self.model_combo.currentText()
+        blocked = self.model_combo.blockSignals(True)
+        labels = {model.label for model in models}
+        for index in range(self.model_combo.count() - 1, -1, -1):
+            # the old list, and a default model saved as "MODEL @ ENGINE" (listed again, once, with the others)
+            if isinstance(self.model_combo.itemData(index), RemoteModel) or self.model_combo.itemText(index) in labels:
+                self.model_combo.removeItem(index)
+        for model in models:
+            self.model_combo.addItem(model.label, model)
+        self.model_combo.setCurrentText(chosen)
+        self.model_combo.blockSignals(blocked)
+        self._show_remote_choice()
+
+    def set_local_models(self, specs: Sequence[str]) -> None:
+        """The library's models (app.core.library specs: a folder, a .gguf file, a Hugging Face repo id), after
+        the built-in one; the text the user chose or typed stays."""
+        chosen = self.model_combo.currentText()
+        blocked = self.model_combo.blockSignals(True)
+        for index in range(self.model_combo.count() - 1, -1, -1):
+            if self.model_combo.itemData(index) == LIBRARY_ITEM:
+                self.model_combo.removeItem(index)
+        position = 1  # after the built-in model
+        for spec in specs:
+            if self.model_combo.findText(spec) < 0:
+                self.model_combo.insertItem(position, spec, LIBRARY_ITEM)
+                position += 1
+        self.model_combo.setCurrentText(chosen)
+        self.model_combo.blockSignals(blocked)
+
+    def local_models(self) -> list[str]:
+        return [
+            self.model_combo.itemText(i)
+            for i in range(self.model_combo.count())
+            if self.model_combo.itemData(i) == LIBRARY_ITEM
+        ]
+
+    def remote_models(self) -> list[RemoteModel]:
+        data = (self.model_combo.itemData(i) for i in range(self.model_combo.count()))
+        return [item for item in data if isinstance(item, RemoteModel)]
+
+    def _show_remote_choice(self) -> None:
+        remote = self.request().remote is not None
+        for combo in (self.quant_combo, self.device_combo):
+            combo.setEnabled(not remote)
+        self.context_spin.setToolTip(
+            "The model's context window on the server, for the context gauge (max context = unknown)"
+            if remote
+            else "Context length in tokens (max context = the model's own maximum)"
+        )
+
     def _selection_changed(self, *args: object) -> None:
+        self._show_remote_choice()
         self.selection_changed.emit(self.request())
 
     def _load_clicked(self) -> None:
@@ -185,9 +259,9 @@ class ModelBar(QWidget):
         self.load_button.setText("Unload")
         self.load_button.setObjectName("")
         self.load_button.style().polish(self.load_button)
-        self.status.set_full_text(
-            f"{info.name} · {info.quantization} · {info.device} · {info.context_window:,} ctx", "\n".join(info.notices)
-        )
+        window = f" · {info.context_window:,} ctx" if info.context_window else ""
+        where = "remote engine" if info.device == "remote" else f"{info.quantization} · {info.device}"
+        self.status.set_full_text(f"{info.name} · {where}{window}", "\n".join(info.notices))
 
     def set_unloaded(self, message: str = "No model loaded") -> None:
         self.loading = False

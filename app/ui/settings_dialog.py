@@ -17,8 +17,11 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.errors import InvalidSettingError
+from app.core.remote.pricing import COMPARE_CHOICES
 from app.core.sampling import SamplingParams
 from app.core.settings import CONTEXT_POLICIES, THEMES, Settings
+
+COMPARE_OFF = "Off"
 
 
 class SettingsDialog(QDialog):
@@ -52,6 +55,15 @@ class SettingsDialog(QDialog):
         self.attachment_limit.setSuffix(" MB")
         self.attachment_limit.setValue(settings.attachment_limit_mb)
         form.addRow("Largest attached file", self.attachment_limit)
+        self.compare_cost = QComboBox()
+        self.compare_cost.setEditable(True)  # any "provider/model" genai-prices knows
+        self.compare_cost.addItems([COMPARE_OFF, *COMPARE_CHOICES])
+        self.compare_cost.setCurrentText(settings.compare_cost_with or COMPARE_OFF)
+        self.compare_cost.setToolTip(
+            "Under each local reply, what the same tokens would have cost on this hosted model (an estimate from "
+            "the price list bundled with Hearth)"
+        )
+        form.addRow("Compare local replies' cost with", self.compare_cost)
 
         s = settings.sampling
         self.temperature = self._double(s.temperature, 0.0, 5.0, 0.05)
@@ -118,6 +130,9 @@ class SettingsDialog(QDialog):
             theme=self.theme.currentText(),
             context_policy=self.context_policy.currentText(),
             attachment_limit_mb=self.attachment_limit.value(),
+            compare_cost_with=None
+            if self.compare_cost.currentText().strip() in ("", COMPARE_OFF)
+            else self.compare_cost.currentText().strip(),
             sampling=sampling,
         )
 

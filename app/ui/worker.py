@@ -21,6 +21,7 @@ from app.core.backend import BackendFactory, ChatBackend, LoadRequest, ReplyRequ
 from app.core.crash import user_message
 from app.core.errors import HearthError, ModelTooLargeError
 from app.core.events import ContextUsage, DoneEvent, PromptEvent, StatsEvent, TokenEvent
+from app.core.remote.pricing import compare_local_reply, unpriced_comparison
 from app.ui.serving import NO_MODEL_MESSAGE, WindowServer
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class GenerateRequest:
     request_id: int
     reply: ReplyRequest
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+    compare_cost_with: str | None = None  # a local reply is also priced on this hosted model (Settings)
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,12 @@ class InferenceWorker(QObject):
     @Slot(object)
     def plan(self, request: LoadRequest) -> None:
         """The memory planner's verdict before loading (torch-free, but may read a big file header)."""
+        if request.remote is not None:
+            self.plan_failed.emit(
+                f"{request.remote.label} runs on the remote engine {request.remote.engine!r}: "
+                "nothing is loaded into this machine's memory."
+            )
+            return
         try:
             result = self._planner(request)
         except ImportError:
@@ -222,7 +230,10 @@ class InferenceWorker(QObject):
                     usage = event.usage
                     self.context.emit(rid, usage)
                 elif isinstance(event, StatsEvent):
-                    self.stats.emit(rid, event.stats)
+                    stats = compare_local_reply(event.stats, request.compare_cost_with, usage.system + usage.history)
+                    if request.compare_cost_with and stats.cost is None and stats.memory_device != "remote":
+                        self.notice.emit(unpriced_comparison(request.compare_cost_with))
+                    self.stats.emit(rid, stats)
                     prompt = event.stats.prompt_tokens
                     history = max(prompt - usage.system - usage.current, 0)
                     self.context.emit(

@@ -11,10 +11,11 @@ from app.core.backend import LoadRequest
 from app.core.settings import Settings, save_settings
 
 
-def test_every_load_option_but_the_per_load_override_is_a_setting() -> None:
+def test_every_load_option_but_the_per_load_choices_is_a_setting() -> None:
     options = {item.name for item in dataclasses.fields(LoadRequest)}
     saved = {item.name for item in dataclasses.fields(Settings)}
-    assert options - saved == {"ignore_fit"}
+    # per load: the planner override, and a remote engine's model (the model bar's pick; `chat --engine` on the CLI)
+    assert options - saved == {"ignore_fit", "remote"}
     settings = Settings(
         model="/models/x",
         quantization="int8",

@@ -39,6 +39,7 @@ from app.core.remote.engines import EngineConfig
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 10.0
 ANTHROPIC_DEFAULT_MAX_TOKENS = 1024
+METRICS_EVERY_S = 2.0  # the server's memory reading is kept this long
 
 
 @dataclass
@@ -185,6 +186,9 @@ class RemoteBackend:
         self._http_client = http_client
         self._api_key = api_key
         self._client: Any = None
+        self._metrics_client: Any = None
+        self._memory: MemoryReading | None = None
+        self._memory_at = 0.0
 
     # --- clients ---------------------------------------------------------------------------------------------------
 
@@ -468,21 +472,27 @@ class RemoteBackend:
         return round(prompt_tokens * (total - last) / total) if total else 0
 
     def memory(self) -> MemoryReading:
-        """What the server says about its memory: vLLM's KV-cache use from /metrics, else that it is remote."""
+        """What the server says about its memory: vLLM's KV-cache use from /metrics, else that it is remote. The
+        window asks a few times a second while a reply streams: /metrics is read at most every METRICS_EVERY_S."""
+        now = time.monotonic()
+        if self._memory is not None and now - self._memory_at < METRICS_EVERY_S:
+            return self._memory
         note = f"remote: {self.engine.name} ({self.engine.base_url}); the server does not report its memory"
         if self.engine.kind == "openai-compatible":
             usage = self._kv_cache_usage()
             if usage is not None:
                 note = f"remote: {self.engine.name} KV cache {usage * 100:.0f}% used (server /metrics)"
-        return MemoryReading((DeviceMemory("remote", 0, 0, 0, 0),), remote=note)
+        self._memory, self._memory_at = MemoryReading((DeviceMemory("remote", 0, 0, 0, 0),), remote=note), now
+        return self._memory
 
     def _kv_cache_usage(self) -> float | None:
         import httpx2
 
         root = re.sub(r"/v1/?$", "", self.engine.base_url.rstrip("/"))
         try:
-            client = self._http_client or httpx2.Client(timeout=2.0)
-            response = client.get(f"{root}/metrics", timeout=2.0)
+            if self._metrics_client is None:
+                self._metrics_client = self._http_client or httpx2.Client(timeout=2.0)
+            response = self._metrics_client.get(f"{root}/metrics", timeout=2.0)
             if response.status_code != 200:
                 return None
             return parse_kv_cache_usage(response.text)
@@ -493,6 +503,10 @@ class RemoteBackend:
         self.conversations.pop(conversation_id, None)
 
     def close(self) -> None:
+        if self._metrics_client is not None and self._metrics_client is not self._http_client:
+            with contextlib.suppress(Exception):
+                self._metrics_client.close()
+        self._metrics_client = None
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()

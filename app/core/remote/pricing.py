@@ -8,14 +8,18 @@ and calling `calc_price` read the snapshot shipped in the wheel. Prices are esti
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from decimal import Decimal
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 
 def _price_list() -> str:
-    return f"genai-prices {version('genai-prices')} bundled price list"
+    try:
+        return f"genai-prices {version('genai-prices')} bundled price list"
+    except PackageNotFoundError:  # a bundle built without the package's metadata: the prices are still there
+        return "genai-prices bundled price list"
 
 
 @dataclass(frozen=True)
@@ -131,8 +135,28 @@ class ConversationCost:
         self.completion_tokens += cost.completion_tokens
         self.history_tokens += cost.history_tokens
 
+    def add_dict(self, cost: Mapping[str, Any]) -> None:
+        """A stored reply's cost (ReplyCost.to_dict, as history keeps it in the reply's stats)."""
+        self.replies += 1
+        for item in fields(self):
+            if item.name != "replies":
+                setattr(
+                    self, item.name, getattr(self, item.name) + type(getattr(self, item.name))(cost.get(item.name) or 0)
+                )
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "estimate": True, "source": _price_list()}
+
+
+def conversation_costs(stats: Iterable[Mapping[str, Any]]) -> tuple[ConversationCost, ConversationCost]:
+    """Replies' stats summed into (what was spent on hosted engines, what the local replies would have cost on
+    the hosted model they were compared with); replies without a cost are left out."""
+    spent, compared = ConversationCost(), ConversationCost()
+    for reply in stats:
+        cost = reply.get("cost")
+        if isinstance(cost, Mapping):
+            (compared if cost.get("hypothetical") else spent).add_dict(cost)
+    return spent, compared
 
 
 def format_cost(cost: dict[str, Any]) -> str:
@@ -158,3 +182,30 @@ def price_local_reply(stats: Any, model: str, provider: str, history_tokens: int
     usage = TokenUsage(stats.prompt_tokens, stats.cached_tokens, stats.generated_tokens, history_tokens)
     cost = try_price_reply(usage, model, provider, hypothetical=True)
     return stats if cost is None else replace(stats, cost=cost.to_dict())
+
+
+COMPARE_CHOICES: tuple[str, ...] = (
+    "openai/gpt-4o-mini",
+    "openai/gpt-4.1-mini",
+    "openai/gpt-4o",
+    "openai/gpt-5-mini",
+    "anthropic/claude-haiku-4-5",
+    "anthropic/claude-sonnet-4-5",
+)  # offered in the settings dialog; any "provider/model" the price list knows works
+
+
+def compare_local_reply(stats: Any, compare_with: str | None, history_tokens: int = 0) -> Any:
+    """A local reply's ReplyStats priced as if on `compare_with` ("provider/model"; None = off). Replies that
+    already carry a cost (a hosted engine's) and remote replies are left as they are."""
+    if not compare_with or stats.cost is not None or stats.memory_device == "remote":
+        return stats
+    provider, _, model = compare_with.partition("/")
+    return price_local_reply(stats, model, provider, history_tokens)
+
+
+def unpriced_comparison(compare_with: str) -> str:
+    """Why a local reply shows no comparison: the price list does not know the chosen model."""
+    return (
+        f"No price for {compare_with} in the {_price_list()}, so local replies are not compared with it; "
+        "choose another model in Settings (provider/model, e.g. openai/gpt-4o-mini)."
+    )

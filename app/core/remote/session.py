@@ -1,12 +1,35 @@
-"""`hearth chat --engine NAME`: a ChatSession over a RemoteBackend, the engine taken from the registry."""
+"""Opening a RemoteBackend from the registry: `hearth chat --engine NAME` (a ChatSession over it) and the window's
+model picker (a LoadRequest naming a RemoteModel, through app.core.engine_backend.open_backend)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from app.core.backend import LoadRequest
 from app.core.remote.backend import RemoteBackend
 from app.core.sampling import SamplingParams
 from app.core.session import ChatSession
+
+
+def open_remote_backend(request: LoadRequest) -> RemoteBackend:
+    """The request's remote model on its engine; HearthError (one sentence) for an unknown engine or a key the
+    keyring lacks. Opens no connection: a bad key or an unknown model is reported at the first reply, in the chat."""
+    from app.core.remote import engines as registry
+
+    assert request.remote is not None
+    engine = registry.get_engine(request.remote.engine)
+    cache = None
+    if engine.response_cache and request.response_cache:  # off unless both the engine and the settings allow it
+        from app.core.response_cache import ResponseCache
+
+        cache = ResponseCache()
+    return RemoteBackend(
+        engine,
+        request.remote.model,
+        api_key=registry.key_for(engine),
+        context_window=request.context_length or 0,
+        response_cache=cache,
+    )
 
 
 def open_remote_session(settings: Any, args: Any, params: SamplingParams) -> ChatSession:

@@ -196,13 +196,16 @@ def test_stop_closes_the_stream_and_keeps_the_partial_reply(replay: ReplayServer
     assert replay.client_left.wait(10), "the server never saw the client go away"
 
 
-def test_memory_reads_vllm_kv_cache_usage(replay: ReplayServer) -> None:
+def test_memory_reads_vllm_kv_cache_usage(replay: ReplayServer, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = RemoteBackend(engine(replay), "m")
-    assert "does not report its memory" in backend.memory().remote
+    first = backend.memory()
+    assert "does not report its memory" in first.remote
     replay.metrics = (
         "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
         'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.125\n'
     )
+    assert backend.memory() is first  # read at most every METRICS_EVERY_S (the window asks 4 times a second)
+    monkeypatch.setattr("app.core.remote.backend.METRICS_EVERY_S", 0.0)
     reading = backend.memory()
     assert reading.remote.endswith("KV cache 12% used (server /metrics)") and reading.devices[0].device == "remote"
 
