@@ -62,12 +62,12 @@ def extraction(trials: int, folder: Path) -> list[tuple[str, str, str, str]]:
 
 
 def ttft_ratio(trials: int, paragraphs: int, folder: Path) -> list[tuple[str, str]]:
-    from app.core.engine import Engine
-    from app.core.engine_backend import EngineBackend
-    from app.core.events import StatsEvent
-    from app.core.loader import load_model
-    from app.core.sampling import SamplingParams
-    from app.core.session import ChatSession
+    from app.core.chat.events import StatsEvent
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines.engine import Engine
+    from app.core.engines.loader import load_model
+    from app.core.engines.local import EngineBackend
+    from app.core.engines.session import ChatSession
 
     lines = filler_paragraphs(paragraphs)
     lines.insert(paragraphs // 2, SECRET)

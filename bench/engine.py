@@ -26,11 +26,11 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from app.core.backend import ReplyRequest
-from app.core.engine import Engine, KVState
-from app.core.events import ChatMessage, DoneEvent, StatsEvent
-from app.core.loader import LoadedModel, load_model
-from app.core.sampling import SamplingParams
+from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import ReplyRequest
+from app.core.engines.engine import Engine, KVState
+from app.core.engines.loader import LoadedModel, load_model
 
 STORY = [ChatMessage("user", "Write a long, detailed story about a dragon who learns to bake bread.")]
 CHAT_SCRIPT = [

@@ -33,10 +33,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from app.core.engine import Engine, KVState
-    from app.core.events import StatsEvent, TokenEvent
-    from app.core.loader import load_model
-    from app.core.sampling import SamplingParams
+    from app.core.chat.events import StatsEvent, TokenEvent
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines.engine import Engine, KVState
+    from app.core.engines.loader import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _user(text: str) -> object:
-    from app.core.events import ChatMessage
+    from app.core.chat.events import ChatMessage
 
     return ChatMessage("user", text)
 
@@ -89,7 +89,7 @@ def _greedy_tokens(engine: object, ids: list[int], params: object, token_type: t
     """Eager's greedy token ids, decoded step by step through the engine's own forward."""
     import torch
 
-    from app.core.engine import KVState
+    from app.core.engines.engine import KVState
 
     kv = KVState()
     out: list[int] = []
@@ -106,7 +106,7 @@ def _agreement(engine: object, ids: list[int], reference: list[int]) -> tuple[in
     """Feed eager's tokens through `engine`'s decode path; count steps whose argmax equals eager's next token."""
     import torch
 
-    from app.core.engine import KVState
+    from app.core.engines.engine import KVState
 
     kv = KVState()
     same = 0

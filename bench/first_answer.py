@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.core.backend import ReplyRequest
+from app.core.engines.backend import ReplyRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "What is the capital of France?"
@@ -32,10 +32,10 @@ def worker() -> dict[str, object]:
     sys.path.insert(0, str(ROOT))
     import psutil
 
-    from app.core.engine import Engine
-    from app.core.events import ChatMessage, StatsEvent, TokenEvent
-    from app.core.loader import load_model
-    from app.core.sampling import SamplingParams
+    from app.core.chat.events import ChatMessage, StatsEvent, TokenEvent
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines.engine import Engine
+    from app.core.engines.loader import load_model
 
     loaded = load_model(None, quantization=os.environ.get("BENCH_QUANT", "bf16"), device="cpu")
     started = time.perf_counter()
@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker()))
         return 0
     sys.path.insert(0, str(ROOT))
-    from app.core.loader import prepare_folder
-    from app.core.model_source import resolve_model
-    from app.core.paths import converted_models_dir
+    from app.core.engines.loader import prepare_folder
+    from app.core.models.model_source import resolve_model
+    from app.core.storage.paths import converted_models_dir
 
     prepare_folder(resolve_model(None))  # the converted default model, made once, shared by every run
     converted = converted_models_dir().resolve()

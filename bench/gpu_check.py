@@ -131,11 +131,11 @@ def weight_bytes_read_per_token(model: Any) -> int:
 def run_one(folder: Path, quantization: str, device: str, prompt_tokens: int, new_tokens: int) -> dict[str, Any]:
     import torch
 
-    from app.core.engine import Engine, KVState
-    from app.core.events import StatsEvent
-    from app.core.loader import load_model
+    from app.core.chat.events import StatsEvent
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines.engine import Engine, KVState
+    from app.core.engines.loader import load_model
     from app.core.memory.planner import plan_memory
-    from app.core.sampling import SamplingParams
 
     context = prompt_tokens + new_tokens + 16
     plan = plan_memory(folder, quantization=quantization, context=context, device=device, free_bytes=1 << 50)

@@ -30,11 +30,11 @@ import psutil
 import torch
 from transformers import DynamicCache
 
-from app.core.loader import load_model, prepare_folder
+from app.core.engines.loader import load_model, prepare_folder
 from app.core.memory.accounting import kv_bytes_by_device, measured_weights_by_device
 from app.core.memory.planner import PREFILL_CHUNK, plan_memory
 from app.core.memory.types import format_bytes
-from app.core.model_source import resolve_model
+from app.core.models.model_source import resolve_model
 from tests.helpers.tiny_models import ARCHITECTURES, build_tiny_model
 
 MiB = 2**20
@@ -94,7 +94,7 @@ def bench_one(name: str, folder: Path, quant: str, device: str, kv_lengths: list
         rows.append([name, quant, f"KV @ {tokens}", format_bytes(estimate), format_bytes(measured_kv)])
         rows[-1].append(_err(estimate, measured_kv))
         del cache
-    # Weights after the first forward: bnb repacks 4-bit layers then on AVX512-BF16 CPUs (app.core.bnb_cpu).
+    # Weights after the first forward: bnb repacks 4-bit layers then on AVX512-BF16 CPUs (app.core.models.bnb_cpu).
     measured_weights = sum(measured_weights_by_device(loaded.model).values())
     first = plans[kv_lengths[0]]
     weights_row = [name, quant, "weights", format_bytes(first.weights_bytes), format_bytes(measured_weights)]

@@ -42,10 +42,10 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from app.core.engine import Engine, KVState
-    from app.core.events import StatsEvent, TokenEvent
-    from app.core.loader import load_model
-    from app.core.sampling import SamplingParams
+    from app.core.chat.events import StatsEvent, TokenEvent
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines.engine import Engine, KVState
+    from app.core.engines.loader import load_model
 
     torch.set_num_threads(int(spec["threads"]))  # type: ignore[call-overload]
     loaded = load_model(None, quantization=str(spec["quant"]), device="cpu")
@@ -154,15 +154,15 @@ WORKERS = {"hearth": worker_hearth, "llama": worker_llama, "bandwidth": worker_b
 # -- the orchestrator ---------------------------------------------------------------------------------------------
 def prompts(tokens_long: int) -> tuple[list[int], list[int], Path]:
     sys.path.insert(0, str(ROOT))
-    from app.core.events import ChatMessage
-    from app.core.loader import prepare_folder
-    from app.core.model_source import resolve_model
+    from app.core.chat.events import ChatMessage
+    from app.core.engines.loader import prepare_folder
+    from app.core.models.model_source import resolve_model
 
     source = resolve_model(None)
     folder = prepare_folder(source)
     from transformers import AutoTokenizer
 
-    from app.core.chat_format import format_prompt
+    from app.core.chat.chat_format import format_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     short = format_prompt(tokenizer, [ChatMessage("user", SHORT_QUESTION)], "").ids

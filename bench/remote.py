@@ -93,16 +93,16 @@ def serve_in_thread(app) -> tuple[object, int]:  # type: ignore[no-untyped-def]
 
 
 def request(text: str, max_tokens: int):  # type: ignore[no-untyped-def]
-    from app.core.backend import ReplyRequest
-    from app.core.events import ChatMessage
-    from app.core.sampling import SamplingParams
+    from app.core.chat.events import ChatMessage
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines.backend import ReplyRequest
 
     params = SamplingParams(temperature=0.0, max_new_tokens=max_tokens)
     return ReplyRequest((ChatMessage("user", text),), params=params, use_response_cache=False)
 
 
 def through_backend(backend, req) -> tuple[float, int]:  # type: ignore[no-untyped-def]
-    from app.core.events import StatsEvent
+    from app.core.chat.events import StatsEvent
 
     stats = next(e.stats for e in backend.generate(req, threading.Event()) if isinstance(e, StatsEvent))
     return stats.decode_tokens_per_s, stats.generated_tokens
@@ -123,8 +123,8 @@ def bare_client(base_url: str, model: str, text: str, max_tokens: int) -> tuple[
 
 
 def overhead_paced(trials: int, tokens: int, rate: float) -> None:
-    from app.core.remote.backend import RemoteBackend
-    from app.core.remote.engines import EngineConfig
+    from app.core.engines.remote.backend import RemoteBackend
+    from app.core.engines.remote.engines import EngineConfig
 
     server, port = serve_in_thread(pacing_server(tokens, rate))
     backend = RemoteBackend(EngineConfig("paced", base_url=f"http://127.0.0.1:{port}/v1"), "paced")
@@ -140,7 +140,7 @@ def overhead_paced(trials: int, tokens: int, rate: float) -> None:
 
 
 def start_transformers_serve():  # type: ignore[no-untyped-def]
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
     from tests.helpers.transformers_serve import transformers_serve
 
     folder = load_model(None, quantization="bf16", device="cpu").folder
@@ -148,8 +148,8 @@ def start_transformers_serve():  # type: ignore[no-untyped-def]
 
 
 def overhead_transformers(server, trials: int, tokens: int) -> None:  # type: ignore[no-untyped-def]
-    from app.core.remote.backend import RemoteBackend
-    from app.core.remote.engines import EngineConfig
+    from app.core.engines.remote.backend import RemoteBackend
+    from app.core.engines.remote.engines import EngineConfig
 
     text = "Write a long story about a dragon who learns to bake bread."
     backend = RemoteBackend(EngineConfig("tserve", base_url=server.base_url), server.model)
@@ -170,13 +170,13 @@ def overhead_transformers(server, trials: int, tokens: int) -> None:  # type: ig
 
 
 def conversation(server, reply_tokens: int) -> None:  # type: ignore[no-untyped-def]
-    from app.core.backend import ReplyRequest
-    from app.core.events import ChatMessage, StatsEvent
-    from app.core.remote.backend import RemoteBackend
-    from app.core.remote.engines import EngineConfig
-    from app.core.remote.pricing import ConversationCost, TokenUsage, price_reply
-    from app.core.sampling import SamplingParams
-    from app.core.session import ChatSession
+    from app.core.chat.events import ChatMessage, StatsEvent
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines.backend import ReplyRequest
+    from app.core.engines.remote.backend import RemoteBackend
+    from app.core.engines.remote.engines import EngineConfig
+    from app.core.engines.remote.pricing import ConversationCost, TokenUsage, price_reply
+    from app.core.engines.session import ChatSession
 
     backend = RemoteBackend(EngineConfig("tserve", base_url=server.base_url), server.model)
     session = ChatSession(backend, system_prompt="You are a helpful gardening assistant.",

@@ -58,11 +58,11 @@ def main() -> int:
     args = parser.parse_args()
     import openai
 
-    from app.core.backend import ReplyRequest
-    from app.core.engine_backend import EngineBackend
-    from app.core.events import ChatMessage, StatsEvent
-    from app.core.loader import load_model
-    from app.core.sampling import SamplingParams
+    from app.core.chat.events import ChatMessage, StatsEvent
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines.backend import ReplyRequest
+    from app.core.engines.loader import load_model
+    from app.core.engines.local import EngineBackend
     from app.core.server import ServerConfig, ServerHandle
 
     backend = EngineBackend(load_model(None, quantization="bf16", device="cpu"))

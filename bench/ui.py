@@ -48,10 +48,10 @@ def streaming_run(tokens: int, rate: float, real: bool = False, settle: bool = T
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.core.backend import ScriptedBackend, scripted_factory
-    from app.core.history import HistoryStore
-    from app.core.sampling import SamplingParams
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines.backend import ScriptedBackend, scripted_factory
     from app.core.settings import Settings
+    from app.core.storage.history import HistoryStore
     from app.ui import theme
     from app.ui.main_window import MainWindow
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from app.core.engines.loader import load_model
 from app.core.fastpath import integrity, native, select
-from app.core.loader import load_model
 
 
 def main() -> None:

@@ -56,7 +56,7 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="session")
 def default_loaded() -> Iterator[object]:
     """The embedded SmolLM2-135M-Instruct in bf16 on the CPU (the CPU default), loaded once for the whole run."""
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     yield load_model(None, quantization="bf16", device="cpu")
 
@@ -68,7 +68,7 @@ def default_loaded_fp32() -> Iterator[object]:
     In bf16 a token's KV computed in a one-token decode step and in a many-token prefill round differently
     (different kernels), which can flip a near-tie in greedy decoding; in fp32 both paths agree.
     """
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     yield load_model(None, quantization="fp32", device="cpu")
 

@@ -65,8 +65,8 @@ def read_attachments(args: argparse.Namespace) -> list[ExtractedDocument]:
 def message_with_documents(session: Any, question: str, documents: Sequence[ExtractedDocument], fit: str) -> str:
     """The first user message: documents first (so follow-up questions reuse their KV cache), fitted to what
     is left of the context window the way --fit says, with a note on stderr for anything dropped."""
-    from app.core.chat_format import format_prompt
-    from app.core.events import ChatMessage
+    from app.core.chat.chat_format import format_prompt
+    from app.core.chat.events import ChatMessage
 
     if not documents:
         return question

@@ -14,10 +14,10 @@ from typing import Any
 from app.cli import Subparsers
 from app.cli.attach import add_attach_flags, message_with_documents, read_attachments
 from app.cli.common import add_model_flags, progress_to_stderr, settings_from_args
-from app.core.backend import LoadRequest
+from app.core.chat.events import DoneEvent, Event, ReplyStats, StatsEvent, TokenEvent, event_to_json
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import LoadRequest
 from app.core.errors import HearthError
-from app.core.events import DoneEvent, Event, ReplyStats, StatsEvent, TokenEvent, event_to_json
-from app.core.sampling import SamplingParams
 from app.core.settings import CONTEXT_POLICIES, Settings
 
 
@@ -114,7 +114,7 @@ def format_stats(stats: ReplyStats) -> str:
     if stats.decode_path_note:
         parts.append(stats.decode_path_note)
     if stats.cost:
-        from app.core.remote.pricing import format_cost
+        from app.core.engines.remote.pricing import format_cost
 
         parts.append(format_cost(stats.cost))
     return "[" + " · ".join(parts) + "]"
@@ -159,11 +159,11 @@ def load_request(settings: Settings, args: argparse.Namespace) -> LoadRequest:
 
 def open_session(settings: Settings, args: argparse.Namespace) -> Any:
     if getattr(args, "engine", None):  # a remote engine instead of a local model
-        from app.core.remote.session import open_remote_session
+        from app.core.engines.remote.session import open_remote_session
 
         return open_remote_session(settings, args, sampling_from_args(args, settings.sampling))
-    from app.core.engine_backend import open_backend
-    from app.core.session import ChatSession
+    from app.core.engines.local import open_backend
+    from app.core.engines.session import ChatSession
 
     backend = open_backend(load_request(settings, args), progress_to_stderr)
     for notice in [*backend.info.notices, *backend.info.recovered]:

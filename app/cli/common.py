@@ -6,12 +6,12 @@ import argparse
 import sys
 
 from app.core.errors import InvalidSettingError
-from app.core.quant import QUANTIZATIONS, auto_summary
+from app.core.models.quant import QUANTIZATIONS, auto_summary
 from app.core.settings import DEVICES, Settings, read_settings
 
 
 def quant_help(default: str) -> str:
-    """The --quant help, with what `auto` picks on each device (from app.core.quant, so it cannot go stale)."""
+    """The --quant help, with what `auto` picks on each device (from app.core.models.quant, so it cannot go stale)."""
     return f"weights precision (default: {default}; auto = {auto_summary()})"
 
 

@@ -14,7 +14,7 @@ from app.core.errors import HearthError
 
 
 def register(subparsers: Subparsers) -> None:
-    from app.core.remote.engines import ENGINE_KINDS, PRESETS
+    from app.core.engines.remote.engines import ENGINE_KINDS, PRESETS
 
     parser = subparsers.add_parser("engines", help="remote engines: add, list, remove, test")
     actions = parser.add_subparsers(dest="engines_action", metavar="ACTION", required=True)
@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _add(args: argparse.Namespace) -> int:
-    from app.core import secrets
-    from app.core.remote import engines as reg
+    from app.core.engines.remote import engines as reg
+    from app.core.storage import secrets
 
     preset = reg.PRESETS[args.preset] if args.preset else None
     url = args.url or (preset.base_url if preset else None)
@@ -91,7 +91,7 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from app.core.remote import engines as reg
+    from app.core.engines.remote import engines as reg
 
     found = reg.load_engines()
     rows = []
@@ -110,7 +110,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _rm(args: argparse.Namespace) -> int:
-    from app.core.remote import engines as reg
+    from app.core.engines.remote import engines as reg
 
     if not reg.remove_engine(args.name):
         raise HearthError(f"There is no engine named {args.name!r}.")
@@ -119,8 +119,8 @@ def _rm(args: argparse.Namespace) -> int:
 
 
 def _test(args: argparse.Namespace) -> int:
-    from app.core.remote import engines as reg
-    from app.core.remote.backend import RemoteBackend, probe_engine
+    from app.core.engines.remote import engines as reg
+    from app.core.engines.remote.backend import RemoteBackend, probe_engine
 
     engine = reg.get_engine(args.name)
     backend = RemoteBackend(engine, args.model or engine.default_model or "?", api_key=reg.key_for(engine))

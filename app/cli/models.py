@@ -29,16 +29,16 @@ def _count(parameters: int | None) -> str:
 
 
 def _verdict(verdict: object) -> str:
-    from app.core.hub import format_bytes
     from app.core.memory.verdict import Verdict
+    from app.core.models.hub import format_bytes
 
     assert isinstance(verdict, Verdict)
     return f"{verdict.label} ({format_bytes(verdict.total_bytes)})" if verdict.total_bytes else verdict.label
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.core import library
     from app.core.memory.verdict import Verdict, model_verdict
+    from app.core.models import library
 
     settings = saved_settings()
     quant = args.quant or settings.quantization
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             f"{model.architecture or '?':<12} "
             f"{_count(model.parameters or verdict.parameters):>6}  {model.context_length or 0:>7}  {label}"
         )
-    from app.core.hub import pending_downloads
+    from app.core.models.hub import pending_downloads
 
     for pending in pending_downloads():
         file_flag = f" --file {pending.file}" if pending.file else ""
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_recommended(args: argparse.Namespace, verdict_for: object) -> int:
-    from app.core import library
+    from app.core.models import library
 
     assert callable(verdict_for)
     entries = library.recommended_models()

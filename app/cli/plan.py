@@ -9,7 +9,7 @@ from app.cli import Subparsers
 from app.cli.common import quant_help
 from app.core.errors import InvalidSettingError
 from app.core.memory.types import MemoryPlan, format_bytes, parse_size
-from app.core.quant import QUANTIZATIONS
+from app.core.models.quant import QUANTIZATIONS
 from app.core.settings import DEVICES
 
 VERDICTS = {"yes": "fits", "offload": "fits only with CPU offload", "no": "does not fit"}

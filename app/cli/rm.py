@@ -14,7 +14,7 @@ def register(subparsers: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.core.library import delete_model, find_model
+    from app.core.models.library import delete_model, find_model
 
     print(delete_model(find_model(args.model)))
     return 0

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app import APP_NAME, __version__
-from app.core.backend import ReplyRequest
+from app.core.engines.backend import ReplyRequest
 from app.core.errors import HearthError
 
 if TYPE_CHECKING:
-    from app.core.loader import LoadedModel
+    from app.core.engines.loader import LoadedModel
 
 PROMPT = "What is the capital of France?"
 EXPECTED_WORD = "paris"
@@ -90,10 +90,10 @@ def run_checks(loaded: LoadedModel | None = None, *, progress: Callable[[str], N
             progress(message)
 
     try:
-        from app.core.engine import Engine, KVState
-        from app.core.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
-        from app.core.loader import load_model
-        from app.core.sampling import SamplingParams
+        from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
+        from app.core.chat.sampling import SamplingParams
+        from app.core.engines.engine import Engine, KVState
+        from app.core.engines.loader import load_model
     except Exception as exc:  # a broken bundle: a library or one of its files was left out
         checks.append(CheckResult("libraries", False, f"cannot import the model libraries ({exc})"))
         return SelfTestReport(checks, time.perf_counter() - started, None)
@@ -151,7 +151,7 @@ def weights_check(loaded: LoadedModel) -> CheckResult:
 
 
 def kv_check(loaded: LoadedModel, kv: Any) -> CheckResult:
-    from app.core.engine import kv_cache_bytes
+    from app.core.engines.engine import kv_cache_bytes
 
     measured = kv_cache_bytes(kv.cache)
     tokens = len(kv.ids)
@@ -174,7 +174,7 @@ def snapshot_check(loaded: LoadedModel, kv: Any) -> CheckResult | None:
         from app.core.memory.accounting import MemoryMonitor
     except ImportError:
         return None
-    from app.core.engine import kv_cache_bytes
+    from app.core.engines.engine import kv_cache_bytes
 
     snapshot = MemoryMonitor(loaded, lambda: kv).snapshot()
     weights = sum(device.weights_bytes for device in snapshot.devices)

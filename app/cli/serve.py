@@ -53,7 +53,7 @@ def register(subparsers: Subparsers) -> None:
 
 
 def api_key_from_keyring(name: str, *, make_new: bool) -> str:
-    from app.core.remote import engines
+    from app.core.engines.remote import engines
 
     key_name = KEY_PREFIX + name
     if make_new:
@@ -105,8 +105,8 @@ def print_record(record: RequestRecord) -> None:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     settings = settings_from_args(args)
-    from app.core.backend import LoadRequest
-    from app.core.engine_backend import open_backend
+    from app.core.engines.backend import LoadRequest
+    from app.core.engines.local import open_backend
 
     # No response cache: an API client asking again wants a fresh reply (seeds are honoured).
     request = LoadRequest.from_settings(settings, ignore_fit=bool(args.ignore_fit), response_cache=False)

@@ -16,7 +16,7 @@ def register(subparsers: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.core import secrets
+    from app.core.storage import secrets
 
     if args.action == "status":
         status = secrets.token_status()

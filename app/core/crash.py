@@ -14,8 +14,8 @@ from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from types import TracebackType
 
-from app.core import paths, secrets
 from app.core.errors import HearthError
+from app.core.storage import paths, secrets
 
 log = logging.getLogger("hearth.crash")
 

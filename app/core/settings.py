@@ -1,6 +1,6 @@
 """The one typed settings object, persisted as JSON in the config dir.
 
-Secrets never live here: Hub tokens go to the OS keyring (app.core.secrets).
+Secrets never live here: Hub tokens go to the OS keyring (app.core.storage.secrets).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field
 
-from app.core import paths
+from app.core.chat.sampling import SamplingParams
 from app.core.errors import InvalidSettingError
-from app.core.quant import Quantization
-from app.core.sampling import SamplingParams
-from app.core.schema import Rule, check_fields, from_mapping, read_json_file, write_json_file
+from app.core.models.quant import Quantization
+from app.core.storage import paths
+from app.core.storage.schema import Rule, check_fields, from_mapping, read_json_file, write_json_file
 
 DeviceChoice = Literal["auto", "cuda", "cpu", "mps"]
 Theme = Literal["system", "light", "dark"]
@@ -30,7 +30,7 @@ SETTINGS_VERSION = 1
 
 @dataclass(frozen=True)
 class Settings:
-    # Each annotation is the field's schema (app.core.schema): strict types, ranges, and the name errors use.
+    # Each annotation is the field's schema (app.core.storage.schema): strict types, ranges, and the name errors use.
     model: Annotated[str | None, Rule("model")] = None  # None = the embedded default model
     quantization: Annotated[Quantization, Rule("quantization")] = "auto"
     device: Annotated[DeviceChoice, Rule("device")] = "auto"

@@ -19,10 +19,10 @@ from typing import Any, cast
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
-from app.core.backend import ContextUsage, ModelInfo, ReplyRequest
+from app.core.chat.events import ChatMessage, ReplyStats
+from app.core.engines.backend import ContextUsage, ModelInfo, ReplyRequest
 from app.core.errors import HearthError
-from app.core.events import ChatMessage, ReplyStats
-from app.core.history import HistoryStore, Message
+from app.core.storage.history import HistoryStore, Message
 from app.ui.chat_model import ChatItem, ChatModel
 from app.ui.settings_store import SettingsStore
 from app.ui.worker import GenerateRequest, WorkerHost

@@ -1,9 +1,9 @@
 """Connections: remote engines (an OpenAI-compatible server, OpenAI, Anthropic) added, tested and removed.
 
-A dialog over app.core.remote.engines: name, base URL and an optional API key (saved to the OS keyring, never to a
-file), presets for the common servers, the server's models from GET /v1/models, and a connection test (the same
-probe as `hearth engines test`). Network calls run on a TaskRunner (app/ui/tasks.py); results come back to the GUI
-thread through a queued signal.
+A dialog over app.core.engines.remote.engines: name, base URL and an optional API key (saved to the OS keyring,
+never to a file), presets for the common servers, the server's models from GET /v1/models, and a connection test
+(the same probe as `hearth engines test`). Network calls run on a TaskRunner (app/ui/tasks.py); results come back
+to the GUI thread through a queued signal.
 
 Signals: engine_saved(str) (an engine was added or changed; its name), engine_removed(str).
 """
@@ -28,9 +28,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.engines.remote import engines as registry
+from app.core.engines.remote.backend import RemoteBackend, probe_engine
 from app.core.errors import HearthError
-from app.core.remote import engines as registry
-from app.core.remote.backend import RemoteBackend, probe_engine
 from app.ui.tasks import TaskRunner
 
 _KEEP_KEY = "(saved in the keyring — leave empty to keep it)"

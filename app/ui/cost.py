@@ -1,6 +1,6 @@
 """What replies and conversations cost, in the window: the line under a reply and the conversation's total.
 
-Prices come from app.core.remote.pricing (genai-prices' bundled list, never fetched) and are estimates; every
+Prices come from app.core.engines.remote.pricing (genai-prices' bundled list, never fetched) and are estimates; every
 text here says so. The conversation's total is summed from the history (every reply on every branch), so it is
 the same after a restart or a model switch.
 """
@@ -13,7 +13,7 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QWidget
 
-from app.core.remote.pricing import conversation_costs, format_cost
+from app.core.engines.remote.pricing import conversation_costs, format_cost
 
 
 def reply_cost_text(stats: Mapping[str, Any] | None) -> str:

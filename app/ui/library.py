@@ -37,10 +37,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core import hub, library, secrets
 from app.core.errors import HearthError
 from app.core.memory import verdict as fit
-from app.core.quant import QUANTIZATIONS
+from app.core.models import hub, library
+from app.core.models.quant import QUANTIZATIONS
+from app.core.storage import secrets
 from app.ui.tasks import TaskRunner
 
 log = logging.getLogger(__name__)

@@ -29,11 +29,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.backend import BackendFactory, LoadRequest, MemoryReading, ModelInfo
+from app.core.chat.token_counter import load_token_counter
+from app.core.engines.backend import BackendFactory, LoadRequest, MemoryReading, ModelInfo
 from app.core.errors import HearthError
-from app.core.history import HistoryDamagedError, HistoryError, HistoryStore, default_history_path
 from app.core.settings import Settings
-from app.core.token_counter import load_token_counter
+from app.core.storage.history import HistoryDamagedError, HistoryError, HistoryStore, default_history_path
 from app.ui import theme
 from app.ui.chat_controller import ChatController
 from app.ui.chat_view import ChatView

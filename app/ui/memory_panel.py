@@ -14,7 +14,7 @@ from PySide6.QtCore import QEvent, QPoint, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFontMetrics, QHelpEvent, QPainter, QPainterPath
 from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
-from app.core.backend import ContextUsage, MemoryReading
+from app.core.engines.backend import ContextUsage, MemoryReading
 from app.ui.theme import Palette
 
 

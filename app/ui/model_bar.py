@@ -1,7 +1,7 @@
 """The model bar: which model, quantization, device and context length; load/unload with progress and cancel.
 
 The model list holds local models and the registered remote engines' models together, the latter as
-"MODEL @ ENGINE" (app.core.backend.RemoteModel); choosing one loads a RemoteBackend through the same worker."""
+"MODEL @ ENGINE" (app.core.engines.backend.RemoteModel); choosing one loads a RemoteBackend through the same worker."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.backend import LoadRequest, ModelInfo, RemoteModel
-from app.core.model_source import DEFAULT_MODEL_NAME
-from app.core.quant import QUANTIZATIONS, auto_summary, parse_quantization
+from app.core.engines.backend import LoadRequest, ModelInfo, RemoteModel
+from app.core.models.model_source import DEFAULT_MODEL_NAME
+from app.core.models.quant import QUANTIZATIONS, auto_summary, parse_quantization
 from app.core.settings import DEVICES, Settings
 
 DEFAULT_LABEL = f"{DEFAULT_MODEL_NAME} (built in)"
@@ -191,7 +191,7 @@ class ModelBar(QWidget):
         self._show_remote_choice()
 
     def set_local_models(self, specs: Sequence[str]) -> None:
-        """The library's models (app.core.library specs: a folder, a .gguf file, a Hugging Face repo id), after
+        """The library's models (app.core.models.library specs: a folder, a .gguf file, a Hugging Face repo id), after
         the built-in one; the text the user chose or typed stays."""
         chosen = self.model_combo.currentText()
         blocked = self.model_combo.blockSignals(True)

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction
 
-from app.core.backend import RemoteModel
+from app.core.engines.backend import RemoteModel
+from app.core.engines.remote import engines as registry
 from app.core.errors import HearthError
-from app.core.remote import engines as registry
 from app.ui.cost import ConversationCostLabel
 from app.ui.tasks import TaskRunner
 
@@ -33,7 +33,7 @@ def list_engine_models(engine: registry.EngineConfig) -> list[str]:
     """The engine's models (GET /v1/models), its default model first; HearthError (one sentence) on failure.
     Anthropic's listing needs a beta endpoint on some accounts: its default model stands for it. A priced (hosted)
     engine lists only the models its price list knows."""
-    from app.core.remote.backend import RemoteBackend
+    from app.core.engines.remote.backend import RemoteBackend
 
     if engine.kind == "anthropic":
         return [engine.default_model] if engine.default_model else []
@@ -46,7 +46,7 @@ def list_engine_models(engine: registry.EngineConfig) -> list[str]:
     if engine.price_provider is not None:
         # A hosted API lists every model it has (embeddings, audio, images…): keep those its price list knows.
         # Any other model can still be typed as "MODEL @ ENGINE".
-        from app.core.remote.pricing import TokenUsage, try_price_reply
+        from app.core.engines.remote.pricing import TokenUsage, try_price_reply
 
         usage = TokenUsage(1, 0, 1)
         listed = [model for model in listed if try_price_reply(usage, model, engine.price_provider) is not None]
@@ -129,7 +129,7 @@ class RemoteEngines(QObject):
 
     def list_local_models(self) -> None:
         """The library's models (what Models ▸ Model library lists) join the model list."""
-        from app.core import library
+        from app.core.models import library
 
         def job() -> list[str]:
             return [m.spec for m in library.list_models() if m.kind != "default" and m.complete]

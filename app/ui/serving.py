@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from app.core.backend import ChatBackend, MemoryReading, ReplyRequest
+from app.core.chat.events import DoneEvent, Event
+from app.core.engines.backend import ChatBackend, MemoryReading, ReplyRequest
 from app.core.errors import HearthError
-from app.core.events import DoneEvent, Event
 
 if TYPE_CHECKING:
     from app.core.server import RequestRecord, ServerHandle

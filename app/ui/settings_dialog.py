@@ -16,9 +16,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.remote.pricing import COMPARE_CHOICES
 from app.core.errors import InvalidSettingError
-from app.core.remote.pricing import COMPARE_CHOICES
-from app.core.sampling import SamplingParams
 from app.core.settings import CONTEXT_POLICIES, THEMES, Settings
 
 COMPARE_OFF = "Off"

@@ -17,11 +17,11 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
-from app.core.backend import BackendFactory, ChatBackend, LoadRequest, ReplyRequest
+from app.core.chat.events import ContextUsage, DoneEvent, PromptEvent, StatsEvent, TokenEvent
 from app.core.crash import user_message
+from app.core.engines.backend import BackendFactory, ChatBackend, LoadRequest, ReplyRequest
+from app.core.engines.remote.pricing import compare_local_reply, unpriced_comparison
 from app.core.errors import HearthError, ModelTooLargeError
-from app.core.events import ContextUsage, DoneEvent, PromptEvent, StatsEvent, TokenEvent
-from app.core.remote.pricing import compare_local_reply, unpriced_comparison
 from app.ui.serving import NO_MODEL_MESSAGE, WindowServer
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def default_backend_factory() -> BackendFactory:
     """The real engine, imported inside the worker thread on first load (torch is never imported before)."""
 
     def load(request: LoadRequest, progress: Any, cancel: threading.Event) -> ChatBackend:
-        from app.core.engine_backend import open_backend
+        from app.core.engines.local import open_backend
 
         return open_backend(request, progress, cancel)
 
@@ -82,7 +82,7 @@ Planner = Callable[[LoadRequest], Any]  # returns the planner's MemoryPlan; rais
 def default_planner(request: LoadRequest) -> Any:
     """The memory issue's planner (imports torch: only ever called in the worker thread)."""
     from app.core.memory.planner import plan_memory
-    from app.core.model_source import resolve_model
+    from app.core.models.model_source import resolve_model
 
     return plan_memory(
         resolve_model(request.model),

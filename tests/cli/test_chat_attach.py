@@ -14,9 +14,9 @@ import pytest
 
 from app.cli import main
 from app.cli.attach import message_with_documents
+from app.core.chat.events import DoneEvent, StatsEvent
+from app.core.chat.sampling import SamplingParams
 from app.core.documents import DocumentsDoNotFitError, compose_user_message, extract_document
-from app.core.events import DoneEvent, StatsEvent
-from app.core.sampling import SamplingParams
 from tests.helpers.document_files import SECRET, filler_paragraphs, write_pdf
 
 QUESTION = "What is the secret code word?"
@@ -24,9 +24,9 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16)
 
 
 def session_for(loaded: Any, context_window: int | None = None) -> Any:
-    from app.core.engine import Engine
-    from app.core.engine_backend import EngineBackend
-    from app.core.session import ChatSession
+    from app.core.engines.engine import Engine
+    from app.core.engines.local import EngineBackend
+    from app.core.engines.session import ChatSession
 
     engine = Engine(loaded)
     if context_window is not None:
@@ -138,8 +138,8 @@ def test_documents_that_do_not_fit_are_an_error_by_default(default_loaded: Any, 
 def test_fit_choices_fit_the_real_prompt(
     default_loaded: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], fit: str
 ) -> None:
-    from app.core.chat_format import format_prompt
-    from app.core.events import ChatMessage
+    from app.core.chat.chat_format import format_prompt
+    from app.core.chat.events import ChatMessage
 
     document = extract_document(notes_file(tmp_path, paragraphs=60))  # the secret sits in the middle
     session = session_for(default_loaded, context_window=512)

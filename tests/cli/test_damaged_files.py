@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.core.model_source import default_model_gguf
-from app.core.paths import cache_dir
+from app.core.models.model_source import default_model_gguf
 from app.core.settings import settings_path
+from app.core.storage.paths import cache_dir
 from tests.helpers.damage import SETTINGS_FAULTS, random_bytes
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from app.cli import main
-from app.core.remote import engines as reg
+from app.core.engines.remote import engines as reg
 from tests.helpers import memory_keyring
 from tests.helpers.replay_server import ReplayServer
 
@@ -71,7 +71,7 @@ def test_user_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list
 def test_adding_a_key_without_a_keyring_fails_before_asking(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.core import secrets
+    from app.core.storage import secrets
 
     monkeypatch.setattr(secrets, "keyring_available", lambda: False)
     code, _, err = hearth(capsys, "engines", "add", "x", "--url", "http://h/v1", "--key")

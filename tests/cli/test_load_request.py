@@ -7,7 +7,7 @@ import dataclasses
 from app.cli import build_parser
 from app.cli.chat import load_request
 from app.cli.common import settings_from_args
-from app.core.backend import LoadRequest
+from app.core.engines.backend import LoadRequest
 from app.core.settings import Settings, save_settings
 
 

@@ -11,7 +11,7 @@ import pytest
 from keyring.backends import fail
 
 from app.cli import main
-from app.core import secrets
+from app.core.storage import secrets
 from tests.helpers import fake_hub as fake_hub_module
 from tests.helpers import memory_keyring
 from tests.helpers.fake_hub import FakeHub, FakeRepo

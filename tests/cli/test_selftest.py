@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from app.cli import main, selftest
-from app.core import model_source
-from app.core.backend import ReplyRequest
+from app.core.engines.backend import ReplyRequest
+from app.core.models import model_source
 
 
 def test_self_test_passes_with_the_default_model(default_loaded: object) -> None:
@@ -26,9 +26,9 @@ def test_self_test_passes_with_the_default_model(default_loaded: object) -> None
 
 
 def test_kv_check_fails_when_the_cache_does_not_match_the_model_shape(default_loaded: object) -> None:
-    from app.core.engine import Engine, KVState
-    from app.core.events import ChatMessage
-    from app.core.sampling import SamplingParams
+    from app.core.chat.events import ChatMessage
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines.engine import Engine, KVState
 
     kv = KVState()
     engine = Engine(default_loaded, response_cache=None)  # type: ignore[arg-type]
@@ -42,7 +42,7 @@ def test_kv_check_fails_when_the_cache_does_not_match_the_model_shape(default_lo
 
 
 def test_kv_check_fails_on_an_empty_cache(default_loaded: object) -> None:
-    from app.core.engine import KVState
+    from app.core.engines.engine import KVState
 
     result = selftest.kv_check(default_loaded, KVState())  # type: ignore[arg-type]
     assert not result.ok
@@ -51,9 +51,9 @@ def test_kv_check_fails_on_an_empty_cache(default_loaded: object) -> None:
 
 def test_snapshot_check_catches_a_cache_the_accounting_does_not_see(default_loaded: object) -> None:
     pytest.importorskip("app.core.memory.accounting")
-    from app.core.engine import Engine, KVState
-    from app.core.events import ChatMessage
-    from app.core.sampling import SamplingParams
+    from app.core.chat.events import ChatMessage
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines.engine import Engine, KVState
 
     kv = KVState()
     engine = Engine(default_loaded, response_cache=None)  # type: ignore[arg-type]

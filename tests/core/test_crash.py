@@ -6,9 +6,9 @@ import sys
 import threading
 from pathlib import Path
 
-from app.core import paths
 from app.core.crash import LOG_FILE_NAME, install_hooks, user_message
 from app.core.errors import ContextOverflowError
+from app.core.storage import paths
 
 
 def test_main_thread_and_worker_thread_errors_reach_callback_and_log(hearth_home: Path) -> None:

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from app.core import gguf_cache
-from app.core.backend import ReplyRequest
-from app.core.engine import Engine
-from app.core.events import ChatMessage, DoneEvent, StatsEvent
-from app.core.history import HistoryDamagedError, HistoryStore
-from app.core.response_cache import CachedReply, ResponseCache
-from app.core.sampling import SamplingParams
+from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent
+from app.core.chat.response_cache import CachedReply, ResponseCache
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import ReplyRequest
+from app.core.engines.engine import Engine
+from app.core.models import gguf_cache
 from app.core.settings import Settings, read_settings, settings_path
+from app.core.storage.history import HistoryDamagedError, HistoryStore
 from tests.helpers.damage import SETTINGS_FAULTS, flipped, history_with_conversations, random_bytes, truncated
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=6)
@@ -65,8 +65,8 @@ def test_one_bad_value_costs_only_itself() -> None:
 
 def test_a_safety_opt_in_that_reads_false_never_runs_model_code(tmp_path: Path) -> None:
     """The reported hole: {"trust_remote_code": "false"} ran a model folder's own Python code."""
+    from app.core.engines.loader import load_model
     from app.core.errors import UnsafeModelError
-    from app.core.loader import load_model
 
     marker = tmp_path / "code-ran"
     folder = tmp_path / "custom-code-model"
@@ -249,7 +249,7 @@ def _fake_convert(gguf_path: Path, out_dir: Path) -> None:
 def test_a_damaged_converted_model_is_quarantined_and_converted_again(
     isolated_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.core.model_source import default_model_gguf
+    from app.core.models.model_source import default_model_gguf
 
     monkeypatch.setattr(gguf_cache, "_convert", _fake_convert)
     folder = gguf_cache.ensure_converted(default_model_gguf())
@@ -270,7 +270,7 @@ def test_a_touched_but_unchanged_converted_file_is_trusted(
 ) -> None:
     import os
 
-    from app.core.model_source import default_model_gguf
+    from app.core.models.model_source import default_model_gguf
 
     monkeypatch.setattr(gguf_cache, "_convert", _fake_convert)
     folder = gguf_cache.ensure_converted(default_model_gguf())

@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from app.core import fastpath
-from app.core.backend import ReplyRequest
-from app.core.engine import Engine, KVState
-from app.core.engine_backend import EngineBackend
-from app.core.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
+from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import ReplyRequest
+from app.core.engines.engine import Engine, KVState
+from app.core.engines.local import EngineBackend
+from app.core.engines.session import ChatSession
 from app.core.fastpath import int8, native, prefill
-from app.core.sampling import SamplingParams
-from app.core.session import ChatSession
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
 AGREEMENT_BOUND = 0.90
@@ -96,7 +96,7 @@ def test_auto_without_the_fused_step_keeps_bf16_on_the_plain_path_and_says_why(
 def test_auto_without_the_fused_step_picks_int8_decode_for_nf4_on_the_cpu(
     tiny_model_dir: Any, no_fused_step: None
 ) -> None:
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     engine = Engine(load_model(str(tiny_model_dir("llama-untied")), quantization="nf4", device="cpu"))
     assert engine.decode_path == "int8-decode"
@@ -170,7 +170,7 @@ def test_a_prefill_row_matches_a_one_token_forward_as_this_cpus_bf16_gemm_rounds
 def test_bf16_prefill_upcasts_only_without_a_native_bf16_gemm(
     tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch, native: bool
 ) -> None:
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     monkeypatch.setattr(prefill, "native_bf16_gemm", lambda: native)  # either kind of CPU, on any CPU
     loaded = load_model(str(tiny_model_dir("qwen2")), quantization="bf16", device="cpu")
@@ -193,7 +193,7 @@ def test_bf16_prefill_upcasts_only_without_a_native_bf16_gemm(
 
 @pytest.mark.parametrize("arch", ["llama-untied", "qwen2", "gemma2", "phi3"])
 def test_int8_decode_logits_stay_within_the_bound_on_tiny_models(arch: str, tiny_model_dir: Any) -> None:
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     loaded = load_model(str(tiny_model_dir(arch)), quantization="bf16", device="cpu")
     plain_engine = Engine(loaded, decode_path="eager")
@@ -210,7 +210,7 @@ def test_int8_decode_logits_stay_within_the_bound_on_tiny_models(arch: str, tiny
 
 
 def test_nf4_on_the_cpu_decodes_through_int8_and_agrees(tiny_model_dir: Any) -> None:
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     loaded = load_model(str(tiny_model_dir("llama")), quantization="nf4", device="cpu")
     plain_engine = Engine(loaded, decode_path="eager")
@@ -297,7 +297,7 @@ def test_a_kernel_that_disagrees_on_the_probe_is_not_used(monkeypatch: pytest.Mo
 def test_a_repacking_failure_falls_back_and_leaves_the_model_unpatched(
     tiny_model_dir: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
 ) -> None:
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     loaded = load_model(str(tiny_model_dir("qwen2")), quantization="bf16", device="cpu")
 
@@ -323,7 +323,7 @@ def test_a_repacking_failure_falls_back_and_leaves_the_model_unpatched(
 
 
 def test_int8_copies_are_cached_on_disk_and_reused_by_the_next_load(tiny_model_dir: Any, isolated_cache: Path) -> None:
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     folder = tiny_model_dir("llama", hidden_size=96)
     first = Engine(load_model(str(folder), quantization="bf16", device="cpu"), decode_path="int8-decode")

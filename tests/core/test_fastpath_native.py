@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from app.core import fastpath
-from app.core.backend import ReplyRequest
-from app.core.engine import Engine, KVState, kv_cache_bytes
-from app.core.engine_backend import EngineBackend
-from app.core.events import ChatMessage, DoneEvent
+from app.core.chat.events import ChatMessage, DoneEvent
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import ReplyRequest
+from app.core.engines.engine import Engine, KVState, kv_cache_bytes
+from app.core.engines.local import EngineBackend
+from app.core.engines.session import ChatSession
 from app.core.fastpath import native
-from app.core.sampling import SamplingParams
-from app.core.session import ChatSession
 from tests.core.test_fastpath import (
     AGREEMENT_BOUND,
     GREEDY,
@@ -103,7 +103,7 @@ def test_fused_step_agrees_with_the_plain_path_on_the_default_model(
 def test_fused_logits_stay_within_the_bound_on_tiny_models(
     arch: str, overrides: dict[str, Any], quantization: str, path: str, tiny_model_dir: Any
 ) -> None:
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     loaded = load_model(str(tiny_model_dir(arch, **overrides)), quantization=quantization, device="cpu")
     plain_engine = Engine(loaded, decode_path="eager")
@@ -199,7 +199,7 @@ def test_sampling_runs_on_the_fused_logits_and_is_reproducible(fused: Engine) ->
 
 
 def test_architectures_the_kernel_lacks_fall_back_with_the_reason(tiny_model_dir: Any) -> None:
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     for arch, overrides, reason in (
         ("gemma2", {}, "not gemma2"),
@@ -253,7 +253,7 @@ def test_a_cpu_without_avx2_falls_back_with_the_reason(
 def test_the_kernel_and_the_packed_weights_are_cached_across_loads(
     tiny_model_dir: Any, fresh_library: Any, isolated_cache: Path
 ) -> None:
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     folder = tiny_model_dir("qwen2", hidden_size=96)
     first = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
@@ -313,7 +313,7 @@ def test_a_new_conversation_never_writes_into_a_freed_cache(fused: Engine) -> No
 def test_the_planner_counts_exactly_what_the_fused_path_adds(
     arch: str, default_loaded: Any, tiny_model_dir: Any
 ) -> None:
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
     from app.core.memory.planner import plan_memory
 
     if arch == "default":
@@ -331,7 +331,7 @@ def test_the_planner_counts_exactly_what_the_fused_path_adds(
 @pytest.mark.parametrize("path", ["fused-int8", "fused-q4"])
 def test_long_contexts_take_the_chunked_attention_and_stay_within_the_bound(path: str, tiny_model_dir: Any) -> None:
     """Past SHORT_CONTEXT (512, hearth_decode.c) positions attention runs in (kv head, chunk) units, then a merge."""
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     loaded = load_model(str(tiny_model_dir("llama", max_position_embeddings=2048)), quantization="fp32", device="cpu")
     with torch.no_grad():  # peaked attention (random weights give near-uniform scores, which hide merge errors)

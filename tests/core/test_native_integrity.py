@@ -29,11 +29,11 @@ from typing import Any
 import pytest
 
 from app.core import fastpath
-from app.core.backend import ReplyRequest
-from app.core.engine import Engine
-from app.core.events import ChatMessage, DoneEvent
+from app.core.chat.events import ChatMessage, DoneEvent
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import ReplyRequest
+from app.core.engines.engine import Engine
 from app.core.fastpath import integrity, native
-from app.core.sampling import SamplingParams
 from tests.helpers.damage import flipped, random_bytes, truncated
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from app.core.chat.sampling import SamplingParams
 from app.core.errors import InvalidSettingError
-from app.core.sampling import SamplingParams
 from app.core.settings import Settings, load_settings, save_settings, settings_path
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from app.core.history import HistoryStore
+from app.core.storage.history import HistoryStore
 
 SEED = 20261203
 

@@ -323,7 +323,7 @@ def test_launcher_quit_request_stops_a_running_event_loop(launcher: ModuleType, 
 
 
 def test_frozen_bundle_finds_the_default_model_under_resources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.core import model_source
+    from app.core.models import model_source
 
     models = tmp_path / "resources" / "models"
     models.mkdir(parents=True)

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 from PySide6.QtCore import QThread
 
-from app.core.backend import LoadRequest, ScriptedBackend, scripted_factory
-from app.core.history import HistoryStore
+from app.core.engines.backend import LoadRequest, ScriptedBackend, scripted_factory
 from app.core.settings import Settings
+from app.core.storage.history import HistoryStore
 from app.ui.main_window import MainWindow
 from app.ui.tasks import busy_runners
 

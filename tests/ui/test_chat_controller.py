@@ -10,10 +10,10 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
 
-from app.core.backend import LoadRequest, ScriptedBackend, scripted_factory
-from app.core.history import HistoryStore
-from app.core.sampling import SamplingParams
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import LoadRequest, ScriptedBackend, scripted_factory
 from app.core.settings import Settings
+from app.core.storage.history import HistoryStore
 from app.ui.chat_controller import ChatController
 from app.ui.main_window import MainWindow
 from app.ui.settings_store import SettingsStore

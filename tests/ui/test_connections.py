@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from pytestqt.qtbot import QtBot
 
-from app.core.remote import engines as registry
+from app.core.engines.remote import engines as registry
 from app.ui.connections import ConnectionsDialog
 from tests.helpers import memory_keyring
 from tests.helpers.replay_server import ReplayServer

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from PySide6.QtCore import Qt
 
-from app.core.backend import ScriptedBackend, scripted_factory
-from app.core.events import DoneEvent, Event
-from app.core.history import HistoryStore, default_history_path
+from app.core.chat.events import DoneEvent, Event
+from app.core.engines.backend import ScriptedBackend, scripted_factory
 from app.core.settings import Settings, read_settings, settings_path
+from app.core.storage.history import HistoryStore, default_history_path
 from app.ui.main_window import MainWindow
 from tests.helpers.damage import flipped, history_with_conversations, random_bytes, truncated
 from tests.helpers.gui_process import run_gui_and_probe

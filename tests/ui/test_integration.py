@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.core.backend import ModelInfo
+from app.core.chat.token_counter import load_token_counter
 from app.core.documents import document_block
+from app.core.engines.backend import ModelInfo
 from app.core.settings import Settings
-from app.core.token_counter import load_token_counter
 from app.ui.settings_dialog import SettingsDialog
 
 

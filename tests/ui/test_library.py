@@ -13,7 +13,8 @@ from PySide6.QtCore import QUrl
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
-from app.core import hub, library, secrets
+from app.core.models import hub, library
+from app.core.storage import secrets
 from app.ui.library import DownloadDialog, HubTokenBox, LibraryWindow
 from tests.helpers import fake_hub as fake_hub_module
 from tests.helpers import memory_keyring

@@ -3,7 +3,7 @@ for with a context no machine has memory for; the banner offers to load it regar
 
 from __future__ import annotations
 
-from app.core.backend import LoadRequest, ScriptedBackend
+from app.core.engines.backend import LoadRequest, ScriptedBackend
 from app.core.errors import HearthError
 from app.ui.main_window import LOAD_ANYWAY_HINT
 from app.ui.worker import default_backend_factory

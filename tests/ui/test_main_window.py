@@ -11,11 +11,11 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
-from app.core.backend import ScriptedBackend
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import ScriptedBackend
 from app.core.errors import ContextOverflowError, HearthError
-from app.core.history import HistoryStore
-from app.core.sampling import SamplingParams
 from app.core.settings import Settings
+from app.core.storage.history import HistoryStore
 from app.ui.chat_model import Roles
 from app.ui.main_window import MainWindow
 

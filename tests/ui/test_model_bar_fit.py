@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import sys
 
-from app.core.backend import ModelInfo
+from app.core.engines.backend import ModelInfo
 from app.core.settings import Settings
 from app.ui.model_bar import ModelBar
 from app.ui.worker import settle_after_load

@@ -6,9 +6,9 @@ import threading
 
 from PySide6.QtCore import Qt
 
-from app.core.backend import LoadRequest
-from app.core.engine_backend import EngineBackend
-from app.core.sampling import SamplingParams
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import LoadRequest
+from app.core.engines.local import EngineBackend
 from app.core.settings import Settings
 
 

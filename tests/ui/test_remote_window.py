@@ -13,8 +13,8 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.core.backend import ChatBackend, LoadRequest, ScriptedBackend, scripted_factory
-from app.core.remote import engines as registry
+from app.core.engines.backend import ChatBackend, LoadRequest, ScriptedBackend, scripted_factory
+from app.core.engines.remote import engines as registry
 from app.core.settings import Settings
 from app.ui.connections import ConnectionsDialog
 from app.ui.main_window import MainWindow
@@ -307,7 +307,7 @@ def test_a_default_model_saved_as_model_at_engine_is_listed_once_and_loads_remot
     "This plugin does not support grabbing the keyboard",
 )
 def test_the_library_models_join_the_list_when_it_opens(make_window: Any, qtbot: QtBot, tmp_path: Path) -> None:
-    from app.core import library
+    from app.core.models import library
 
     folders = {}
     for name, weights in (("complete", True), ("paused-download", False)):

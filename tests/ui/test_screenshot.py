@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
-from app.core.backend import ScriptedBackend
+from app.core.engines.backend import ScriptedBackend
 from app.core.settings import Settings
 from app.ui import theme
 

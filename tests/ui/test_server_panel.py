@@ -13,11 +13,11 @@ import pytest
 from PySide6.QtCore import QThread
 from PySide6.QtWidgets import QApplication
 
-from app.core.backend import LoadRequest, ReplyRequest, ScriptedBackend
-from app.core.engine_backend import EngineBackend
+from app.core.chat.events import ChatMessage, Event
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import LoadRequest, ReplyRequest, ScriptedBackend
+from app.core.engines.local import EngineBackend
 from app.core.errors import HearthError
-from app.core.events import ChatMessage, Event
-from app.core.sampling import SamplingParams
 from app.core.settings import Settings
 from app.ui.server_panel import ServerPanel
 from app.ui.serving import (

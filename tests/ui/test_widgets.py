@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from PySide6.QtCore import QPoint
 from PySide6.QtGui import QImage
 
-from app.core.backend import ContextUsage, MemoryReading
+from app.core.engines.backend import ContextUsage, MemoryReading
 from app.core.memory.types import DeviceMemory
 from app.ui import theme
 from app.ui.chat_model import ChatItem, ChatModel, Roles

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.core.backend import ContextUsage, ModelInfo, ReplyRequest, ScriptedBackend, scripted_factory
-from app.core.events import ChatMessage, ReplyStats
+from app.core.chat.events import ChatMessage, ReplyStats
+from app.core.engines.backend import ContextUsage, ModelInfo, ReplyRequest, ScriptedBackend, scripted_factory
 from app.ui.worker import GenerateRequest, WorkerHost
 
 
@@ -64,7 +64,7 @@ def make_request(host: WorkerHost, text: str = "hi") -> GenerateRequest:
 
 
 def load(host: WorkerHost, relay: Relay, qtbot) -> ModelInfo:  # type: ignore[no-untyped-def]
-    from app.core.backend import LoadRequest
+    from app.core.engines.backend import LoadRequest
 
     with qtbot.waitSignal(relay.loaded, timeout=5000) as blocker:
         host.load(LoadRequest(None))
@@ -132,7 +132,7 @@ def test_shutdown_mid_generation_stops_the_thread(qtbot) -> None:
 
 
 def test_planner_errors_and_missing_planner_are_reported(qtbot) -> None:
-    from app.core.backend import LoadRequest
+    from app.core.engines.backend import LoadRequest
     from app.core.errors import ModelNotFoundError
 
     def failing(request: LoadRequest) -> object:

@@ -105,7 +105,7 @@ class ExtractedDocument:
 
     def as_history_attachment(self, token_count: int) -> Any:
         """The history store's Attachment (extracted text plus name, type, size and hash)."""
-        from app.core.history import Attachment  # imported late: the history store is optional here
+        from app.core.storage.history import Attachment  # imported late: the history store is optional here
 
         return Attachment(
             name=self.name,

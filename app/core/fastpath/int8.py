@@ -102,7 +102,7 @@ def dense_weight(module: nn.Module) -> torch.Tensor | None:
         return weight
     quant_state = getattr(weight, "quant_state", None)
     if quant_state is not None and isinstance(module, nn.Linear) and isinstance(weight, torch.Tensor):
-        from app.core import bnb_cpu  # bnb's own dequantize misreads a weight it repacked on an AVX512-BF16 CPU
+        from app.core.models import bnb_cpu  # bnb's own dequantize misreads a weight it repacked on an AVX512-BF16 CPU
 
         return bnb_cpu.dequantize_4bit(weight.data, quant_state)
     return None

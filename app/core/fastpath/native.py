@@ -36,10 +36,10 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from app.core.attention import attention_shape
 from app.core.fastpath import integrity
 from app.core.fastpath.int8 import quantize_rows
-from app.core.paths import cache_dir
+from app.core.models.attention import attention_shape
+from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
 

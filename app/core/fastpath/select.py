@@ -20,8 +20,8 @@ from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from app.core.fastpath import int8, integrity, native, prefill
-from app.core.model_source import weights_fingerprint
-from app.core.paths import cache_dir
+from app.core.models.model_source import weights_fingerprint
+from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from typing import Any
 import psutil
 import torch
 
-from app.core import bnb_cpu
 from app.core.memory import calibration
 from app.core.memory.planner import KVLayout, device_free_bytes, kv_layout
 from app.core.memory.types import DeviceMemory, MemorySnapshot
+from app.core.models import bnb_cpu
 
 KVProvider = Callable[[], Any]  # returns a KVState (.cache, .ids), a transformers Cache, or None
 
@@ -105,7 +105,7 @@ class MemoryMonitor:
 
     def __init__(
         self,
-        loaded: Any,  # app.core.loader.LoadedModel
+        loaded: Any,  # app.core.engines.loader.LoadedModel
         kv_provider: KVProvider,
         *,
         refresh_interval_s: float = 0.25,

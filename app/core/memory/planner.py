@@ -18,8 +18,6 @@ from typing import Any
 import psutil
 import torch
 
-from app.core import bnb_cpu, gguf_cache
-from app.core.attention import attention_shape
 from app.core.errors import (
     CorruptModelError,
     DeviceUnavailableError,
@@ -27,11 +25,13 @@ from app.core.errors import (
     ModelTooLargeError,
     UnsupportedModelError,
 )
-from app.core.gguf_meta import config_dict_from_gguf
 from app.core.memory import calibration
 from app.core.memory.types import Fit, MemoryPlan, format_bytes
-from app.core.model_source import ModelSource, resolve_model
-from app.core.quant import (
+from app.core.models import bnb_cpu, gguf_cache
+from app.core.models.attention import attention_shape
+from app.core.models.gguf_meta import config_dict_from_gguf
+from app.core.models.model_source import ModelSource, resolve_model
+from app.core.models.quant import (
     is_4bit,
     is_bitsandbytes,
     quantization_kwargs,
@@ -40,7 +40,7 @@ from app.core.quant import (
     weights_dtype_name,
 )
 
-PREFILL_CHUNK = 512  # app.core.engine.PREFILL_CHUNK (not imported: the engine pulls in the sampling stack)
+PREFILL_CHUNK = 512  # app.core.engines.engine.PREFILL_CHUNK (not imported: the engine pulls in the sampling stack)
 NF4_BLOCKSIZE = 64  # bitsandbytes' 4-bit blocksize: one absmax per 64 weights
 NF4_CODE_BYTES = 16 * 4  # the 16-entry fp32 NF4 code book, one per layer
 DQ_BLOCKSIZE = 256  # double quant: absmax quantized to 8 bits in blocks of 256, one fp32 absmax each
@@ -151,7 +151,7 @@ def load_config(source: str | Path | ModelSource | Mapping[str, Any] | None) -> 
 
 
 def _config_from_folder(folder: Path) -> Any:
-    from app.core.model_source import read_config
+    from app.core.models.model_source import read_config
 
     data = read_config(folder)  # clear errors for a missing or broken config.json
     return _config_from_dict(data, str(folder / "config.json"))
@@ -221,7 +221,7 @@ def kv_layout(config: Any, dtype_bytes: int) -> KVLayout:
 def nf4_weight_bytes(elements: int, double_quant: bool, repacked: bool = False) -> int:
     """Bytes bitsandbytes holds for one NF4 weight: packed 4-bit data + its quant_state (absmax, code book...).
 
-    `repacked`: the layout bnb switches to at the first forward on an AVX512-BF16 CPU (app.core.bnb_cpu): a bf16
+    `repacked`: the layout bnb switches to at the first forward on an AVX512-BF16 CPU (app.core.models.bnb_cpu): a bf16
     absmax per block, the nested double-quant state dequantized away (its fp32 offset stays).
     """
     blocks = math.ceil(elements / NF4_BLOCKSIZE)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.core.errors import HearthError
-from app.core.library import describe_config, read_config
+from app.core.models.library import describe_config, read_config
 
 log = logging.getLogger(__name__)
 

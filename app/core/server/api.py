@@ -25,8 +25,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.core.chat.events import DoneEvent, ReplyStats, StatsEvent, TokenEvent
 from app.core.errors import ContextOverflowError, HearthError
-from app.core.events import DoneEvent, ReplyStats, StatsEvent, TokenEvent
 from app.core.server import protocol
 from app.core.server.metrics import Metrics
 from app.core.server.protocol import ApiError, Limits, ParsedRequest

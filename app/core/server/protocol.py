@@ -13,10 +13,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from app.core.backend import ReplyRequest, ResponseFormat
+from app.core.chat.events import ChatMessage
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import ReplyRequest, ResponseFormat
 from app.core.errors import HearthError
-from app.core.events import ChatMessage
-from app.core.sampling import SamplingParams
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_STOP_CHARS = 200

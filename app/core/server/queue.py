@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from app.core.backend import MemoryReading, ModelInfo, ReplyRequest
-from app.core.events import Event
+from app.core.chat.events import Event
+from app.core.engines.backend import MemoryReading, ModelInfo, ReplyRequest
 
 log = logging.getLogger(__name__)
 

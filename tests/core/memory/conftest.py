@@ -1,4 +1,4 @@
-"""Both kinds of CPU for bitsandbytes' 4-bit layout, whichever this machine is (see app.core.bnb_cpu).
+"""Both kinds of CPU for bitsandbytes' 4-bit layout, whichever this machine is (see app.core.models.bnb_cpu).
 
 `bnb_cpu_kind` runs a test three ways:
 - "this-cpu": as this machine is; bnb repacks at the first forward iff it has AVX512-BF16.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from app.core import bnb_cpu
+from app.core.models import bnb_cpu
 
 
 @dataclass(frozen=True)

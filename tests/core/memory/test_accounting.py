@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.backend import ReplyRequest
-from app.core.engine import Engine, KVState, kv_cache_bytes
-from app.core.events import ChatMessage
-from app.core.loader import load_model
+from app.core.chat.events import ChatMessage
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import ReplyRequest
+from app.core.engines.engine import Engine, KVState, kv_cache_bytes
+from app.core.engines.loader import load_model
 from app.core.memory.accounting import MemoryMonitor, kv_bytes_by_device, kv_tokens, measured_weights_by_device
 from app.core.memory.planner import plan_memory
-from app.core.sampling import SamplingParams
 from tests.core.memory.conftest import CpuKind
 
 
@@ -84,7 +84,7 @@ def test_snapshot_after_generation_reports_the_real_cache(tiny_nf4) -> None:  # 
 
 
 def test_the_backend_reports_the_accountings_rows_whole(tiny_nf4) -> None:  # type: ignore[no-untyped-def]
-    from app.core.engine_backend import EngineBackend
+    from app.core.engines.local import EngineBackend
     from app.core.memory.accounting import model_kv_layout
 
     backend = EngineBackend(tiny_nf4)

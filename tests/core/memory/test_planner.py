@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from app.core import bnb_cpu
+from app.core.engines.loader import load_model
 from app.core.errors import (
     CorruptModelError,
     DeviceUnavailableError,
@@ -18,11 +18,11 @@ from app.core.errors import (
     ModelTooLargeError,
     UnsupportedModelError,
 )
-from app.core.loader import load_model
 from app.core.memory.accounting import kv_bytes_by_device, measured_weights_by_device
 from app.core.memory.planner import check_fit, config_from_gguf, kv_layout, nf4_weight_bytes, plan_memory
 from app.core.memory.types import format_bytes
-from app.core.model_source import default_model_gguf
+from app.core.models import bnb_cpu
+from app.core.models.model_source import default_model_gguf
 from tests.core.memory.conftest import CpuKind
 
 ARCHS = ["llama", "llama-untied", "qwen2", "mistral", "gemma2", "gemma3", "phi3"]
@@ -283,7 +283,7 @@ def test_kv_layout_of_a_config_without_sliding_window(tiny_model_dir) -> None:
 
 
 def test_planner_prefill_chunk_matches_the_engine() -> None:
-    from app.core.engine import PREFILL_CHUNK as ENGINE_CHUNK
+    from app.core.engines.engine import PREFILL_CHUNK as ENGINE_CHUNK
     from app.core.memory.planner import PREFILL_CHUNK
 
     assert PREFILL_CHUNK == ENGINE_CHUNK

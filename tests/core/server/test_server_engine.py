@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from app.core.engine_backend import EngineBackend
+from app.core.engines.local import EngineBackend
 
 # A Hermes/Qwen-style template: tools listed in the system turn, calls as <tool_call>{json}</tool_call>.
 TOOL_TEMPLATE = (
@@ -160,7 +160,7 @@ def test_tools_on_a_template_without_tools_is_a_400(serve: Any, smol: EngineBack
 
 @pytest.fixture(scope="module")
 def tool_model(tiny_model_dir: Any) -> Iterator[EngineBackend]:
-    from app.core.loader import load_model
+    from app.core.engines.loader import load_model
 
     loaded = load_model(str(tiny_model_dir("llama")), quantization="fp32", device="cpu")
     loaded.tokenizer.chat_template = TOOL_TEMPLATE

@@ -11,7 +11,7 @@ import httpx2 as httpx
 import openai
 import pytest
 
-from app.core.backend import ReplyRequest, ScriptedBackend
+from app.core.engines.backend import ReplyRequest, ScriptedBackend
 from app.core.errors import HearthError
 from app.core.server import ServerConfig, ServerHandle
 
@@ -415,7 +415,7 @@ def test_the_windows_chat_shares_the_queue_while_a_client_streams(serve: Any) ->
     app/ui/serving.py): served in turn, never at the same time."""
     import queue as stdlib_queue
 
-    from app.core.events import ChatMessage, TokenEvent
+    from app.core.chat.events import ChatMessage, TokenEvent
     from app.core.server.queue import End
 
     probe = CancelProbe(ScriptedBackend(replies=[LONG_REPLY[:200], "From the window."], tokens_per_s=100))

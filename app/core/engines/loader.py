@@ -1,0 +1,342 @@
+"""Load a model through transformers (+ bitsandbytes, see app.core.models.quant) onto the device the user asked for.
+
+Never falls back silently: a missing GPU is an error when asked for, and a notice when `auto` lands on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from app.core.errors import (
+    CorruptModelError,
+    DeviceUnavailableError,
+    HearthError,
+    ModelNotFoundError,
+    QuantizationError,
+    UnsafeModelError,
+    UnsupportedModelError,
+)
+from app.core.fastpath.prefill import apply_prefill_upcast
+from app.core.memory.planner import check_fit, plan_memory
+from app.core.memory.types import format_bytes
+from app.core.models import gguf_cache
+from app.core.models.attention import attention_shape
+from app.core.models.model_source import (
+    ModelSource,
+    check_folder_weights,
+    read_config,
+    resolve_model,
+    weights_fingerprint,
+)
+from app.core.models.quant import Precision, is_4bit, quantization_kwargs, resolve_quantization
+
+log = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[str, float | None], None]
+
+# bnb's CPU 4-bit kernel asserts on the first forward unless each quantized layer's output size is a multiple of this.
+CPU_4BIT_BLOCK_N = 32
+
+
+class LoadCancelled(HearthError):
+    def __init__(self) -> None:
+        super().__init__("Loading was cancelled.")
+
+
+@dataclass(frozen=True)
+class DevicePlacement:
+    device: str  # "cuda:0", "cpu", "mps", "disk"
+    modules: int
+    parameter_bytes: int
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any
+    source: ModelSource
+    folder: Path
+    quantization: Precision  # what `auto` (or the user's choice) resolved to
+    device: str  # resolved torch device string
+    context_window: int
+    load_seconds: float
+    placements: list[DevicePlacement] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    weights_fingerprint: str = ""  # which weight files, as they were on disk (part of the response cache key)
+    recovered: list[str] = field(default_factory=list)  # damaged derived files moved aside and rebuilt
+
+    @property
+    def model_id(self) -> str:
+        return self.source.repo_id or str(self.source.path)
+
+    @property
+    def display_name(self) -> str:
+        return self.source.display_name
+
+    def describe(self) -> str:
+        where = ", ".join(
+            f"{p.device} ({p.modules} modules, {p.parameter_bytes / 2**20:.0f} MiB)" for p in self.placements
+        )
+        return f"{self.display_name} · {self.quantization} · {where}"
+
+
+def resolve_device(choice: str) -> tuple[str, list[str]]:
+    """The torch device for a user choice, plus notices the UI must show."""
+    cuda = torch.cuda.is_available()
+    mps = bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+    if choice == "auto":
+        if cuda:
+            return "cuda:0", []
+        if mps:
+            return "mps", []
+        reason = "this PyTorch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU was found"
+        return "cpu", [f"Running on the CPU: {reason}. Replies will be much slower than on a GPU."]
+    if choice == "cuda":
+        if not cuda:
+            detail = (
+                "this PyTorch build has no CUDA support (install the CUDA build of torch)"
+                if torch.version.cuda is None
+                else "no CUDA GPU or driver was found"
+            )
+            raise DeviceUnavailableError(
+                f"The GPU (CUDA) was requested but {detail}. Use --device cpu to run on the CPU."
+            )
+        return "cuda:0", []
+    if choice == "mps":
+        if not mps:
+            raise DeviceUnavailableError("Apple Metal (MPS) was requested but is not available on this machine.")
+        return "mps", []
+    if choice == "cpu":
+        return "cpu", []
+    raise DeviceUnavailableError(f"Unknown device {choice!r}: use auto, cuda, cpu or mps.")
+
+
+def prepare_folder(
+    source: ModelSource,
+    *,
+    allow_pickle: bool = False,
+    progress: ProgressCallback | None = None,
+    notices: list[str] | None = None,
+) -> Path:
+    """A HF-layout folder for the source: GGUF files are converted once and cached."""
+    if source.kind == "gguf":
+        return gguf_cache.ensure_converted(source.path, progress, notices)
+    weights = check_folder_weights(source.path, allow_pickle=allow_pickle)
+    if weights[0].suffix == ".gguf":
+        return gguf_cache.ensure_converted(weights[0], progress, notices)
+    return source.path
+
+
+def load_model(
+    spec: str | ModelSource | None,
+    *,
+    quantization: str = "auto",  # a Quantization name (app.core.models.quant), checked here
+    device: str = "auto",
+    context_length: int | None = None,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    ignore_fit: bool = False,
+    free_bytes: int | None = None,
+) -> LoadedModel:
+    """Load a model; refused with ModelTooLargeError when the memory planner says it will not fit (unless
+    ignore_fit). free_bytes states the device's free memory instead of measuring it."""
+    started = time.perf_counter()
+
+    def step(message: str, fraction: float | None = None) -> None:
+        if cancel is not None and cancel.is_set():
+            raise LoadCancelled()
+        if progress:
+            progress(message, fraction)
+
+    source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
+    torch_device, notices = resolve_device(device)
+    quant = resolve_quantization(quantization, torch_device)
+    step(f"Preparing {source.display_name}…", 0.05)
+    recovered: list[str] = []
+    folder = prepare_folder(source, allow_pickle=allow_pickle, progress=progress, notices=recovered)
+    config_data = read_config(folder)
+    _check_remote_code(folder, config_data, trust_remote_code)
+    step("Reading the tokenizer…", 0.15)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise CorruptModelError(f"The tokenizer in {folder} could not be loaded: {exc}") from exc
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except ValueError as exc:
+        raise UnsupportedModelError(
+            f"{folder}: model type {config_data.get('model_type')!r} is not supported by this transformers "
+            f"version ({exc})."
+        ) from exc
+    if is_4bit(quant) and torch_device == "cpu":
+        _check_cpu_4bit_shapes(config)
+    fit_window = None
+    if not ignore_fit:
+        step("Checking memory…", 0.25)
+        fit_window = _check_memory(source, config, quant, torch_device, context_length, free_bytes, notices)
+    step(f"Loading weights ({quant} on {torch_device})…", 0.3)
+    kwargs = quantization_kwargs(quant, torch_device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder,
+            device_map={"": torch_device},
+            trust_remote_code=trust_remote_code,
+            use_safetensors=not allow_pickle,
+            **kwargs,
+        )
+    except ValueError as exc:
+        message = str(exc)
+        if "does not appear to have" in message or "no file named" in message.lower():
+            raise ModelNotFoundError(f"{folder}: {message}") from exc
+        if "Unrecognized configuration" in message or "model type" in message:
+            raise UnsupportedModelError(f"{folder}: {message}") from exc
+        raise CorruptModelError(f"{folder}: the weights could not be loaded ({message}).") from exc
+    except (OSError, RuntimeError, KeyError, SafetensorError) as exc:
+        raise CorruptModelError(
+            f"{folder}: the weights could not be loaded ({type(exc).__name__}: {exc}). "
+            "The files may be corrupt or incomplete."
+        ) from exc
+    model.eval()
+    apply_prefill_upcast(model, torch_device, quant)  # the stats say so (decode_path_note)
+    step("Ready", 1.0)
+    placements = device_placements(model)
+    if any(p.device in ("cpu", "disk") for p in placements) and torch_device.startswith("cuda"):
+        notices.append("Part of the model is on the CPU or disk, not the GPU: it will be much slower.")
+    window = int(getattr(config, "max_position_embeddings", 0) or 2048)
+    if context_length:
+        window = min(window, context_length)
+    if fit_window:
+        window = min(window, fit_window)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        source=source,
+        folder=folder,
+        quantization=quant,
+        device=torch_device,
+        context_window=window,
+        load_seconds=time.perf_counter() - started,
+        placements=placements,
+        notices=notices,
+        weights_fingerprint=weights_fingerprint(folder),
+        recovered=recovered,
+    )
+
+
+# Without --context, a model whose full context does not fit gets a shorter window if at least this much fits.
+MIN_AUTO_CONTEXT = 2048
+
+
+def _check_memory(
+    source: ModelSource,
+    config: Any,
+    quant: Precision,
+    device: str,
+    context_length: int | None,
+    free_bytes: int | None,
+    notices: list[str],
+) -> int | None:
+    """Refuse a model the planner says will not fit; returns a shorter context window when only that fits."""
+    try:
+        plan = plan_memory(
+            config,
+            quantization=quant,
+            context=context_length,
+            device=device,
+            free_bytes=free_bytes,
+            name=source.display_name,
+        )
+    except (HearthError, ValueError, RuntimeError, AttributeError, TypeError) as exc:
+        # The planner cannot model this architecture: load without the check rather than refuse a working model.
+        log.warning("memory check skipped: %s", exc)
+        notices.append(f"The memory check was skipped ({exc}).")
+        return None
+    log.info("memory plan: %s", plan.to_json_dict())
+    if plan.fits != "yes" and context_length is None and plan.max_context >= min(MIN_AUTO_CONTEXT, plan.context):
+        notices.append(
+            f"The context window is limited to {plan.max_context:,} tokens (the model allows {plan.context:,}) so "
+            f"that its KV cache fits in the {format_bytes(plan.free_bytes)} free on {device}."
+        )
+        return plan.max_context
+    check_fit(plan)
+    return None
+
+
+def _check_remote_code(folder: Path, config: dict[str, object], trust_remote_code: bool) -> None:
+    if trust_remote_code:
+        return
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = str(config.get("model_type", ""))
+    if model_type not in CONFIG_MAPPING:
+        if config.get("auto_map"):
+            raise UnsafeModelError(
+                f"{folder / 'config.json'} needs the model's own Python code (auto_map), which Hearth does not run "
+                "by default. If you trust its source, opt in with --trust-remote-code."
+            )
+        raise UnsupportedModelError(
+            f"{folder}: model type {model_type!r} is not supported by transformers {_transformers_version()}."
+        )
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
+
+
+def _check_cpu_4bit_shapes(config: Any) -> None:
+    """bnb's CPU 4-bit kernel needs output sizes divisible by 32; say so before a forward asserts."""
+    sizes = {
+        "hidden_size": getattr(config, "hidden_size", None),
+        "intermediate_size": getattr(config, "intermediate_size", None),
+    }
+    try:
+        shape = attention_shape(config)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        shape = None  # no attention config to check: the other sizes still are
+    if shape is not None:
+        sizes["q_proj"] = shape.heads * shape.head_dim
+        sizes["kv_proj"] = shape.kv_heads * shape.head_dim
+    bad = {k: v for k, v in sizes.items() if isinstance(v, int) and v % CPU_4BIT_BLOCK_N}
+    if bad:
+        listed = ", ".join(f"{k}={v}" for k, v in bad.items())
+        raise QuantizationError(
+            f"4-bit on the CPU needs layer sizes divisible by {CPU_4BIT_BLOCK_N} ({listed}); use --quant int8 or bf16."
+        )
+
+
+def device_placements(model: Any) -> list[DevicePlacement]:
+    """Where every parameter actually lives, summed per device (bnb's packed 4-bit storage included)."""
+    bytes_by_device: dict[str, int] = defaultdict(int)
+    modules_by_device: dict[str, set[str]] = defaultdict(set)
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        device = str(tensor.device)
+        bytes_by_device[device] += tensor.numel() * tensor.element_size()
+        modules_by_device[device].add(name.rsplit(".", 1)[0])
+    hf_map = getattr(model, "hf_device_map", None) or {}
+    for value in hf_map.values():
+        if value == "disk":
+            bytes_by_device.setdefault("disk", 0)
+    return [
+        DevicePlacement(device=device, modules=len(modules_by_device[device]), parameter_bytes=size)
+        for device, size in sorted(bytes_by_device.items())
+    ]
+
+
+def device_map_json(loaded: LoadedModel) -> str:
+    return json.dumps([p.__dict__ for p in loaded.placements])

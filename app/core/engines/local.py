@@ -1,0 +1,207 @@
+"""The real chat backend: a loaded model, its Engine, and one KV cache per conversation.
+
+Imports torch at module top: only the GUI's worker thread imports it, after the window has painted.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import torch
+
+from app.core.chat.events import Event
+from app.core.chat.response_cache import ResponseCache
+from app.core.engines.backend import ChatBackend, LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
+from app.core.engines.engine import Engine, KVState
+from app.core.engines.kv_pool import PrefixKVPool, pool_size
+from app.core.engines.loader import LoadedModel, load_model
+from app.core.memory.accounting import MemoryMonitor, model_kv_layout
+from app.core.memory.types import DeviceMemory, MemorySnapshot
+
+log = logging.getLogger(__name__)
+
+# Only the active conversation keeps its KV cache: the memory panel then shows every byte the caches hold.
+# Switching conversations prefills the other one again.
+MAX_KEPT_CACHES = 1
+# Requests that name no conversation (API clients) share a pool of caches matched by prefix (app.core.engines.kv_pool),
+# sized to this share of the memory free when the model loaded.
+POOL_MEMORY_SHARE = 0.25
+
+
+class EngineBackend:
+    def __init__(self, loaded: LoadedModel, response_cache: ResponseCache | None = None) -> None:
+        self._attach(Engine(loaded, response_cache=response_cache))
+
+    def _attach(self, engine: Engine) -> None:
+        loaded = engine.loaded
+        self.loaded = loaded
+        self.engine = engine
+        self.info = ModelInfo(
+            name=loaded.display_name,
+            quantization=loaded.quantization,
+            device=loaded.device,
+            context_window=loaded.context_window,
+            load_seconds=loaded.load_seconds,
+            notices=tuple(loaded.notices),
+            recovered=(*loaded.recovered, *self.engine.recovery_notices()),
+            tokenizer_file=str(loaded.folder / "tokenizer.json")
+            if (loaded.folder / "tokenizer.json").is_file()
+            else None,
+        )
+        self._caches: dict[int, KVState] = {}
+        self._active: int | None = None
+        self._pool_active: KVState | None = None
+        self._monitor = _memory_monitor(loaded, self._active_kv)
+        # The memory planner's KV bytes per token; a full-window cache each, as many as a share of free memory holds.
+        budget = int(_free_bytes(loaded) * POOL_MEMORY_SHARE)
+        self._pool = PrefixKVPool(pool_size(budget, _kv_bytes_per_token(loaded.model), loaded.context_window))
+
+    def _active_kv(self) -> KVState | None:
+        if self._active is None:
+            return self._pool_active
+        return self._caches.get(self._active)
+
+    def _all_caches(self) -> list[KVState]:
+        return [*self._caches.values(), *self._pool.states()]
+
+    def _kv_for(self, conversation_id: int) -> KVState:
+        kv = self._caches.pop(conversation_id, None) or KVState()
+        self._caches[conversation_id] = kv  # most recently used last
+        while len(self._caches) > MAX_KEPT_CACHES:
+            oldest = next(iter(self._caches))
+            self._caches.pop(oldest).reset()
+        return kv
+
+    @classmethod
+    def wrap(cls, engine: Engine) -> EngineBackend:
+        """A backend around an Engine that already exists (the command line's and the tests' shared model)."""
+        backend = cls.__new__(cls)
+        backend._attach(engine)
+        return backend
+
+    def generate(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
+        # Tokenize once, now, so the user's errors raise before the first event.
+        prompt = self.engine.prepare(request)
+        self._active = request.conversation_id
+        if request.conversation_id is None:  # an API client resending its conversation: the best-matching cache
+            kv = self._pool_active = self._pool.take(prompt.ids)
+        else:
+            kv = self._kv_for(request.conversation_id)
+        return self.engine.generate_prepared(prompt, request, kv=kv, cancel=cancel)
+
+    def count_tokens(self, text: str) -> int:
+        return self.engine.count_tokens(text) if text else 0
+
+    def memory(self) -> MemoryReading:
+        if self._monitor is not None:
+            try:
+                return _reading_from_snapshot(self._monitor.snapshot())
+            except Exception:  # the planner's accounting is optional here; fall back to our own numbers
+                log.exception("memory monitor failed; using the fallback accounting")
+                self._monitor = None
+        return self._fallback_memory()
+
+    def _fallback_memory(self) -> MemoryReading:
+        kv_bytes = sum(kv.nbytes() for kv in self._all_caches())
+        kv_tokens = sum(len(kv.ids) for kv in self._all_caches())
+        per_token = kv_bytes // kv_tokens if kv_tokens else _kv_bytes_per_token(self.loaded.model)
+        devices: list[DeviceMemory] = []
+        by_device: dict[str, int] = {}
+        for placement in self.loaded.placements:
+            by_device[placement.device] = by_device.get(placement.device, 0) + placement.parameter_bytes
+        if not by_device:
+            by_device[self.loaded.device] = 0
+        for device, weights in by_device.items():
+            kv_here = kv_bytes if device == self.loaded.device else 0
+            if device.startswith("cuda"):
+                free, total = torch.cuda.mem_get_info(torch.device(device))
+                overhead = max(int(torch.cuda.memory_reserved(torch.device(device))) - weights - kv_here, 0)
+            else:
+                memory = psutil.virtual_memory()
+                free, total = memory.available, memory.total
+                overhead = max(int(psutil.Process().memory_info().rss) - weights - kv_here, 0)
+            devices.append(DeviceMemory(device, weights, kv_here, overhead, int(free), total_bytes=int(total)))
+        main = next((d for d in devices if d.device == self.loaded.device), devices[0])
+        forecast = (kv_tokens + main.free_bytes // per_token) if per_token else None
+        return MemoryReading(tuple(devices), kv_bytes_per_token=per_token, forecast_kv_full_at_tokens=forecast)
+
+    def forget(self, conversation_id: int) -> None:
+        kv = self._caches.pop(conversation_id, None)
+        if kv is not None:
+            kv.reset()
+
+    def close(self) -> None:
+        """Drop this backend's references to the model (never mutating the LoadedModel, which others may share),
+        then hand cached GPU memory back to the driver."""
+        for kv in self._caches.values():
+            kv.reset()
+        self._caches.clear()
+        self._pool.clear()
+        self._pool_active = None
+        del self.engine, self.loaded, self._monitor
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _free_bytes(loaded: LoadedModel) -> int:
+    """Memory free on the model's device now (the pool's budget is a share of it)."""
+    try:
+        if loaded.device.startswith("cuda"):
+            free, _total = torch.cuda.mem_get_info(torch.device(loaded.device))
+            return int(free)
+        return int(psutil.virtual_memory().available)
+    except Exception:  # no reading: room for one cache
+        return 0
+
+
+def _kv_bytes_per_token(model: Any) -> int:
+    """The planner's figure (0 for a model it cannot lay out: the panel then shows no forecast)."""
+    try:
+        return model_kv_layout(model).bytes_per_token
+    except (AttributeError, TypeError, ValueError, KeyError, ZeroDivisionError):
+        return 0
+
+
+def _memory_monitor(loaded: LoadedModel, kv_provider: Any) -> MemoryMonitor | None:
+    """The live accounting; None (the fallback numbers) if it cannot measure this model."""
+    try:
+        return MemoryMonitor(loaded, kv_provider)
+    except Exception:
+        log.exception("memory monitor could not start; using the fallback accounting")
+        return None
+
+
+def _reading_from_snapshot(snapshot: MemorySnapshot) -> MemoryReading:
+    """The accounting's snapshot as the panel's reading (the same DeviceMemory rows)."""
+    return MemoryReading(snapshot.devices, snapshot.kv_bytes_per_token, snapshot.forecast_kv_full_at_tokens)
+
+
+def open_backend(
+    request: LoadRequest, progress: ProgressCallback | None = None, cancel: threading.Event | None = None
+) -> ChatBackend:
+    """Load the request's model and wrap it with its engine: the one load path of the window's worker and the
+    command line, so that every option in the request reaches the loader the same way from both. A request for a
+    remote engine's model opens a RemoteBackend instead (its key from the keyring), behind the same interface."""
+    if request.remote is not None:
+        from app.core.engines.remote.session import open_remote_backend
+
+        return open_remote_backend(request)
+    loaded = load_model(
+        request.model,
+        quantization=request.quantization,
+        device=request.device,
+        context_length=request.context_length,
+        allow_pickle=request.allow_pickle,
+        trust_remote_code=request.trust_remote_code,
+        ignore_fit=request.ignore_fit,
+        progress=progress,
+        cancel=cancel,
+    )
+    cache = ResponseCache() if request.response_cache else None
+    return EngineBackend(loaded, response_cache=cache)

@@ -1,0 +1,231 @@
+"""The one GGUF header reader: a file's metadata, tensor table and the config transformers would convert it to,
+read from the header alone (no tensor data), for the library, the memory planner and the converter's checks.
+
+transformers' own reader (load_gguf_checkpoint) and gguf.GGUFReader turn every tokenizer string into Python
+objects: 40-90 s for the 49k-token default model on the 2-core CI box. This walks the header once with
+struct.unpack_from over a buffered read and skips arrays it does not need, in well under a second. The config's
+key renames come from transformers' GGUF tables, so they stay in step with what the loader converts. Torch-free.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from app.core.errors import CorruptModelError, UnsupportedModelError
+from app.core.models.model_source import check_gguf_header
+
+# GGUF value types -> struct format (scalars); 8 = string, 9 = array.
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+# Arrays longer than this (token lists, merges, scores) are skipped; only their length is kept.
+_MAX_ARRAY_KEPT = 4096
+_READ_BLOCK = 1 << 20
+
+
+class SkippedArray:
+    """A long array value, kept only as its length (the vocab size from tokenizer.ggml.tokens)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+
+@dataclass(frozen=True)
+class TensorExtent:
+    kind: int  # GGML quantization type
+    elements: int
+    offset: int  # from the start of the data section
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    metadata: dict[str, Any]  # key -> value; arrays longer than _MAX_ARRAY_KEPT as SkippedArray
+    tensor_names: frozenset[str]
+    tensors: tuple[TensorExtent, ...]
+    data_start: int  # file offset of the tensor data (the header's end, aligned)
+
+    @property
+    def parameters(self) -> int:
+        return sum(tensor.elements for tensor in self.tensors)
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+
+class _Reader:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.handle = path.open("rb")
+        self.buffer = b""
+        self.start = 0  # file offset of buffer[0]
+        self.position = 0  # file offset of the next byte to read
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def _need(self, size: int) -> None:
+        end = self.position + size
+        if end <= self.start + len(self.buffer):
+            return
+        self.handle.seek(self.position)
+        self.buffer = self.handle.read(max(size, _READ_BLOCK))
+        self.start = self.position
+        if len(self.buffer) < size:
+            raise CorruptModelError(f"{self.path} ends inside its GGUF header; the file is truncated.")
+
+    def unpack(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        self._need(size)
+        value = struct.unpack_from(fmt, self.buffer, self.position - self.start)[0]
+        self.position += size
+        return value
+
+    def string(self) -> str:
+        length = self.unpack("<Q")
+        if length > 1 << 20:
+            raise CorruptModelError(f"{self.path}: a GGUF header string claims {length} bytes; the file is corrupt.")
+        self._need(length)
+        offset = self.position - self.start
+        self.position += length
+        return self.buffer[offset : offset + length].decode("utf-8", errors="replace")
+
+    def value(self, kind: int) -> Any:
+        if kind in _SCALARS:
+            return self.unpack(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item_kind = self.unpack("<I")
+            count = self.unpack("<Q")
+            if count <= _MAX_ARRAY_KEPT:
+                return [self.value(item_kind) for _ in range(count)]
+            if item_kind in _SCALARS:
+                self.position += count * struct.calcsize(_SCALARS[item_kind])
+            else:
+                for _ in range(count):
+                    self.value(item_kind)
+            return SkippedArray(count)
+        raise CorruptModelError(f"{self.path}: unknown GGUF value type {kind}; the file is corrupt.")
+
+
+def read_gguf_header(path: Path) -> GGUFHeader:
+    """The header of a GGUF file (cached per file size and modification time: a replaced file is read again)."""
+    stat = path.stat()
+    return _read_header(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_header(path: Path, size: int, mtime_ns: int) -> GGUFHeader:
+    del size, mtime_ns  # part of the cache key
+    check_gguf_header(path)
+    try:
+        reader = _Reader(path)
+    except OSError as exc:
+        raise CorruptModelError(f"Cannot read {path}: {exc.strerror or exc}.") from exc
+    try:
+        reader.position = 8  # magic + version, checked above
+        tensor_count = reader.unpack("<Q")
+        kv_count = reader.unpack("<Q")
+        metadata: dict[str, Any] = {}
+        for _ in range(kv_count):
+            key = reader.string()
+            metadata[key] = reader.value(reader.unpack("<I"))
+        names: list[str] = []
+        tensors: list[TensorExtent] = []
+        for _ in range(tensor_count):
+            names.append(reader.string())
+            elements = 1
+            for _ in range(reader.unpack("<I")):
+                elements *= reader.unpack("<Q")
+            kind = reader.unpack("<I")
+            tensors.append(TensorExtent(kind, elements, reader.unpack("<Q")))
+    except (struct.error, UnicodeDecodeError, OverflowError) as exc:
+        raise CorruptModelError(f"{path}: the GGUF header could not be read ({exc}).") from exc
+    except OSError as exc:
+        raise CorruptModelError(f"Cannot read {path}: {exc.strerror or exc}.") from exc
+    finally:
+        reader.close()
+    alignment = metadata.get("general.alignment")
+    alignment = alignment if isinstance(alignment, int) and alignment > 0 else 32
+    data_start = -(-reader.position // alignment) * alignment
+    return GGUFHeader(metadata, frozenset(names), tuple(tensors), data_start)
+
+
+def _tensor_bytes(kind: int, count: int) -> int:
+    """Bytes of one tensor's data; 0 for a type this gguf package does not know (never a false 'incomplete')."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        return 0
+    return count // block * size
+
+
+def check_gguf_complete(path: Path) -> None:
+    """A GGUF file cut short (an interrupted download or copy) is named as such before anything reads its tensors."""
+    header = read_gguf_header(path)
+    size = path.stat().st_size
+    needed = header.data_start + max(
+        (tensor.offset + _tensor_bytes(tensor.kind, tensor.elements) for tensor in header.tensors), default=0
+    )
+    if size < needed:
+        raise CorruptModelError(
+            f"{path.name} is an incomplete GGUF file: it has {size:,} bytes but its tensors need "
+            f"{needed:,} (the download or copy was cut short). Download it again. File: {path}"
+        )
+
+
+def config_dict_from_gguf(path: Path) -> dict[str, Any]:
+    """What transformers' GGUF loader would put in config.json, from the header alone; UnsupportedModelError for
+    an architecture transformers cannot convert."""
+    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+
+    header = read_gguf_header(path)
+    metadata = header.metadata
+    architecture = header.architecture
+    name = str(metadata.get("general.name", ""))
+    model_type = architecture
+    if "llama" in architecture and "mistral" in name.lower():
+        model_type = "mistral"
+    model_type = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}.get(model_type, model_type)
+    tables = cast(dict[str, dict[str, Any]], GGUF_CONFIG_MAPPING)
+    mapping = tables.get(model_type) or tables.get(architecture) or {}
+    if not mapping:
+        raise UnsupportedModelError(f"{path}: GGUF architecture {architecture!r} is not supported by transformers.")
+    config: dict[str, Any] = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type) or {})
+    prefix = architecture + "."
+    for key, value in metadata.items():
+        if not key.startswith(prefix):
+            continue
+        renamed = mapping.get(key[len(prefix) :])
+        if renamed is None or renamed == -1 or isinstance(value, SkippedArray):
+            continue
+        config[renamed] = value
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if "vocab_size" not in config and tokens is not None:
+        config["vocab_size"] = tokens.length if isinstance(tokens, SkippedArray) else len(tokens)
+    config["tie_word_embeddings"] = "output.weight" not in header.tensor_names
+    config["model_type"] = {"gemma3": "gemma3_text"}.get(model_type, model_type)
+    if name:
+        config["_name_or_path"] = name
+    return config
+
+
+def gguf_summary(path: Path) -> tuple[dict[str, Any], int]:
+    """The config the planner reads (config_dict_from_gguf) and the parameter count, for the library's list. An
+    architecture transformers cannot convert still gets its name and context length, for the list to show."""
+    header = read_gguf_header(path)
+    try:
+        config = config_dict_from_gguf(path)
+    except UnsupportedModelError:
+        architecture = header.architecture
+        config = {"model_type": architecture}
+        context = header.metadata.get(f"{architecture}.context_length")
+        if isinstance(context, int) and not isinstance(context, bool):
+            config["max_position_embeddings"] = context
+    return config, header.parameters

@@ -1,0 +1,54 @@
+"""The prefix pool's choices, on plain KVStates (the engine tests cover real caches)."""
+
+from __future__ import annotations
+
+from app.core.engines.engine import KVState
+from app.core.engines.kv_pool import PrefixKVPool, pool_size, shared_prefix
+
+
+def filled(ids: list[int]) -> KVState:
+    kv = KVState()
+    kv.ids = list(ids)
+    return kv
+
+
+def test_takes_the_cache_sharing_the_longest_prefix() -> None:
+    pool = PrefixKVPool(3)
+    first = pool.take([1, 2, 3])
+    first.ids = [1, 2, 3, 9]
+    second = pool.take([5, 6])
+    assert second is not first  # nothing shared: a fresh cache
+    second.ids = [5, 6, 7]
+    assert pool.take([1, 2, 3, 9, 4]) is first
+    assert pool.take([5, 6, 7, 8]) is second
+
+
+def test_least_recently_used_is_dropped_when_full() -> None:
+    pool = PrefixKVPool(2)
+    a = pool.take([1])
+    a.ids = [1, 1]
+    b = pool.take([2])
+    b.ids = [2, 2]
+    pool.take([1, 1, 1])  # a is now the most recent
+    c = pool.take([3])
+    assert c is not a and c is not b
+    assert [id(s) for s in pool.states()] == [id(a), id(c)]  # b, the least recent, went
+
+
+def test_pool_size_is_bounded_by_memory() -> None:
+    assert pool_size(100 * 2**20, 23_040, 8192) == 1  # one 180 MiB window does not fit twice in 100 MiB
+    assert pool_size(2**30, 23_040, 2048) == 8  # capped
+    assert pool_size(500 * 2**20, 23_040, 8192) == 2
+    assert pool_size(2**30, 0, 2048) == 1
+    assert shared_prefix([1, 2, 3], [1, 2, 4]) == 2
+
+
+def test_a_shared_system_prompt_does_not_crop_another_clients_cache_while_there_is_room() -> None:
+    pool = PrefixKVPool(2)
+    alice = pool.take([7, 7, 1, 1])
+    alice.ids = [7, 7, 1, 1, 5]
+    bob = pool.take([7, 7, 2, 2])  # shares only the "system prompt" [7, 7]
+    assert bob is not alice and alice.ids == [7, 7, 1, 1, 5]
+    bob.ids = [7, 7, 2, 2, 6]
+    carol = pool.take([7, 7, 3])  # full now: the best partial match is cropped by the engine
+    assert carol is alice  # the least recently used of the two equal matches
