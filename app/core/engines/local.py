@@ -54,17 +54,11 @@ class EngineBackend:
             else None,
         )
         self._caches: dict[int, KVState] = {}
-        self._active: int | None = None
-        self._pool_active: KVState | None = None
-        self._monitor = _memory_monitor(loaded, self._active_kv)
         # The memory planner's KV bytes per token; a full-window cache each, as many as a share of free memory holds.
         budget = int(_free_bytes(loaded) * POOL_MEMORY_SHARE)
         self._pool = PrefixKVPool(pool_size(budget, _kv_bytes_per_token(loaded.model), loaded.context_window))
-
-    def _active_kv(self) -> KVState | None:
-        if self._active is None:
-            return self._pool_active
-        return self._caches.get(self._active)
+        # Every cache held counts (the window's conversation and the API clients' pool): the panel shows them all.
+        self._monitor = _memory_monitor(loaded, self._all_caches)
 
     def _all_caches(self) -> list[KVState]:
         return [*self._caches.values(), *self._pool.states()]
@@ -87,11 +81,9 @@ class EngineBackend:
     def generate(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
         # Tokenize once, now, so the user's errors raise before the first event.
         prompt = self.engine.prepare(request)
-        self._active = request.conversation_id
-        if request.conversation_id is None:  # an API client resending its conversation: the best-matching cache
-            kv = self._pool_active = self._pool.take(prompt.ids)
-        else:
-            kv = self._kv_for(request.conversation_id)
+        # An API client resending its conversation names none: it gets the pool's best-matching cache.
+        conversation = request.conversation_id
+        kv = self._pool.take(prompt.ids) if conversation is None else self._kv_for(conversation)
         return self.engine.generate_prepared(prompt, request, kv=kv, cancel=cancel)
 
     def count_tokens(self, text: str) -> int:
@@ -142,7 +134,6 @@ class EngineBackend:
             kv.reset()
         self._caches.clear()
         self._pool.clear()
-        self._pool_active = None
         del self.engine, self.loaded, self._monitor
         gc.collect()
         if torch.cuda.is_available():

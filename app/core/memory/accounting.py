@@ -20,7 +20,8 @@ from app.core.memory.planner import KVLayout, device_free_bytes, kv_layout
 from app.core.memory.types import DeviceMemory, MemorySnapshot
 from app.core.models import bnb_cpu
 
-KVProvider = Callable[[], Any]  # returns a KVState (.cache, .ids), a transformers Cache, or None
+# Returns a KVState (.cache, .ids), a transformers Cache, None, or a list of those (every cache the backend holds).
+KVProvider = Callable[[], Any]
 
 
 def _quant_state_tensors(module: torch.nn.Module) -> Iterator[torch.Tensor]:
@@ -155,8 +156,12 @@ class MemoryMonitor:
         if self._repack_pending:  # a flag read per layer until bnb has repacked them all, then nothing
             self._remeasure_after_repack()
         held = self.kv_provider()
-        kv_by_device = kv_bytes_by_device(held)
-        tokens = kv_tokens(held)
+        every = list(held) if isinstance(held, (list, tuple)) else [held]
+        kv_by_device: dict[str, int] = defaultdict(int)
+        for one in every:
+            for device_name, size in kv_bytes_by_device(one).items():
+                kv_by_device[device_name] += size
+        tokens = sum(kv_tokens(one) for one in every)
         devices: list[DeviceMemory] = []
         for device in self.devices:
             free, total, rss = self._slow[device]

@@ -67,3 +67,21 @@ def test_user_errors_raise_before_the_first_event(tiny_model_dir: Any) -> None:
 def test_missing_model_is_a_clear_error(tmp_path: Any) -> None:
     with pytest.raises(ModelNotFoundError):
         open_backend(LoadRequest(str(tmp_path / "nope")), lambda m, f: None, threading.Event())
+
+
+def test_the_memory_reading_counts_every_cache_held(tiny_model_dir: Any) -> None:
+    """The window's conversation and the API clients' pooled caches all count: none is hidden from the panel."""
+    backend = open_backend(LoadRequest(str(tiny_model_dir("llama")), quantization="fp32", device="cpu"))
+
+    def ask(text: str, conversation_id: int | None) -> None:
+        request = ReplyRequest([ChatMessage("user", text)], GREEDY, conversation_id=conversation_id)
+        list(backend.generate(request, threading.Event()))
+
+    ask("The window's own conversation", 1)
+    one = backend.memory().devices[0].kv_bytes
+    ask("An API client's question", None)
+    ask("Another client, another prompt entirely", None)
+    held = [*backend._caches.values(), *backend._pool.states()]
+    assert len(held) == 3 and all(kv.nbytes() > 0 for kv in held)
+    assert backend.memory().devices[0].kv_bytes == sum(kv.nbytes() for kv in held) > one
+    backend.close()
