@@ -145,7 +145,7 @@ def _kv_bytes_per_token(loaded: LoadedModel) -> int:
     head_dim = getattr(config, "head_dim", None) or (
         int(getattr(config, "hidden_size", 0) or 0) // max(int(getattr(config, "num_attention_heads", 1) or 1), 1)
     )
-    element = 2 if loaded.quantization in ("bf16", "fp16", "nf4", "nf4-nodq", "int8") else 4
+    element = 2 if loaded.quantization in ("bf16", "fp16", "nf4", "nf4-nodq", "int8", "q4") else 4
     return 2 * layers * heads * int(head_dim) * element
 
 

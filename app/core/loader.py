@@ -121,6 +121,10 @@ def resolve_device(choice: str) -> tuple[str, list[str]]:
 
 def resolve_quantization(choice: str, device: str) -> str:
     if choice != "auto":
+        if choice == "q4" and device != "cpu":
+            raise QuantizationError(
+                f"q4 holds the weights for the CPU's fused decode step; on {device} use nf4, int8, bf16 or fp16."
+            )
         if choice in ("nf4", "nf4-nodq", "int8") and device == "mps":
             raise QuantizationError(f"{choice} (bitsandbytes) is not supported on Apple MPS here; use fp16 or bf16.")
         return choice
@@ -155,9 +159,12 @@ def quantization_kwargs(quantization: str, device: str) -> dict[str, Any]:
     if quantization == "int8":
         config = BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=["lm_head"])
         return {"quantization_config": config, "dtype": dtype}
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    # q4 loads as bf16 (mapped, not read) and holds the decoder matrices once as Q4_1 (app.core.fastpath.packed).
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "q4": torch.bfloat16}
     if quantization not in dtypes:
-        raise QuantizationError(f"Unknown quantization {quantization!r}: use nf4, nf4-nodq, int8, bf16, fp16 or fp32.")
+        raise QuantizationError(
+            f"Unknown quantization {quantization!r}: use nf4, nf4-nodq, int8, q4, bf16, fp16 or fp32."
+        )
     return {"dtype": dtypes[quantization]}
 
 
@@ -249,6 +256,8 @@ def load_model(
             "The files may be corrupt or incomplete."
         ) from exc
     model.eval()
+    if quant == "q4":
+        quant = _hold_once(model, folder, notices, recovered)
     apply_prefill_upcast(model, torch_device, quant)  # the stats say so (decode_path_note)
     step("Ready", 1.0)
     placements = device_placements(model)
@@ -273,6 +282,17 @@ def load_model(
         weights_fingerprint=weights_fingerprint(folder),
         recovered=recovered,
     )
+
+
+def _hold_once(model: Any, folder: Path, notices: list[str], recovered: list[str]) -> str:
+    """Swap the decoder's matrices for their one Q4_1 copy; "q4", or "bf16" (with a notice) where it can't be done."""
+    from app.core.fastpath.select import hold_weights_once
+
+    reason = hold_weights_once(model, folder, recovered)
+    if not reason:
+        return "q4"
+    notices.append(f"Loaded as bf16: q4 needs the fused decode step ({reason}).")
+    return "bf16"
 
 
 # Without --context, a model whose full context does not fit gets a shorter window if at least this much fits.

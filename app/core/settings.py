@@ -16,7 +16,7 @@ from app.core.errors import InvalidSettingError
 from app.core.sampling import SamplingParams
 from app.core.schema import Rule, check_fields, from_mapping, read_json_file, write_json_file
 
-Quantization = Literal["auto", "nf4", "nf4-nodq", "int8", "bf16", "fp16", "fp32"]
+Quantization = Literal["auto", "nf4", "nf4-nodq", "int8", "q4", "bf16", "fp16", "fp32"]
 DeviceChoice = Literal["auto", "cuda", "cpu", "mps"]
 Theme = Literal["system", "light", "dark"]
 ContextPolicy = Literal["error", "drop-oldest"]
