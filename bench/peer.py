@@ -6,10 +6,10 @@
 
 Each measurement is one fresh process (`--worker ...`), engines interleaved per trial, with a memory-bandwidth
 probe (numpy copy, read+write) in the same rotation. llama.cpp runs the model's GGUF as shipped (the default model:
-Q4_1) with flash attention on; Hearth runs the same GGUF converted to bf16 with its default CPU decode path. A
-`--model` folder (Hugging Face layout) is what Hearth loads; for llama.cpp it is converted once with llama.cpp's own
-convert_hf_to_gguf.py (from the llama-cpp-python sdist, see `converter_script`) and quantized to Q4_1 with
-`llama_model_quantize`, cached under .cache/peer-models/. Both get the same token ids (Hearth's tokenizer and chat
+Q4_1) with flash attention on; Hearth runs the same GGUF converted to bf16, loaded as `--quant` (default auto: q4
+on the CPU). A `--model` folder (Hugging Face layout) is what Hearth loads; for llama.cpp it is converted once with
+llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist, see `converter_script`) and quantized to Q4_1
+with `llama_model_quantize`, cached under .cache/peer-models/. Both get the same token ids (Hearth's tokenizer and chat
 template) and greedy decoding. Printed: medians, per-trial paired ratios (Hearth / llama.cpp), each one's fraction of
 the bandwidth roofline (tok/s x bytes read per token / bandwidth), and each process's peak RSS (VmHWM: what the
 process held at its most, mapped model files included, as `ru_maxrss` counts them) and RSS after the run. Rates are
@@ -101,11 +101,12 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
 
 def _hearth_bytes_per_token(engine: object) -> int:
     """Weights a decode step reads: int8 copies where the fast path packed them, the rest at their own size."""
-    from app.core.fastpath import int8
+    from app.core.fastpath import int8, packed
 
     fused = engine.path.fused  # type: ignore[attr-defined]
-    if fused is not None:  # every matrix and the lm_head as int8 + scales; norms and one embedding row are noise
-        return int(fused.added_bytes)
+    if fused is not None:  # every matrix and the lm_head as packed; norms and one embedding row are noise
+        # q4 holds the matrices in the model itself (the step adds only what the model lacks)
+        return int(fused.added_bytes) + packed.held_tensor_bytes(engine.model)  # type: ignore[attr-defined]
     model = engine.model  # type: ignore[attr-defined]
     embedding = model.get_input_embeddings()
     head = model.get_output_embeddings()
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--long-tokens", type=int, default=1471)
-    parser.add_argument("--quant", default="bf16", help="Hearth's weights (default bf16: the CPU default)")
+    parser.add_argument("--quant", default="auto", help="Hearth's weights (default auto: q4 on the CPU)")
     parser.add_argument(
         "--model", help="a GGUF file, or a Hugging Face folder (converted for llama.cpp); default: the embedded model"
     )

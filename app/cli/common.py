@@ -17,7 +17,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         help="folder, .gguf file or Hub repo id in the local cache (default: the embedded SmolLM2-135M-Instruct)",
     )
     group.add_argument(
-        "--quant", choices=QUANTIZATIONS, help="weights precision (default: auto = nf4 on a GPU, bf16 on the CPU)"
+        "--quant", choices=QUANTIZATIONS, help="weights precision (default: auto = nf4 on a GPU, q4 on the CPU)"
     )
     group.add_argument("--device", choices=DEVICES, help="where to run (default: auto = CUDA, then MPS, then CPU)")
     group.add_argument("--context", type=int, metavar="TOKENS", help="context window (default: the model's maximum)")

@@ -131,11 +131,11 @@ def resolve_quantization(choice: str, device: str) -> str:
     if device == "mps":
         return "fp16"
     if device == "cpu":
-        # Decode on the CPU runs the fused C step over packed copies whatever the loaded precision
-        # (app.core.fastpath; bf16 and nf4 both ~145 tok/s on SmolLM2-135M, bench/engine.py), so the loaded
-        # weights matter for prefill: bf16 runs through fp32 GEMMs (app.core.fastpath.prefill), while
-        # bitsandbytes 0.50's CPU 4-bit path dequantizes every weight per call without AVX512-BF16.
-        return "bf16"
+        # Decode on the CPU runs the fused C step over Q4_1 copies whatever the loaded precision (app.core.fastpath;
+        # bf16 and nf4 both ~145 tok/s on SmolLM2-135M, bench/engine.py). q4 holds those copies as the only weights
+        # and prefills from them (app.core.fastpath.packed): a 1B model peaks at 1.5 GiB instead of 4.4 with bf16
+        # (bench/peer.py). Where the fused step can't run, the loader holds bf16 instead.
+        return "q4"
     return "nf4"
 
 
@@ -257,7 +257,7 @@ def load_model(
         ) from exc
     model.eval()
     if quant == "q4":
-        quant = _hold_once(model, folder, notices, recovered)
+        quant = _hold_once(model, folder, notices if quantization == "q4" else [], recovered)
     apply_prefill_upcast(model, torch_device, quant)  # the stats say so (decode_path_note)
     step("Ready", 1.0)
     placements = device_placements(model)

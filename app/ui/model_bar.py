@@ -92,7 +92,7 @@ class ModelBar(QWidget):
         self.quant_combo = QComboBox()
         self.quant_combo.addItems(list(QUANTIZATIONS))
         self.quant_combo.setCurrentText(settings.quantization)
-        self.quant_combo.setToolTip("Quantization (auto: bf16 on the CPU, nf4 on a GPU)")
+        self.quant_combo.setToolTip("Quantization (auto: q4 on the CPU, nf4 on a GPU)")
         self.device_combo = QComboBox()
         self.device_combo.addItems(list(DEVICES))
         self.device_combo.setCurrentText(settings.device)

@@ -155,3 +155,10 @@ def test_q4_where_the_fused_step_cannot_run_loads_bf16_and_says_why(tiny_model_d
     assert loaded.quantization == "bf16"
     assert any(n.startswith("Loaded as bf16: q4 needs the fused decode step") for n in loaded.notices)
     assert not packed.is_held_once(loaded.model)
+
+
+def test_auto_plans_q4_on_the_cpu_and_bf16_where_the_fused_step_cannot_run(tiny_model_dir: Any) -> None:
+    assert plan_memory(None, quantization="auto", device="cpu", context=256).quantization == "q4"
+    plan = plan_memory(str(tiny_model_dir("gemma2")), quantization="q4", device="cpu", context=256)
+    assert plan.quantization == "bf16"
+    assert any(note.startswith("Planned as bf16: q4 needs the fused decode step") for note in plan.notes)

@@ -372,6 +372,12 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
     )
 
 
+def _q4_unavailable(meta: Any) -> str:
+    from app.core.fastpath.native import unsupported_reason
+
+    return unsupported_reason(meta)
+
+
 def _matches(name: str, key: str) -> bool:
     return name == key or name.startswith(key + ".") or f".{key}." in f".{name}."
 
@@ -542,6 +548,9 @@ def plan_memory(
     if tokens < 1:
         raise ValueError("context must be at least one token")
     meta = meta_model(config, dtype)
+    held_as_bf16 = _q4_unavailable(meta) if quant == "q4" else ""
+    if held_as_bf16:  # the loader holds such a model as bf16 (app.core.loader._hold_once): plan what it will hold
+        quant = "bf16"
     repacked = repacks_4bit_on(torch_device, quant)
     weights = estimate_weights(meta, quant, skip, dtype, repacked_4bit=repacked)
     kv = kv_layout(config, compute_bytes)
@@ -551,6 +560,8 @@ def plan_memory(
     if free_bytes is None:
         free_bytes, _ = device_free_bytes(torch_device)
     notes: list[str] = []
+    if held_as_bf16:
+        notes.append(f"Planned as bf16: q4 needs the fused decode step ({held_as_bf16}).")
     if kv.unmodelled:
         notes.append(f"Layers of type {', '.join(kv.unmodelled)} keep a fixed-size state that is not counted.")
     if repacked:
