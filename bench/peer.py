@@ -2,29 +2,41 @@
 
     make bench-peer                       # builds llama-cpp-python into .cache/peer-venv once (~6 min), then runs this
     python bench/peer.py [--trials 8] [--threads 2] [--tokens 128] [--peer-python .cache/peer-venv/bin/python]
+    python bench/peer.py --model .cache/models/random-tinyllama-1b   # a folder (bench/build_1b_model.py) or a GGUF
 
 Each measurement is one fresh process (`--worker ...`), engines interleaved per trial, with a memory-bandwidth
-probe (numpy copy, read+write) in the same rotation. llama.cpp runs the default model's GGUF as shipped (Q4_1) with
-flash attention on; Hearth runs the same GGUF converted to bf16 with its default CPU decode path. Both get the
-same token ids (Hearth's tokenizer and chat template) and greedy decoding. Printed: medians, per-trial paired
-ratios (Hearth / llama.cpp), and each one's fraction of the bandwidth roofline (tok/s x bytes read per token /
-bandwidth). Rates are wall-clock; the CPU-time rates beside them are steadier on a shared machine.
+probe (numpy copy, read+write) in the same rotation. llama.cpp runs the model's GGUF as shipped (the default model:
+Q4_1) with flash attention on; Hearth runs the same GGUF converted to bf16, loaded as `--quant` (default auto: q4
+on the CPU). A `--model` folder (Hugging Face layout) is what Hearth loads; for llama.cpp it is converted once with
+llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist, see `converter_script`) and quantized to Q4_1
+with `llama_model_quantize`, cached under .cache/peer-models/. Both get the same token ids (Hearth's tokenizer and chat
+template) and greedy decoding. Printed: medians, per-trial paired ratios (Hearth / llama.cpp), each one's fraction of
+the bandwidth roofline (tok/s x bytes read per token / bandwidth), and each process's peak RSS (VmHWM: what the
+process held at its most, mapped model files included, as `ru_maxrss` counts them) and RSS after the run. Rates are
+wall-clock; the CPU-time rates beside them are steadier on a shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PEER_PYTHON = ROOT / ".cache" / "peer-venv" / "bin" / "python"
+PEER_VERSION = "0.3.36"  # llama-cpp-python, as `make bench-peer` installs it
+PEER_MODELS = ROOT / ".cache" / "peer-models"
+LLAMA_SOURCE = ROOT / ".cache" / "llama-src"
+LLAMA_FTYPE_MOSTLY_Q4_1 = 3  # llama.h's enum llama_ftype
 SHORT_QUESTION = "Write a long story about a dragon who learns to bake bread. Give every character a name."
 LONG_PARAGRAPH = (
     "The river town kept its records in a stone house by the bridge, and every spring the clerks copied the old "
@@ -35,6 +47,20 @@ LONG_PARAGRAPH = (
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def _memory() -> dict[str, int]:
+    """This process's peak RSS (VmHWM) and RSS now, in bytes: mapped model files count where touched."""
+    found = {"peak_rss": 0, "rss": 0}
+    names = {"VmHWM": "peak_rss", "VmRSS": "rss"}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in names:
+            found[names[key]] = int(value.split()[0]) * 1024
+    if not found["peak_rss"]:  # no /proc: ru_maxrss is KiB on Linux, bytes on macOS
+        scale = 1 if sys.platform == "darwin" else 1024
+        found["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+    return found
 
 
 # -- workers (each runs in its own fresh process) ---------------------------------------------------------------
@@ -48,7 +74,7 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
     from app.core.engines.loader import load_model
 
     torch.set_num_threads(int(spec["threads"]))  # type: ignore[call-overload]
-    loaded = load_model(None, quantization=str(spec["quant"]), device="cpu")
+    loaded = load_model(spec.get("model") or None, quantization=str(spec["quant"]), device="cpu")
     engine = Engine(loaded)
     result: dict[str, object] = {"decode_path": engine.decode_path, "note": engine.decode_path_note}
     # Warm-up (first-call initialisation of the kernels), not measured; llama.cpp gets the same.
@@ -69,16 +95,18 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
             result["generated"] = stats.generated_tokens
             result["decode_cpu_tok_s"] = (stats.generated_tokens - 1) / max(cpu_decode, 1e-9)
     result["bytes_per_token"] = _hearth_bytes_per_token(engine)
+    result.update(_memory())
     return result
 
 
 def _hearth_bytes_per_token(engine: object) -> int:
     """Weights a decode step reads: int8 copies where the fast path packed them, the rest at their own size."""
-    from app.core.fastpath import int8
+    from app.core.fastpath import int8, packed
 
     fused = engine.path.fused  # type: ignore[attr-defined]
-    if fused is not None:  # every matrix and the lm_head as int8 + scales; norms and one embedding row are noise
-        return int(fused.added_bytes)
+    if fused is not None:  # every matrix and the lm_head as packed; norms and one embedding row are noise
+        # q4 holds the matrices in the model itself (the step adds only what the model lacks)
+        return int(fused.added_bytes) + packed.held_tensor_bytes(engine.model)  # type: ignore[attr-defined]
     model = engine.model  # type: ignore[attr-defined]
     embedding = model.get_input_embeddings()
     head = model.get_output_embeddings()
@@ -101,7 +129,7 @@ def worker_llama(spec: dict[str, object]) -> dict[str, object]:
 
     llm = Llama(
         model_path=str(spec["gguf"]),
-        n_ctx=4096,
+        n_ctx=int(spec.get("context") or 4096),  # type: ignore[call-overload]
         n_threads=int(spec["threads"]),  # type: ignore[call-overload]
         n_threads_batch=int(spec["threads"]),  # type: ignore[call-overload]
         n_batch=512,
@@ -131,6 +159,7 @@ def worker_llama(spec: dict[str, object]) -> dict[str, object]:
     result["decode_cpu_tok_s"] = (count - 1) / max(_cpu_seconds() - cpu_first, 1e-9)
     result["generated"] = count
     result["bytes_per_token"] = Path(str(spec["gguf"])).stat().st_size
+    result.update(_memory())
     return result
 
 
@@ -152,13 +181,14 @@ WORKERS = {"hearth": worker_hearth, "llama": worker_llama, "bandwidth": worker_b
 
 
 # -- the orchestrator ---------------------------------------------------------------------------------------------
-def prompts(tokens_long: int) -> tuple[list[int], list[int], Path]:
+def prompts(tokens_long: int, model: str | None) -> tuple[list[int], list[int], Path, Path]:
+    """(short ids, long ids, the model Hearth loads, its Hugging Face folder)."""
     sys.path.insert(0, str(ROOT))
     from app.core.chat.events import ChatMessage
     from app.core.engines.loader import prepare_folder
     from app.core.models.model_source import resolve_model
 
-    source = resolve_model(None)
+    source = resolve_model(model)
     folder = prepare_folder(source)
     from transformers import AutoTokenizer
 
@@ -170,7 +200,79 @@ def prompts(tokens_long: int) -> tuple[list[int], list[int], Path]:
     while len(tokenizer(text)["input_ids"]) < tokens_long:
         text += LONG_PARAGRAPH
     long = format_prompt(tokenizer, [ChatMessage("user", text + "\nSummarize this.")], "").ids
-    return short, long, source.path
+    return short, long, source.path, folder
+
+
+# -- a GGUF for llama.cpp ----------------------------------------------------------------------------------------
+# llama.cpp's converter tries SentencePiece first and expects FileNotFoundError when there is no tokenizer.model, but
+# imports sentencepiece before looking; without that package installed, look first (BPE tokenizers need no
+# sentencepiece), then run the script as its own __main__.
+_CONVERT = """
+import os, runpy, sys
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+here = os.path.dirname(script)
+sys.path[:0] = [here, os.path.join(here, "gguf-py")]
+import conversion.base as base
+original = base.TextModel._create_vocab_sentencepiece
+def look_first(self):
+    if not (self.dir_model / "tokenizer.model").is_file():
+        raise FileNotFoundError(self.dir_model / "tokenizer.model")
+    return original(self)
+base.TextModel._create_vocab_sentencepiece = look_first
+runpy.run_path(script, run_name="__main__")
+"""
+_QUANTIZE = """
+import sys, llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = int(sys.argv[3])
+params.nthread = int(sys.argv[4])
+code = llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), params)
+raise SystemExit(code)
+"""
+
+
+def converter_script(peer_python: str) -> Path:
+    """llama.cpp's convert_hf_to_gguf.py: not in the llama-cpp-python wheel, so taken from its sdist's
+    vendor/llama.cpp (downloaded once with pip into .cache, extracted under .cache/llama-src)."""
+    found = sorted(LLAMA_SOURCE.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
+    if found:
+        return found[-1]
+    sdist = ROOT / ".cache" / f"llama_cpp_python-{PEER_VERSION}.tar.gz"
+    if not sdist.exists():
+        print(f"peer: downloading the llama-cpp-python {PEER_VERSION} sdist for llama.cpp's converter", flush=True)
+        download = [peer_python, "-m", "pip", "download", f"llama-cpp-python=={PEER_VERSION}", "--no-deps"]
+        subprocess.run([*download, "--no-binary", ":all:", "-d", str(sdist.parent)], check=True)
+    prefix = f"llama_cpp_python-{PEER_VERSION}/vendor/llama.cpp/"
+    wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+    with tarfile.open(sdist) as archive:
+        members = [m for m in archive.getmembers() if m.name.startswith(tuple(prefix + w for w in wanted))]
+        archive.extractall(LLAMA_SOURCE, members=members, filter="data")
+    return LLAMA_SOURCE / prefix / "convert_hf_to_gguf.py"
+
+
+def peer_gguf(model_path: Path, folder: Path, peer_python: str, threads: int) -> Path:
+    """The GGUF llama.cpp runs: the file itself, or a folder converted and quantized to Q4_1 once (cached)."""
+    if model_path.suffix == ".gguf":
+        return model_path
+    weights = sorted(folder.glob("*.safetensors"))
+    stamp = json.dumps([str(folder.resolve()), [(w.name, w.stat().st_size, w.stat().st_mtime_ns) for w in weights]])
+    target = PEER_MODELS / f"{folder.name}-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}-q4_1.gguf"
+    if target.exists():
+        return target
+    PEER_MODELS.mkdir(parents=True, exist_ok=True)
+    script = converter_script(peer_python)
+    with tempfile.TemporaryDirectory(dir=PEER_MODELS) as scratch:
+        full = Path(scratch) / "bf16.gguf"
+        print(f"peer: converting {folder} for llama.cpp (convert_hf_to_gguf.py, bf16)", flush=True)
+        convert = [sys.executable, "-c", _CONVERT, str(script), str(folder), "--outtype", "bf16"]
+        subprocess.run([*convert, "--outfile", str(full)], check=True, capture_output=True)
+        print("peer: quantizing to Q4_1 (llama_model_quantize)", flush=True)
+        partial = Path(scratch) / "q4_1.gguf"
+        quantize = [peer_python, "-c", _QUANTIZE, str(full), str(partial), str(LLAMA_FTYPE_MOSTLY_Q4_1), str(threads)]
+        subprocess.run(quantize, check=True)
+        partial.replace(target)
+    return target
 
 
 def run_worker(python: str, kind: str, spec: dict[str, object]) -> dict[str, object]:
@@ -194,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--long-tokens", type=int, default=1471)
-    parser.add_argument("--quant", default="bf16", help="Hearth's weights (default bf16: the CPU default)")
+    parser.add_argument("--quant", default="auto", help="Hearth's weights (default auto: q4 on the CPU)")
+    parser.add_argument(
+        "--model", help="a GGUF file, or a Hugging Face folder (converted for llama.cpp); default: the embedded model"
+    )
     parser.add_argument("--peer-python", default=str(DEFAULT_PEER_PYTHON))
     args = parser.parse_args(argv)
     if args.worker:
@@ -205,8 +310,12 @@ def main(argv: list[str] | None = None) -> int:
             f"peer: {args.peer_python} not found; run `make bench-peer` to build llama-cpp-python once", file=sys.stderr
         )
         return 2
-    short, long, gguf = prompts(args.long_tokens)
+    short, long, model_path, folder = prompts(args.long_tokens, args.model)
+    gguf = peer_gguf(model_path, folder, args.peer_python, args.threads)
+    context = -(-max(len(long), len(short) + args.tokens) // 256) * 256
     spec: dict[str, object] = {
+        "model": args.model,
+        "context": context,
         "short_ids": short,
         "long_ids": long,
         "tokens": args.tokens,
@@ -214,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "quant": args.quant,
         "gguf": str(gguf),
     }
+    print(f"model: Hearth {model_path}; llama.cpp {gguf}")
     print(f"prompts: {len(short)} and {len(long)} tokens; {args.tokens} new tokens; {args.threads} threads")
     runs: dict[str, list[dict[str, object]]] = {"hearth": [], "llama": [], "bandwidth": []}
     pythons = {"hearth": sys.executable, "llama": args.peer_python, "bandwidth": sys.executable}
@@ -224,11 +334,16 @@ def main(argv: list[str] | None = None) -> int:
         h, p = runs["hearth"][-1], runs["llama"][-1]
         print(
             f"trial {trial + 1}: decode hearth {h['decode_tok_s']:.1f} / llama.cpp {p['decode_tok_s']:.1f} tok/s, "
-            f"long prefill {h['long_prefill_s']:.2f} / {p['long_prefill_s']:.2f} s",
+            f"long prefill {h['long_prefill_s']:.2f} / {p['long_prefill_s']:.2f} s, "
+            f"peak RSS {_gib(h['peak_rss'])} / {_gib(p['peak_rss'])}",
             flush=True,
         )
     report(runs, len(short), len(long))
     return 0
+
+
+def _gib(value: object) -> str:
+    return f"{float(value) / 2**30:.2f} GiB"  # type: ignore[arg-type]
 
 
 def _median(values: list[float]) -> float:
@@ -241,19 +356,23 @@ def report(runs: dict[str, list[dict[str, object]]], short_len: int, long_len: i
     print(f"\nbandwidth (numpy copy, read+write, median): {bandwidth / 1e9:.1f} GB/s")
     print(hearth[0]["decode_path"], "-", hearth[0]["note"])
     header = f"{'engine':<12}{'decode tok/s':>14}{'(cpu-time)':>12}{'prefill ' + str(short_len):>14}"
-    print(header + f"{'prefill ' + str(long_len):>16}{'roofline':>10}")
+    print(header + f"{'prefill ' + str(long_len):>16}{'roofline':>10}{'peak RSS':>12}{'RSS after':>12}")
     for name, rows in (("hearth", hearth), ("llama.cpp", peer)):
         decode = _median([float(r["decode_tok_s"]) for r in rows])  # type: ignore[arg-type]
         cpu = _median([float(r["decode_cpu_tok_s"]) for r in rows])  # type: ignore[arg-type]
         short = _median([float(r["short_prefill_s"]) for r in rows])  # type: ignore[arg-type]
         long = _median([float(r["long_prefill_s"]) for r in rows])  # type: ignore[arg-type]
         roof = decode * float(rows[0]["bytes_per_token"]) / bandwidth  # type: ignore[arg-type]
-        print(f"{name:<12}{decode:>14.1f}{cpu:>12.1f}{short:>13.2f}s{long:>15.2f}s{roof:>10.0%}")
+        peak = _median([float(r["peak_rss"]) for r in rows])  # type: ignore[arg-type]
+        after = _median([float(r["rss"]) for r in rows])  # type: ignore[arg-type]
+        line = f"{name:<12}{decode:>14.1f}{cpu:>12.1f}{short:>13.2f}s{long:>15.2f}s{roof:>10.0%}"
+        print(f"{line}{_gib(peak):>12}{_gib(after):>12}")
     for key, label, higher_is_better in (
         ("decode_tok_s", "decode", True),
         ("decode_cpu_tok_s", "decode (cpu-time)", True),
         ("short_prefill_s", "short prefill speed", False),
         ("long_prefill_s", "long prefill speed", False),
+        ("peak_rss", "peak RSS (memory; below 1 is less)", True),
     ):
         ratios = []
         for h, p in zip(hearth, peer, strict=True):

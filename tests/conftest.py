@@ -55,7 +55,8 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def default_loaded() -> Iterator[object]:
-    """The embedded SmolLM2-135M-Instruct in bf16 on the CPU (the CPU default), loaded once for the whole run."""
+    """The embedded SmolLM2-135M-Instruct in bf16 on the CPU, loaded once for the whole run (the CPU default, q4, has
+    its own tests: tests/core/test_fastpath_packed.py)."""
     from app.core.engines.loader import load_model
 
     yield load_model(None, quantization="bf16", device="cpu")

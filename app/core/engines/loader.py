@@ -211,6 +211,8 @@ def load_model(
             "The files may be corrupt or incomplete."
         ) from exc
     model.eval()
+    if quant == "q4":
+        quant = _hold_once(model, folder, notices if quantization == "q4" else [], recovered)
     apply_prefill_upcast(model, torch_device, quant)  # the stats say so (decode_path_note)
     step("Ready", 1.0)
     placements = device_placements(model)
@@ -235,6 +237,17 @@ def load_model(
         weights_fingerprint=weights_fingerprint(folder),
         recovered=recovered,
     )
+
+
+def _hold_once(model: Any, folder: Path, notices: list[str], recovered: list[str]) -> Precision:
+    """Swap the decoder's matrices for their one Q4_1 copy; "q4", or "bf16" (with a notice) where it can't be done."""
+    from app.core.fastpath.select import hold_weights_once
+
+    reason = hold_weights_once(model, folder, recovered)
+    if not reason:
+        return "q4"
+    notices.append(f"Loaded as bf16: q4 needs the fused decode step ({reason}).")
+    return "bf16"
 
 
 # Without --context, a model whose full context does not fit gets a shorter window if at least this much fits.

@@ -97,6 +97,10 @@ def int8_kernel_available() -> str:
 
 def dense_weight(module: nn.Module) -> torch.Tensor | None:
     """The module's weight as a dense float tensor: plain Linear, or bitsandbytes 4-bit dequantized once."""
+    from app.core.fastpath.packed import Q4Linear
+
+    if isinstance(module, Q4Linear):  # held once as Q4_1 (q4): its dequantized values
+        return module.dense(torch.float32).clone()
     weight = getattr(module, "weight", None)
     if type(module) in (nn.Linear, UpcastLinear) and isinstance(weight, torch.Tensor) and weight.is_floating_point():
         return weight

@@ -38,6 +38,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from app.core.fastpath import integrity
 from app.core.fastpath.int8 import quantize_rows
+from app.core.fastpath.packed import Int8RowsLinear
 from app.core.models.attention import attention_shape
 from app.core.storage.paths import cache_dir
 
@@ -379,6 +380,9 @@ def _load(path: Path, threaded: bool, built: float, compiler: str, sha256: str, 
     lib.hearth_scratch_floats.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.hearth_step.restype = ctypes.c_int
     lib.hearth_step.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2
+    lib.hearth_dequant_q4.restype = None  # prefill from the one packed copy (app.core.fastpath.packed)
+    pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.hearth_dequant_q4.argtypes = [pointer, size, pointer, size, size, size, pointer, flag, flag]
     if lib.hearth_abi() != ABI:
         return f"the fused decode kernel at {path} is from another version"
     layout = tuple(lib.hearth_layout(i) for i in range(4))
@@ -708,6 +712,9 @@ def pack_model(model: Any, dense_weight: Any, weight_format: str = "int8") -> di
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Module):
         raise ValueError("the model has no output embedding")
+    if isinstance(head, Int8RowsLinear):  # held once already (q4): the same int8 rows
+        packed["lm.q"], packed["lm.s"] = head.q, head.scale
+        return packed
     head_weight = dense_weight(head) if isinstance(head, nn.Linear) else None
     if head_weight is None:
         raise ValueError("the lm_head is not a linear layer the kernel can pack")

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from app.core.fastpath import int8, integrity, native, prefill
+from app.core.fastpath import int8, integrity, native, packed, prefill
 from app.core.models.model_source import weights_fingerprint
 from app.core.storage.paths import cache_dir
 
@@ -34,7 +34,7 @@ CACHE_FORMAT = 3  # bump when the packed layout, the quantization recipe or the 
 # greedy agreement with eager 93/96 (int8) and 90/96 (Q4_1), both inside the 90 % bound the tests hold. The fastest
 # measured path is the default; fp32 stays exact (see below); forcing a fused path also takes fp32.
 # The decoder matrices' format per source precision under "auto" (the lm_head is int8 rows in both).
-AUTO_FUSED_FORMAT = {"bf16": "q4", "nf4": "q4", "nf4-nodq": "q4"}
+AUTO_FUSED_FORMAT = {"bf16": "q4", "nf4": "q4", "nf4-nodq": "q4", "q4": "q4"}
 AUTO_FUSED_SOURCES = tuple(AUTO_FUSED_FORMAT)
 FUSED_PATHS = {"fused-int8": "int8", "fused-q4": "q4"}
 FORCED_FUSED_SOURCES = (*AUTO_FUSED_SOURCES, "fp32")
@@ -155,16 +155,15 @@ def _apply_fused(
     if isinstance(library, str):
         return library
     started = time.perf_counter()
-    kind = f"decode-fused-{weight_format}"
-    cache_file = _cache_file(folder, quantization, kind=kind) if folder is not None else None
-    stored = _read_cache(cache_file, notices)
+    held: HeldOnce | None = getattr(model, HELD_ATTR, None)
     try:
-        if stored is not None and native.tensors_fit(model, stored[0], weight_format):
-            (tensors, digest), how = stored, "loaded from the cache"
+        if held is not None and weight_format == "q4":  # the model's own layers hold these matrices: no copy
+            tensors, digest, how = held.tensors, held.digest, f"held once ({held.how})"
         else:
-            tensors, how = native.pack_model(model, int8.dense_weight, weight_format), "packed"
-            digest = _write_cache(cache_file, tensors)
+            tensors, digest, how = _packed_copy(model, quantization, folder, weight_format, notices)
         decoder = native.FusedDecoder(library, model, tensors, weight_format)
+        if held is not None and weight_format == "q4":
+            decoder.added_bytes -= packed.held_tensor_bytes(model)
     except Exception as exc:  # an odd model still runs, on the plain path
         log.exception("fused decode path failed")
         return f"packing for the fused kernel failed ({type(exc).__name__}: {exc})"
@@ -185,7 +184,57 @@ def _apply_fused(
     )
 
 
+def _packed_copy(
+    model: Any, quantization: str, folder: Path | None, weight_format: str, notices: list[str]
+) -> tuple[dict[str, torch.Tensor], str, str]:
+    """(tensors, sha256, how) of the fused step's copies: read from the cache where they fit, else packed now."""
+    # q4 packs from the same bf16 file as a bf16 load does: one cache entry serves both.
+    key = "bf16" if quantization == "q4" else quantization
+    cache_file = _cache_file(folder, key, kind=f"decode-fused-{weight_format}") if folder is not None else None
+    stored = _read_cache(cache_file, notices)
+    if stored is not None and native.tensors_fit(model, stored[0], weight_format):
+        return stored[0], stored[1], "loaded from the cache"
+    tensors = native.pack_model(model, int8.dense_weight, weight_format)
+    return tensors, _write_cache(cache_file, tensors), "packed"
+
+
+HELD_ATTR = "_hearth_held_once"
+
+
+@dataclass(frozen=True)
+class HeldOnce:
+    """The packed matrices a `q4` model's layers are views of, and where they came from."""
+
+    tensors: dict[str, torch.Tensor]
+    digest: str
+    how: str
+
+
+def hold_weights_once(model: Any, folder: Path | None, notices: list[str]) -> str:
+    """Make the model hold its decoder matrices once, as the fused step's Q4_1 copy (app.core.fastpath.packed): from
+    the cache when there is one (the 16-bit weights are then never read), else packed from the mapped weights and
+    cached. Empty on success, else why not (the model is then untouched)."""
+    reason = native.unsupported_reason(model)
+    if reason:
+        return reason
+    library = native.load_library()
+    if isinstance(library, str):
+        return library
+    started = time.perf_counter()
+    try:
+        tensors, digest, how = _packed_copy(model, "q4", folder, "q4", notices)
+        packed.hold_once(model, tensors, library)
+    except Exception as exc:  # a half-swapped model can't be trusted: say so loudly
+        log.exception("holding the weights once failed")
+        raise RuntimeError(f"holding the weights as Q4_1 failed ({type(exc).__name__}: {exc})") from exc
+    setattr(model, HELD_ATTR, HeldOnce(tensors, digest, f"{how} in {time.perf_counter() - started:.1f} s"))
+    return ""
+
+
 def _prefill_description(model: Any, quantization: str) -> str:
+    if quantization == "q4":
+        gemm = "bf16" if prefill.native_bf16_gemm() else "fp32"
+        return f"Q4_1 weights held once, dequantized per layer for {gemm} GEMMs"
     return f"{quantization} weights, fp32 GEMMs" if prefill.uses_upcast(model) else quantization
 
 

@@ -266,6 +266,8 @@ def estimate_weights(
     from transformers.quantizers.base import HfQuantizer
     from transformers.quantizers.quantizers_utils import should_convert_module
 
+    if quantization == "q4":
+        return _estimate_q4_weights(model, dtype)
     quantized = is_bitsandbytes(quantization)
     keep_fp32 = list(getattr(model, "_keep_in_fp32_modules", None) or []) + list(
         getattr(model, "_keep_in_fp32_modules_strict", None) or []
@@ -323,6 +325,63 @@ def estimate_weights(
         layer_bytes_unquantized=tuple(unquantized),
         largest_quantized_linear=largest,
     )
+
+
+def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
+    """`q4` (CPU): every linear layer inside a decoder layer held once as Q4_1 (20 bytes per 32 weights), an untied
+    lm_head as int8 rows + an fp32 scale per row (app.core.fastpath.packed), everything else at `dtype`."""
+    from torch import nn
+
+    from app.core.fastpath.native import packed_matrix_bytes
+
+    layer_names = _decoder_layer_names(model)
+    layer_index = {name: i for i, name in enumerate(layer_names)}
+    stored = [0] * len(layer_names)
+    unquantized = [0] * len(layer_names)
+    other = parameters = quantized_parameters = largest = 0
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    compute_bytes = torch.tensor([], dtype=dtype).element_size()
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        group = _group_of(module_name, layer_index)
+        for tensor_name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            is_weight = tensor_name == "weight" and type(module) is nn.Linear
+            if any(tensor is p for p in module.parameters(recurse=False)):
+                parameters += tensor.numel()
+            plain = tensor.numel() * tensor.element_size()
+            size = plain
+            if is_weight and group is not None:
+                size = packed_matrix_bytes(module.out_features, module.in_features, "q4")
+                quantized_parameters += tensor.numel()
+                largest = max(largest, tensor.numel())
+                plain = tensor.numel() * compute_bytes
+            elif is_weight and module is head and not tied:
+                size = packed_matrix_bytes(module.out_features, module.in_features, "int8")
+                quantized_parameters += tensor.numel()
+            if group is None:
+                other += size
+            else:
+                stored[group] += size
+                unquantized[group] += plain
+    return WeightsEstimate(
+        parameters=parameters,
+        quantized_parameters=quantized_parameters,
+        total_bytes=other + sum(stored),
+        other_bytes=other,
+        layer_bytes=tuple(stored),
+        layer_bytes_unquantized=tuple(unquantized),
+        largest_quantized_linear=largest,
+    )
+
+
+def _q4_unavailable(meta: Any) -> str:
+    from app.core.fastpath.native import unsupported_reason
+
+    return unsupported_reason(meta)
 
 
 def _matches(name: str, key: str) -> bool:
@@ -391,11 +450,15 @@ def fused_decode_copy_bytes(meta: Any, quantization: str, device: str) -> int:
     if not device.startswith("cpu") or quantization not in AUTO_FUSED_FORMAT or unsupported_reason(meta):
         return 0
     head = meta.get_output_embeddings()
+    # q4 holds the decoder matrices (and an untied lm_head's int8 rows) once, in the weights: the step adds the rest.
+    held_once = quantization == "q4"
+    tied = head is not None and head.weight is meta.get_input_embeddings().weight
     total = 0
     for module in meta.modules():
         if isinstance(module, nn.Linear):
             weight_format = "int8" if module is head else AUTO_FUSED_FORMAT[quantization]
-            total += packed_matrix_bytes(module.out_features, module.in_features, weight_format)
+            if not held_once or (module is head and tied):
+                total += packed_matrix_bytes(module.out_features, module.in_features, weight_format)
             total += 4 * module.out_features if module.bias is not None else 0
         elif type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor):
             total += 4 * module.weight.numel()
@@ -414,6 +477,7 @@ def overhead_parts(
     free_stated: bool,
     resident_bytes: int,
     decode_copies: int = 0,
+    quantized_from_map: bool = False,
 ) -> dict[str, int]:
     """Memory beyond weights and KV cache: the prefill peak, bnb's dequantized copy, logits and the runtime."""
     chunk = max(1, min(PREFILL_CHUNK, context))
@@ -450,6 +514,8 @@ def overhead_parts(
         # Quantizing on the CPU leaves the 16-bit staging copies' memory in the allocator's arenas: the load peak.
         # The cache and activations reuse it later, so only what it exceeds them by is extra.
         staging = int(weights.quantized_parameters * compute_bytes * calibration.CPU_QUANTIZE_STAGING_FRACTION)
+        if quantized_from_map:  # q4 packs from the mapped file one matrix at a time: no 16-bit staging copy
+            staging = 0
         running = sum(parts.values()) - parts["runtime"] + kv.bytes_at(context)
         parts["load_staging"] = max(0, staging - running)
     return parts
@@ -486,6 +552,11 @@ def plan_memory(
     if tokens < 1:
         raise ValueError("context must be at least one token")
     meta = meta_model(config, dtype)
+    held_as_bf16 = _q4_unavailable(meta) if quant == "q4" else ""
+    if (
+        held_as_bf16
+    ):  # the loader holds such a model as bf16 (app.core.engines.loader._hold_once): plan what it will hold
+        quant = "bf16"
     repacked = repacks_4bit_on(torch_device, quant)
     weights = estimate_weights(meta, quant, skip, dtype, repacked_4bit=repacked)
     kv = kv_layout(config, compute_bytes)
@@ -495,6 +566,8 @@ def plan_memory(
     if free_bytes is None:
         free_bytes, _ = device_free_bytes(torch_device)
     notes: list[str] = []
+    if held_as_bf16:
+        notes.append(f"Planned as bf16: q4 needs the fused decode step ({held_as_bf16}).")
     if kv.unmodelled:
         notes.append(f"Layers of type {', '.join(kv.unmodelled)} keep a fixed-size state that is not counted.")
     if repacked:
@@ -516,6 +589,7 @@ def plan_memory(
             free_stated=stated,
             resident_bytes=resident,
             decode_copies=decode_copies,
+            quantized_from_map=quant == "q4",
         )
 
     def need_on_device(at: int, weights_on_device: int) -> tuple[int, dict[str, int]]:

@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     import torch
 
 # What the loader stores: bitsandbytes 4-bit NormalFloat (with or without double quant), LLM.int8, or a plain dtype.
-Precision = Literal["nf4", "nf4-nodq", "int8", "bf16", "fp16", "fp32"]
+Precision = Literal["nf4", "nf4-nodq", "int8", "q4", "bf16", "fp16", "fp32"]
 # What a user picks: a precision, or `auto` (resolved per device by `resolve_quantization`).
-Quantization = Literal["auto", "nf4", "nf4-nodq", "int8", "bf16", "fp16", "fp32"]
+Quantization = Literal["auto", "nf4", "nf4-nodq", "int8", "q4", "bf16", "fp16", "fp32"]
 
 QUANTIZATIONS: tuple[Quantization, ...] = get_args(Quantization)
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
@@ -29,6 +29,7 @@ DESCRIPTIONS: dict[Precision, str] = {
     "nf4": "4-bit NormalFloat, double-quantized (bitsandbytes)",
     "nf4-nodq": "4-bit NormalFloat without double quantization (bitsandbytes)",
     "int8": "8-bit LLM.int8 (bitsandbytes)",
+    "q4": "4-bit Q4_1 blocks held once for the CPU's fused decode step (prefill dequantizes a layer at a time)",
     "bf16": "bfloat16",
     "fp16": "float16",
     "fp32": "float32",
@@ -43,11 +44,11 @@ def auto_precision(device: str) -> Precision:
     if device == "mps":
         return "fp16"  # bitsandbytes has no MPS kernels; Metal's bf16 support is patchy
     if device.startswith("cpu"):
-        # Decode on the CPU runs the fused C step over packed copies whatever the loaded precision
-        # (app.core.fastpath; bf16 and nf4 both ~145 tok/s on SmolLM2-135M, bench/engine.py), so the loaded
-        # weights matter for prefill: bf16 runs through fp32 GEMMs (app.core.fastpath.prefill), while
-        # bitsandbytes 0.50's CPU 4-bit path dequantizes every weight per call without AVX512-BF16.
-        return "bf16"
+        # Decode on the CPU runs the fused C step over Q4_1 copies whatever the loaded precision (app.core.fastpath;
+        # bf16 and nf4 both ~145 tok/s on SmolLM2-135M, bench/engine.py). q4 holds those copies as the only weights
+        # and prefills from them (app.core.fastpath.packed): a 1B model peaks at 1.3 GiB instead of 3.1 with bf16
+        # (bench/peer.py). Where the fused step can't run, the loader holds bf16 instead, with a notice.
+        return "q4"
     return "nf4"
 
 
@@ -69,6 +70,10 @@ def resolve_quantization(choice: str, device: str) -> Precision:
     chosen = parse_quantization(choice)
     if chosen == "auto":
         return auto_precision(device)
+    if chosen == "q4" and not device.startswith("cpu"):
+        raise QuantizationError(
+            f"q4 holds the weights for the CPU's fused decode step; on {device} use nf4, int8, bf16 or fp16."
+        )
     if chosen in BITSANDBYTES and device == "mps":
         raise QuantizationError(f"{chosen} (bitsandbytes) is not supported on Apple MPS here; use fp16 or bf16.")
     return chosen
@@ -96,6 +101,8 @@ def weights_dtype_name(precision: str, device: str) -> Literal["bf16", "fp16", "
     """The torch dtype everything bitsandbytes leaves alone (embeddings, norms, lm_head) is loaded in."""
     if is_bitsandbytes(precision):
         return compute_dtype_name(device)
+    if precision == "q4":
+        return "bf16"  # loaded as bf16 (mapped, not read), then held once as Q4_1 (app.core.fastpath.packed)
     if precision in ("bf16", "fp16", "fp32"):
         return cast(Literal["bf16", "fp16", "fp32"], precision)
     raise QuantizationError(f"Unknown quantization {precision!r}: use {_listed(PRECISIONS)}.")

@@ -68,7 +68,7 @@ def test_auto_on_a_cpu_only_machine_says_so() -> None:
         pytest.skip("has a GPU")
     device, notices = resolve_device("auto")
     assert device == "cpu" and notices and "CPU" in notices[0]
-    assert resolve_quantization("auto", "cpu") == "bf16"
+    assert resolve_quantization("auto", "cpu") == "q4"
     assert resolve_quantization("auto", "cuda:0") == "nf4"
 
 

@@ -842,3 +842,62 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
     }
     return 0;
 }
+
+/* Prefill from the one packed copy: rows [0, rows) of a Q4_1 matrix (nibbles `q`, `q_stride` bytes per row; fp16
+ * (d, m) pairs `dm`, `dm_stride` halves per row; strides let a caller take every other row of the interleaved
+ * gate/up matrix) written as d * q + m into `out` [rows, cols], fp32 or (out_bf16) bf16 rounded to nearest even: the
+ * dense weight a GEMM then multiplies. Same two roundings as torch's q * d + m, so the torch reference is exact. */
+void hearth_dequant_q4(const uint8_t *q, int64_t q_stride, const uint16_t *dm, int64_t dm_stride, int64_t rows,
+                       int64_t cols, void *out, int out_bf16, int threads) {
+    const int64_t blocks = cols / QBLOCK;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = q + r * q_stride;
+        const uint16_t *pairs = dm + r * dm_stride;
+        float values[QBLOCK];
+        for (int64_t b = 0; b < blocks; b++) {
+            const float d = half_to_float(pairs[2 * b]), m = half_to_float(pairs[2 * b + 1]);
+            const uint8_t *nibbles = row + b * (QBLOCK / 2);
+#if HEARTH_AVX2 /* the same two roundings, 8 lanes at a time; a block's values are finite, so no NaN case */
+            const __m128i bytes = _mm_loadu_si128((const __m128i *)nibbles), low_mask = _mm_set1_epi8(15);
+            const __m128i parts[2] = {_mm_and_si128(bytes, low_mask),
+                                      _mm_and_si128(_mm_srli_epi16(bytes, 4), low_mask)};
+            const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+            __m256 v[4];
+            for (int k = 0; k < 4; k++) {
+                const __m128i eight = (k & 1) ? _mm_srli_si128(parts[k >> 1], 8) : parts[k >> 1];
+                v[k] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight)), vd), vm);
+            }
+            if (out_bf16) {
+                uint16_t *target = (uint16_t *)out + r * cols + b * QBLOCK;
+                const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
+                __m256i rounded[4];
+                for (int k = 0; k < 4; k++) {
+                    const __m256i u = _mm256_castps_si256(v[k]);
+                    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+                    rounded[k] = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(half, odd)), 16);
+                }
+                for (int k = 0; k < 4; k += 2) { /* packus interleaves 128-bit lanes: permute them back */
+                    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded[k], rounded[k + 1]), 0xD8);
+                    _mm256_storeu_si256((__m256i *)(target + 8 * k), packed);
+                }
+            } else {
+                float *target = (float *)out + r * cols + b * QBLOCK;
+                for (int k = 0; k < 4; k++) _mm256_storeu_ps(target + 8 * k, v[k]);
+            }
+            continue;
+#endif
+            for (int j = 0; j < QBLOCK / 2; j++) {
+                float low = (float)(nibbles[j] & 15) * d, high = (float)(nibbles[j] >> 4) * d;
+                values[j] = low + m;
+                values[j + QBLOCK / 2] = high + m;
+            }
+            if (out_bf16) {
+                uint16_t *target = (uint16_t *)out + r * cols + b * QBLOCK;
+                for (int j = 0; j < QBLOCK; j++) target[j] = f32_to_bf16(values[j]);
+            } else {
+                memcpy((float *)out + r * cols + b * QBLOCK, values, sizeof values);
+            }
+        }
+    }
+}

@@ -1,0 +1,184 @@
+"""One copy of the weights on the CPU (`--quant q4`): the decoder matrices held once, as the fused decode step's Q4_1
+blocks, and prefill run from them.
+
+The model loads as bf16 (transformers maps the safetensors file: nothing is read yet), each decoder linear layer is
+swapped for a `Q4Linear` whose buffers are views of the packed matrices the fused step reads (q/k/v are row ranges
+of the merged QKV matrix, gate/up every other row of the interleaved one), and an untied lm_head for an
+`Int8RowsLinear` over the fused step's int8 rows. The remaining tensors (embedding, norms, biases) are copied out of
+the mapped file, so the 16-bit weights are never resident: a warm start maps the packed copy from the cache and
+never reads them. A multi-row call (prefill) dequantizes its matrix into one scratch buffer reused by every layer
+and runs the fast GEMM (bf16 where torch's bf16 GEMM is native, fp32 elsewhere: app.core.fastpath.prefill); the
+fused C step does the single-token steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from app.core.fastpath import prefill
+
+HEAD_CHUNK_ROWS = 1024  # the int8 lm_head is dequantized this many rows at a time: 8 MiB of fp32 for a 2048-wide head
+
+
+class Scratch:
+    """One reusable buffer for the dequantized weight of the layer being multiplied (the largest layer's size)."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+
+    def take(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        size = rows * cols * torch.tensor([], dtype=dtype).element_size()
+        if self.buffer.numel() < size:
+            self.buffer = torch.empty(size, dtype=torch.uint8)
+        return self.buffer[:size].view(dtype).view(rows, cols)
+
+
+def dequantize_q4(q: torch.Tensor, dm: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The reference (and fallback) dequantization: Q4_1 nibbles [rows, cols/2] + fp16 (d, m) pairs [rows, 2 * blocks]
+    -> d * q + m [rows, cols], with the C kernel's two roundings."""
+    rows = q.shape[0]
+    values = torch.cat([(q & 15).view(rows, -1, 16), (q >> 4).view(rows, -1, 16)], dim=-1).float()
+    pairs = dm.reshape(rows, -1, 2).float()
+    return (values * pairs[..., :1] + pairs[..., 1:]).reshape(rows, -1).to(dtype)
+
+
+class Q4Linear(nn.Module):
+    """A linear layer whose weight is held only as Q4_1 blocks (views of the fused step's packed matrix)."""
+
+    q: torch.Tensor
+    dm: torch.Tensor
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        dm: torch.Tensor,
+        bias: torch.Tensor | None,
+        scratch: Scratch,
+        library: Any,
+        gemm_dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.out_features = int(q.shape[0])
+        self.in_features = int(q.shape[1]) * 2
+        self.register_buffer("q", q, persistent=False)
+        self.register_buffer("dm", dm, persistent=False)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        self.scratch = scratch
+        self.library = library  # the fused kernel's library (its hearth_dequant_q4), or None: torch's reference
+        self.gemm_dtype = gemm_dtype
+
+    def dense(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The weight, dequantized into the shared scratch buffer (valid until the next layer's call)."""
+        dtype = dtype or self.gemm_dtype
+        out = self.scratch.take(self.out_features, self.in_features, dtype)
+        if self.library is None or self.q.stride(1) != 1 or self.dm.stride(1) != 1:
+            out.copy_(dequantize_q4(self.q, self.dm, dtype))
+            return out
+        self.library.lib.hearth_dequant_q4(
+            self.q.data_ptr(),
+            self.q.stride(0),
+            self.dm.data_ptr(),
+            self.dm.stride(0),
+            self.out_features,
+            self.in_features,
+            out.data_ptr(),
+            int(dtype == torch.bfloat16),
+            max(1, torch.get_num_threads()),
+        )
+        return out
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight = self.dense()
+        bias = self.bias.to(weight.dtype) if self.bias is not None else None
+        return F.linear(input.to(weight.dtype), weight, bias).to(input.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, Q4_1 held once"
+
+
+class Int8RowsLinear(nn.Module):
+    """An untied lm_head held only as the fused step's int8 rows (fp32 scale per row); prefill asks for one row of
+    logits, computed a chunk of rows at a time."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = int(q.shape[0]), int(q.shape[1])
+        self.register_buffer("q", q, persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
+        self.bias = None
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        flat = input.reshape(-1, self.in_features).float()
+        out = torch.empty(flat.shape[0], self.out_features, dtype=torch.float32)
+        for start in range(0, self.out_features, HEAD_CHUNK_ROWS):
+            end = min(start + HEAD_CHUNK_ROWS, self.out_features)
+            weight = self.q[start:end].float() * self.scale[start:end, None]
+            torch.matmul(flat, weight.t(), out=out[:, start:end])
+        return out.reshape(*input.shape[:-1], self.out_features).to(input.dtype)
+
+
+def hold_once(model: Any, tensors: Mapping[str, torch.Tensor], library: Any) -> int:
+    """Swap the decoder's linear layers (and an untied lm_head) for views of `tensors` (native.pack_model's Q4_1
+    layout), then copy what is left out of the mapped weight file; returns the bytes the swapped-out weights held."""
+    base: Any = model.model
+    config = model.config.get_text_config(decoder=True)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    gemm_dtype = torch.bfloat16 if prefill.native_bf16_gemm() else torch.float32
+    scratch = Scratch()
+    freed = 0
+
+    def swap(parent: nn.Module, name: str, q: torch.Tensor, dm: torch.Tensor) -> None:
+        nonlocal freed
+        old = getattr(parent, name)
+        freed += old.weight.numel() * old.weight.element_size()
+        bias = old.bias.detach().clone() if getattr(old, "bias", None) is not None else None
+        setattr(parent, name, Q4Linear(q, dm, bias, scratch, library, gemm_dtype))
+
+    for index, layer in enumerate(base.layers):
+        attention, mlp = layer.self_attn, layer.mlp
+        q, dm = tensors[f"{index}.qkv.q"], tensors[f"{index}.qkv.s"]
+        bounds = [0, heads * head_dim, (heads + kv_heads) * head_dim, (heads + 2 * kv_heads) * head_dim]
+        for part, start, end in zip(("q_proj", "k_proj", "v_proj"), bounds, bounds[1:], strict=False):
+            swap(attention, part, q[start:end], dm[start:end])
+        swap(attention, "o_proj", tensors[f"{index}.o.q"], tensors[f"{index}.o.s"])
+        gu_q, gu_dm = tensors[f"{index}.gu.q"], tensors[f"{index}.gu.s"]
+        swap(mlp, "gate_proj", gu_q[0::2], gu_dm[0::2])
+        swap(mlp, "up_proj", gu_q[1::2], gu_dm[1::2])
+        swap(mlp, "down_proj", tensors[f"{index}.down.q"], tensors[f"{index}.down.s"])
+    head = model.get_output_embeddings()
+    embedding = model.get_input_embeddings()
+    if isinstance(head, nn.Linear) and head.weight is not embedding.weight and "lm.q" in tensors:
+        freed += head.weight.numel() * head.weight.element_size()
+        model.set_output_embeddings(Int8RowsLinear(tensors["lm.q"], tensors["lm.s"]))
+    # What stays (embedding, norms, biases, a tied head) is copied out of the mapped file, so no view keeps it mapped.
+    for module in model.modules():
+        if isinstance(module, (Q4Linear, Int8RowsLinear)):
+            continue
+        for param in list(module.parameters(recurse=False)):
+            param.data = param.data.clone()
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            module._buffers[name] = buffer.clone()
+    return freed
+
+
+def is_held_once(model: Any) -> bool:
+    return any(isinstance(module, Q4Linear) for module in model.modules())
+
+
+def held_tensor_bytes(model: Any) -> int:
+    """Bytes of the packed matrices the model's own layers hold (the fused step reads the same memory)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, (Q4Linear, Int8RowsLinear)):
+            total += sum(b.numel() * b.element_size() for b in module.buffers(recurse=False))
+    return total

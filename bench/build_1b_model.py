@@ -1,0 +1,83 @@
+"""Build a random-weight model of TinyLlama-1.1B's shape with SmolLM2's tokenizer, for speed and memory benchmarks.
+
+    python bench/build_1b_model.py [--out .cache/models/random-tinyllama-1b] [--seed 0]
+
+TinyLlama-1.1B's published config: 22 layers, hidden 2048, intermediate 5632, 32 heads, 4 KV heads (head dim 64),
+RMSNorm eps 1e-5, RoPE theta 10000, untied lm_head. The vocabulary is SmolLM2's (49,152 tokens, the tokenizer of the
+embedded default model), so both engines tokenize alike and no download is needed. Decode and prefill speed do not
+depend on the weights' values, only their shapes; the weights are seeded, so the file is the same on every run.
+Written as bf16 safetensors (2.2 GB); `bench/peer.py --model FOLDER` converts it for llama.cpp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+DEFAULT_OUT = ROOT / ".cache" / "models" / "random-tinyllama-1b"
+TINYLLAMA_SHAPE = {
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def build(out: Path, seed: int) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from app.core.engines.loader import prepare_folder
+    from app.core.models.model_source import read_config, resolve_model
+
+    tokenizer_folder = prepare_folder(resolve_model(None))
+    smol = read_config(tokenizer_folder)
+    values = dict(TINYLLAMA_SHAPE)
+    model_type = str(values.pop("model_type"))
+    config = AutoConfig.for_model(
+        model_type,
+        **values,
+        vocab_size=int(smol["vocab_size"]),
+        bos_token_id=smol.get("bos_token_id"),
+        eos_token_id=smol.get("eos_token_id"),
+        pad_token_id=smol.get("pad_token_id"),
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_folder / name).exists():
+            shutil.copy(tokenizer_folder / name, out / name)
+    parameters = sum(p.numel() for p in model.parameters())
+    print(f"wrote {out}: {parameters / 1e9:.2f} B parameters, bf16")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    build(args.out, args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

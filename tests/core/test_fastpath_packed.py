@@ -1,0 +1,164 @@
+"""`--quant q4`: the decoder matrices held once, as the fused step's Q4_1 copy, and prefill from them
+(app/core/fastpath/packed.py).
+
+Bounds: the q4 model's plain path (prefill through dequantized Q4_1 weights, torch's decode step) is the reference
+for the fused step on the same weights, so only the int8 activations differ (the fused-int8 bound, 5 %); against the
+bf16 model the weights themselves change (the fused-q4 bound, 15 %, and >= 90 % greedy agreement on the default
+model).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from app.core.chat.events import ChatMessage
+from app.core.engines.engine import Engine, KVState
+from app.core.engines.loader import load_model, resolve_quantization
+from app.core.engines.session import ChatSession
+from app.core.errors import QuantizationError
+from app.core.fastpath import native, packed
+from app.core.memory.accounting import measured_weights_by_device
+from app.core.memory.planner import plan_memory
+from tests.core.test_fastpath import (
+    AGREEMENT_BOUND,
+    GREEDY,
+    LOGIT_ERROR_BOUND,
+    cancel_after_first_token,
+    greedy_reference,
+    run,
+    teacher_forced,
+)
+
+KERNEL = native.load_library()
+needs_kernel = pytest.mark.skipif(isinstance(KERNEL, str), reason=f"no fused decode kernel here: {KERNEL}")
+Q4_BOUND = 0.15  # the fused-q4 bound of tests/core/test_fastpath_native.py: 4-bit weights against 16-bit ones
+
+
+@pytest.fixture(scope="module")
+def default_q4() -> Any:
+    return load_model(None, quantization="q4", device="cpu")
+
+
+def test_q4_is_for_the_cpu_and_says_what_to_use_elsewhere() -> None:
+    with pytest.raises(QuantizationError, match="q4 holds the weights for the CPU's fused decode step"):
+        resolve_quantization("q4", "cuda:0")
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_c_dequantizer_matches_torchs_reference_on_strided_rows(dtype: torch.dtype) -> None:
+    assert not isinstance(KERNEL, str)
+    generator = torch.Generator().manual_seed(0)
+    q, dm = native.quantize_q4_blocks(torch.randn(96, 128, generator=generator))
+    scratch = packed.Scratch()
+    for rows in (slice(0, 96), slice(0, None, 2), slice(1, None, 2), slice(32, 64)):  # gate/up take every other row
+        with_c = packed.Q4Linear(q[rows], dm[rows], None, scratch, KERNEL, dtype).dense().clone()
+        reference = packed.dequantize_q4(q[rows], dm[rows], dtype)
+        assert with_c.dtype == dtype and torch.equal(with_c, reference)
+        without_c = packed.Q4Linear(q[rows], dm[rows], None, scratch, None, dtype).dense()
+        assert torch.equal(without_c, reference)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [("llama", {}), ("llama-untied", {}), ("qwen2", {}), ("llama", {"attention_bias": True, "mlp_bias": True})],
+)
+def test_q4_holds_each_matrix_once_and_the_planner_counts_it_to_the_byte(
+    arch: str, overrides: dict[str, Any], tiny_model_dir: Any
+) -> None:
+    folder = str(tiny_model_dir(arch, **overrides))
+    loaded = load_model(folder, quantization="q4", device="cpu")
+    assert loaded.quantization == "q4" and not loaded.notices
+    model = loaded.model
+    decoder_linears = [m for layer in model.model.layers for m in layer.modules() if isinstance(m, nn.Linear)]
+    assert decoder_linears == []  # no 16-bit matrix left in any decoder layer
+    engine = Engine(loaded)
+    assert engine.decode_path == "fused-q4" and "held once" in engine.decode_path_note
+    # The layers' buffers are views of the very tensors the C step reads: one copy.
+    read_by_step = {t.untyped_storage().data_ptr() for t in engine.path.fused._keep}  # type: ignore[union-attr]
+    held = [m for m in model.modules() if isinstance(m, packed.Q4Linear)]
+    assert held and all(m.q.untyped_storage().data_ptr() in read_by_step for m in held)
+    plan = plan_memory(folder, quantization="q4", device="cpu", context=256)
+    assert measured_weights_by_device(model) == {"cpu": plan.weights_bytes}
+    assert plan.overhead["decode_copies"] == engine.path.added_bytes
+    assert plan.overhead["load_staging"] == 0
+    bf16 = plan_memory(folder, quantization="bf16", device="cpu", context=256)
+    one_copy = plan.weights_bytes + plan.overhead["decode_copies"]
+    assert one_copy < bf16.weights_bytes + bf16.overhead["decode_copies"]  # bf16 holds its weights and the copies
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["llama", "llama-untied", "qwen2"])
+def test_q4_prefill_is_close_to_bf16_and_the_fused_step_agrees_with_its_plain_path(
+    arch: str, tiny_model_dir: Any
+) -> None:
+    folder = str(tiny_model_dir(arch))
+    q4 = load_model(folder, quantization="q4", device="cpu")
+    bf16 = load_model(folder, quantization="bf16", device="cpu")
+    plain_bf16 = Engine(bf16, decode_path="eager")
+    plain_q4, fused_q4 = Engine(q4, decode_path="eager"), Engine(q4)
+    assert fused_q4.decode_path == "fused-q4"
+    ids = plain_q4.prepare_prompt([ChatMessage("user", "hello there, how are you today?")]).ids
+    reference = greedy_reference(plain_q4, ids, 10)
+    _, q4_logits = teacher_forced(plain_q4, ids, reference)
+    _, fused_logits = teacher_forced(fused_q4, ids, reference)
+    _, bf16_logits = teacher_forced(plain_bf16, ids, reference)
+    assert torch.equal(q4_logits[0], fused_logits[0])  # prefill: the same layers either way
+    for want, got in zip(q4_logits[1:], fused_logits[1:], strict=True):
+        assert float((got - want).abs().max() / want.abs().max()) < LOGIT_ERROR_BOUND
+    for want, got in zip(bf16_logits, q4_logits, strict=True):
+        assert float((got - want).abs().max() / want.abs().max()) < Q4_BOUND
+
+
+@needs_kernel
+def test_q4_on_the_default_model_agrees_with_bf16_and_keeps_the_chat_features(
+    default_q4: Any, default_loaded: Any
+) -> None:
+    fused = Engine(default_q4)
+    assert fused.decode_path == "fused-q4"
+    text, stats, _ = run(fused.generate([ChatMessage("user", "What is the capital of France?")], GREEDY))
+    assert "Paris" in text and "Q4_1 weights held once" in stats.decode_path_note
+    plain = Engine(default_loaded, decode_path="eager")
+    ids = plain.prepare_prompt([ChatMessage("user", "Tell me about the history of bread.")]).ids
+    reference = greedy_reference(plain, ids, 24)
+    picks, _ = teacher_forced(fused, ids, reference)
+    assert sum(p == r for p, r in zip(picks, reference, strict=True)) >= AGREEMENT_BOUND * len(reference)
+    # Prefix reuse across turns, regenerate and cancel run as on the other paths.
+    session = ChatSession(fused, params=GREEDY, use_response_cache=False)
+    _, first_stats, _ = run(session.ask("Name a fruit."))
+    _, second_stats, _ = run(session.ask("Name a colour."))
+    assert second_stats.cached_tokens >= first_stats.prompt_tokens + first_stats.generated_tokens - 2
+    _, again_stats, _ = run(session.regenerate())
+    assert again_stats.cached_tokens == second_stats.prompt_tokens - 1
+    finish, after_cancel = cancel_after_first_token(fused)
+    assert finish == "cancelled" and after_cancel <= 1
+    assert KVState().cache is None  # a fresh state shares nothing with the session's
+
+
+@needs_kernel
+def test_a_second_q4_load_maps_the_cached_copy(tiny_model_dir: Any, isolated_cache: Any) -> None:
+    folder = str(tiny_model_dir("llama-untied"))
+    first = Engine(load_model(folder, quantization="q4", device="cpu"))
+    second = Engine(load_model(folder, quantization="q4", device="cpu"))
+    assert "held once (packed" in first.decode_path_note
+    assert "held once (loaded from the cache" in second.decode_path_note
+    assert first.path.weights_digest == second.path.weights_digest != ""
+
+
+def test_q4_where_the_fused_step_cannot_run_loads_bf16_and_says_why(tiny_model_dir: Any) -> None:
+    loaded = load_model(str(tiny_model_dir("gemma2")), quantization="q4", device="cpu")
+    assert loaded.quantization == "bf16"
+    assert any(n.startswith("Loaded as bf16: q4 needs the fused decode step") for n in loaded.notices)
+    assert not packed.is_held_once(loaded.model)
+
+
+def test_auto_plans_q4_on_the_cpu_and_bf16_where_the_fused_step_cannot_run(tiny_model_dir: Any) -> None:
+    assert plan_memory(None, quantization="auto", device="cpu", context=256).quantization == "q4"
+    plan = plan_memory(str(tiny_model_dir("gemma2")), quantization="q4", device="cpu", context=256)
+    assert plan.quantization == "bf16"
+    assert any(note.startswith("Planned as bf16: q4 needs the fused decode step") for note in plan.notes)
