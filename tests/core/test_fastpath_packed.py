@@ -16,13 +16,16 @@ import torch
 from torch import nn
 
 from app.core.chat.events import ChatMessage
+from app.core.engines.backend import ReplyRequest
 from app.core.engines.engine import Engine, KVState
-from app.core.engines.loader import load_model, resolve_quantization
+from app.core.engines.loader import load_model
+from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
 from app.core.errors import QuantizationError
 from app.core.fastpath import native, packed
 from app.core.memory.accounting import measured_weights_by_device
 from app.core.memory.planner import plan_memory
+from app.core.models.quant import resolve_quantization
 from tests.core.test_fastpath import (
     AGREEMENT_BOUND,
     GREEDY,
@@ -121,7 +124,7 @@ def test_q4_on_the_default_model_agrees_with_bf16_and_keeps_the_chat_features(
 ) -> None:
     fused = Engine(default_q4)
     assert fused.decode_path == "fused-q4"
-    text, stats, _ = run(fused.generate([ChatMessage("user", "What is the capital of France?")], GREEDY))
+    text, stats, _ = run(fused.generate(ReplyRequest([ChatMessage("user", "What is the capital of France?")], GREEDY)))
     assert "Paris" in text and "Q4_1 weights held once" in stats.decode_path_note
     plain = Engine(default_loaded, decode_path="eager")
     ids = plain.prepare_prompt([ChatMessage("user", "Tell me about the history of bread.")]).ids
@@ -129,7 +132,7 @@ def test_q4_on_the_default_model_agrees_with_bf16_and_keeps_the_chat_features(
     picks, _ = teacher_forced(fused, ids, reference)
     assert sum(p == r for p, r in zip(picks, reference, strict=True)) >= AGREEMENT_BOUND * len(reference)
     # Prefix reuse across turns, regenerate and cancel run as on the other paths.
-    session = ChatSession(fused, params=GREEDY, use_response_cache=False)
+    session = ChatSession(EngineBackend.wrap(fused), params=GREEDY, use_response_cache=False)
     _, first_stats, _ = run(session.ask("Name a fruit."))
     _, second_stats, _ = run(session.ask("Name a colour."))
     assert second_stats.cached_tokens >= first_stats.prompt_tokens + first_stats.generated_tokens - 2

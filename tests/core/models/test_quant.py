@@ -21,16 +21,18 @@ from app.core.settings import Settings
 
 
 def test_auto_resolves_per_device_and_the_summary_says_the_same() -> None:
-    assert resolve_quantization("auto", "cpu") == "bf16"
+    assert resolve_quantization("auto", "cpu") == "q4"
     assert resolve_quantization("auto", "cuda:0") == "nf4"
     assert resolve_quantization("auto", "mps") == "fp16"
-    assert auto_summary() == "bf16 on the CPU, nf4 on a CUDA GPU, fp16 on Apple MPS"
+    assert auto_summary() == "q4 on the CPU, nf4 on a CUDA GPU, fp16 on Apple MPS"
 
 
 def test_every_precision_resolves_to_itself_and_has_load_kwargs() -> None:
     for name in PRECISIONS:
         assert resolve_quantization(name, "cpu") == name
         assert "dtype" in quantization_kwargs(name, "cpu")
+    with pytest.raises(QuantizationError, match="q4 holds the weights for the CPU's fused decode step; on cuda:0"):
+        resolve_quantization("q4", "cuda:0")
     assert set(QUANTIZATIONS) == {"auto", *PRECISIONS}
 
 
