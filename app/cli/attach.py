@@ -64,30 +64,48 @@ def read_attachments(args: argparse.Namespace) -> list[ExtractedDocument]:
 
 def message_with_documents(session: Any, question: str, documents: Sequence[ExtractedDocument], fit: str) -> str:
     """The first user message: documents first (so follow-up questions reuse their KV cache), fitted to what
-    is left of the context window the way --fit says, with a note on stderr for anything dropped."""
+    is left of the context window the way --fit says, with a note on stderr for anything dropped.
+
+    A local model counts with its tokenizer and chat template; a remote engine's tokens are estimated (about 4
+    characters a token), and an engine whose context window Hearth does not know gets the documents whole."""
     from app.core.chat.chat_format import format_prompt
     from app.core.chat.events import ChatMessage
 
     if not documents:
         return question
-    engine = session.backend.engine  # attachments are for local models: open_remote_session refuses them
-    window: int = engine.context_window
     system = [ChatMessage("system", session.system_prompt)] if session.system_prompt else []
     before = [*system, *session.messages]  # what goes ahead of the new message
+    engine = getattr(session.backend, "engine", None)  # the local Engine (a remote backend's is its config)
+    if not hasattr(engine, "tokenizer"):
+        engine = None  # no tokenizer here: estimate
+    window: int = engine.context_window if engine is not None else session.backend.info.context_window
+    count_tokens = engine.count_tokens if engine is not None else session.backend.count_tokens
+    if not window:
+        message = compose_user_message(question, documents)
+        print(
+            f"hearth: note: the engine's context window is unknown here, so the documents go whole "
+            f"(about {count_tokens(message):,} tokens); the server refuses a prompt it cannot fit.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return message
 
     def prompt_tokens(user_text: str) -> int:
-        return len(format_prompt(engine.tokenizer, [*before, ChatMessage("user", user_text)]).ids)
+        messages = [*before, ChatMessage("user", user_text)]
+        if engine is not None:
+            return len(format_prompt(engine.tokenizer, messages).ids)
+        return sum(count_tokens(m.content) + 4 for m in messages)  # + the template's few tokens per message
 
     reply_reserve = min(session.params.max_new_tokens, window // 4)
     remaining = remaining_context(window, prompt_tokens(""), reply_reserve)
-    decision = plan_fit(documents, question, count_tokens=engine.count_tokens, remaining_tokens=remaining)
+    decision = plan_fit(documents, question, count_tokens=count_tokens, remaining_tokens=remaining)
     if decision.fits:
         return compose_user_message(question, documents)
     if fit == "error":
         raise decision.error(window)
     available = decision.available_for_documents
     for _ in range(REFIT_ATTEMPTS):
-        result = apply_fit(documents, question, fit, count_tokens=engine.count_tokens, available_tokens=available)
+        result = apply_fit(documents, question, fit, count_tokens=count_tokens, available_tokens=available)
         message = compose_user_message(question, result.documents)
         excess = prompt_tokens(message) + reply_reserve - window
         if excess <= 0:

@@ -173,3 +173,18 @@ def test_chat_attach_end_to_end_in_a_subprocess(tmp_path: Path) -> None:
     assert "PINEAPPLE-42" in "".join(str(e["text"]) for e in events if e["type"] == "token")
     (stats,) = (e for e in events if e["type"] == "stats")
     assert int(stats["prompt_tokens"]) > 30  # the document went into the prompt
+
+
+def test_a_backend_without_a_tokenizer_fits_documents_by_estimate(tmp_path: Path) -> None:
+    """A remote engine (here the scripted backend: no tokenizer, a known window) estimates tokens to fit."""
+    from app.core.engines.backend import ScriptedBackend
+    from app.core.engines.session import ChatSession
+
+    session = ChatSession(ScriptedBackend(context_window=512), system_prompt="Be brief.", params=GREEDY)
+    small = extract_document(notes_file(tmp_path, paragraphs=1))
+    assert message_with_documents(session, QUESTION, [small], "error") == compose_user_message(QUESTION, [small])
+    big = extract_document(notes_file(tmp_path, paragraphs=60))
+    with pytest.raises(DocumentsDoNotFitError, match="of the 512-token context window"):
+        message_with_documents(session, QUESTION, [big], "error")
+    trimmed = message_with_documents(session, QUESTION, [big], "trim")
+    assert trimmed.endswith(QUESTION) and len(trimmed) < len(compose_user_message(QUESTION, [big]))

@@ -141,13 +141,26 @@ def test_chat_engine_errors(replay: ReplayServer, capsys: pytest.CaptureFixture[
     hearth(capsys, "engines", "add", "r", "--url", replay.base_url)
     code, _, err = hearth(capsys, "chat", "--engine", "r", "Hi")
     assert code == 2 and "Choose a model for engine 'r' with --model" in err
-    doc = tmp_path / "a.txt"
-    doc.write_text("hello")
-    code, _, err = hearth(capsys, "chat", "--engine", "r", "--model", "m", "--attach", str(doc), "Hi")
-    assert code == 2 and "--attach works with local models only" in err
     replay.queue_file("openai_404.json", status=404)
     code, _, err = hearth(capsys, "chat", "--engine", "r", "--model", "no-such-model", "Hi")
     assert code == 2 and err.startswith("hearth: Engine 'r'") and "has no model 'no-such-model'" in err
     replay.queue_file("error_chunk.sse")
     code, out, err = hearth(capsys, "chat", "--engine", "r", "--model", "m", "Hi")
     assert code == 1 and out.startswith("Half a") and "the reply failed: Engine 'r'" in err
+
+
+def test_chat_with_an_engine_sends_attached_documents(
+    replay: ReplayServer, capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:  # fmt: skip
+    hearth(capsys, "engines", "add", "r", "--url", replay.base_url, "--model", "m")
+    doc = tmp_path / "notes.txt"
+    doc.write_text("The secret code word is PINEAPPLE-42.")
+    replay.queue_file("vllm_stream.sse")
+    code, out, err = hearth(capsys, "chat", "--engine", "r", "--attach", str(doc), "What is the code word?")
+    assert code == 0 and out.startswith("Paris is the capital."), err
+    sent = replay.requests[-1].body
+    assert sent is not None
+    user = sent["messages"][-1]
+    assert user["role"] == "user" and user["content"].startswith('<document name="notes.txt"')
+    assert "PINEAPPLE-42" in user["content"] and user["content"].endswith("What is the code word?")
+    assert "the engine's context window is unknown here, so the documents go whole" in err

@@ -38,8 +38,6 @@ def open_remote_session(settings: Any, args: Any, params: SamplingParams) -> Cha
     from app.core.errors import HearthError
 
     engine = registry.get_engine(args.engine)
-    if getattr(args, "attach", None):
-        raise HearthError("--attach works with local models only; paste the text into the prompt for a remote engine.")
     model = args.model or engine.default_model
     if not model:
         raise HearthError(
