@@ -95,4 +95,11 @@ def test_serve_command_answers_the_openai_client(tmp_path: Path) -> None:
         assert process.stderr.readline().startswith("127.0.0.1 POST /v1/chat/completions 200")
     finally:
         process.send_signal(2)
-        assert process.wait(30) == 0
+        # Keep reading stderr while it stops: a full pipe would block the process's own last lines.
+        try:
+            _, rest = process.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, rest = process.communicate()
+            pytest.fail(f"hearth serve did not stop within 90 s of Ctrl+C; its last output:\n{rest[-2000:]}")
+    assert process.returncode == 0, rest[-2000:]
