@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import secrets as random_secrets
+import signal
 import sys
 import threading
+from typing import Any
 
 from app.cli import Subparsers
 from app.cli.common import add_model_flags, progress_to_stderr, settings_from_args
@@ -122,11 +124,24 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr, flush=True,
         )  # fmt: skip
         stopped = threading.Event()
-        while handle.running and not stopped.wait(0.5):
-            pass
+        previous = stop_on_sigterm(stopped)
+        try:
+            while handle.running and not stopped.wait(0.5):
+                pass
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl+C (a shell that started us in the background makes us ignore it: SIGTERM stops)
         return 0
     finally:
         handle.stop()
         backend.close()
+
+
+def stop_on_sigterm(stopped: threading.Event) -> Any:
+    """SIGTERM (what service managers and `kill` send) stops the server cleanly, like Ctrl+C; returns the handler it
+    replaced, or None off the main thread (where Python cannot set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, lambda _signum, _frame: stopped.set())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -65,14 +66,23 @@ def test_new_key_goes_to_the_keyring_and_is_printed_once(
     assert again.api_key == stored  # read back, not made anew
 
 
-def test_serve_command_answers_the_openai_client(tmp_path: Path) -> None:
-    """The real command, in its own process, on the embedded model: starts, answers, stops on SIGINT."""
+def _default_sigint() -> None:
+    """As a terminal's foreground process gets it: a shell that started the test run in the background passes
+    SIGINT on as ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_serve_command_answers_the_openai_client(tmp_path: Path, stop_signal: signal.Signals) -> None:
+    """The real command, in its own process, on the embedded model: starts, answers, stops on Ctrl+C or SIGTERM
+    (SIGTERM with the signal dispositions this test run has, whatever they are)."""
     import openai
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "HEARTH_HOME": str(tmp_path / "home")}
     process = subprocess.Popen(
         [sys.executable, "-m", "app", "serve", "--port", "0", "--quant", "bf16", "--device", "cpu"],
         cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_default_sigint if stop_signal == signal.SIGINT else None,
     )  # fmt: skip
     try:
         address = None
@@ -94,12 +104,14 @@ def test_serve_command_answers_the_openai_client(tmp_path: Path) -> None:
         assert reply.usage is not None and reply.usage.completion_tokens >= 1
         assert process.stderr.readline().startswith("127.0.0.1 POST /v1/chat/completions 200")
     finally:
-        process.send_signal(2)
+        process.send_signal(stop_signal)
         # Keep reading stderr while it stops: a full pipe would block the process's own last lines.
         try:
             _, rest = process.communicate(timeout=90)
         except subprocess.TimeoutExpired:
             process.kill()
             _, rest = process.communicate()
-            pytest.fail(f"hearth serve did not stop within 90 s of Ctrl+C; its last output:\n{rest[-2000:]}")
+            pytest.fail(
+                f"hearth serve did not stop within 90 s of {stop_signal.name}; its last output:\n{rest[-2000:]}"
+            )
     assert process.returncode == 0, rest[-2000:]
