@@ -148,10 +148,7 @@ def _apply_fused(
 ) -> DecodePathChoice | str:
     """The fused C decode step with copies of every decoder matrix (int8 rows or Q4_1 blocks) and the lm_head (int8),
     or why not."""
-    reason = native.unsupported_reason(model)
-    if reason:
-        return reason
-    library = native.load_library()
+    library = _fused_library(model)
     if isinstance(library, str):
         return library
     started = time.perf_counter()
@@ -210,14 +207,17 @@ class HeldOnce:
     how: str
 
 
+def _fused_library(model: Any) -> Any:
+    """The kernel library for the fused step on this model, or why it can't run (an architecture it lacks, no
+    kernel)."""
+    return native.unsupported_reason(model) or native.load_library()
+
+
 def hold_weights_once(model: Any, folder: Path | None, notices: list[str]) -> str:
     """Make the model hold its decoder matrices once, as the fused step's Q4_1 copy (app.core.fastpath.packed): from
     the cache when there is one (the 16-bit weights are then never read), else packed from the mapped weights and
     cached. Empty on success, else why not (the model is then untouched)."""
-    reason = native.unsupported_reason(model)
-    if reason:
-        return reason
-    library = native.load_library()
+    library = _fused_library(model)
     if isinstance(library, str):
         return library
     started = time.perf_counter()
