@@ -53,17 +53,38 @@ def test_q4_is_for_the_cpu_and_says_what_to_use_elsewhere() -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_c_dequantizer_matches_torchs_reference_on_strided_rows(dtype: torch.dtype) -> None:
+def test_the_c_dequantizer_matches_torchs_reference_on_group_ranges(dtype: torch.dtype) -> None:
     assert not isinstance(KERNEL, str)
     generator = torch.Generator().manual_seed(0)
-    q, dm = native.quantize_q4_blocks(torch.randn(96, 128, generator=generator))
+    weight = torch.randn(96, 128, generator=generator)
+    records = packed.interleave_q4(*native.quantize_q4_blocks(weight))
     scratch = packed.Scratch()
-    for rows in (slice(0, 96), slice(0, None, 2), slice(1, None, 2), slice(32, 64)):  # gate/up take every other row
-        with_c = packed.Q4Linear(q[rows], dm[rows], None, scratch, KERNEL, dtype).dense().clone()
-        reference = packed.dequantize_q4(q[rows], dm[rows], dtype)
+    for groups in (slice(0, 6), slice(0, 3), slice(3, 6), slice(2, 4)):  # q/k/v and gate/up are group ranges
+        with_c = packed.Q4Linear(records[groups], None, scratch, KERNEL, dtype).dense().clone()
+        reference = packed.dequantize_q4(records[groups], 128, dtype)
         assert with_c.dtype == dtype and torch.equal(with_c, reference)
-        without_c = packed.Q4Linear(q[rows], dm[rows], None, scratch, None, dtype).dense()
+        without_c = packed.Q4Linear(records[groups], None, scratch, None, dtype).dense()
         assert torch.equal(without_c, reference)
+    # The rows come back in order and within a Q4_1 step of the weights they were quantized from.
+    dense = packed.dequantize_q4(records, 128)
+    step = (weight.reshape(96, 4, 32).amax(-1) - weight.reshape(96, 4, 32).amin(-1)) / 15
+    assert ((dense - weight).abs().reshape(96, 4, 32) <= step[..., None] * 0.51 + 1e-3).all()
+
+
+def test_the_x16_layout_round_trips_and_puts_each_rows_bytes_where_the_kernel_reads_them() -> None:
+    generator = torch.Generator().manual_seed(1)
+    nibbles, pairs = native.quantize_q4_blocks(torch.randn(32, 64, generator=generator))
+    records = packed.interleave_q4(nibbles, pairs)
+    assert records.shape == (2, 2 * 320) and records.dtype == torch.uint8
+    back = packed.deinterleave_q4(records, 64)
+    assert torch.equal(back[0], nibbles) and torch.equal(back[1], pairs)
+    # Group 1, block 1, row 5: chunk k holds its bytes 4k..4k+3 at 4 * 5; then d and m of the 16 rows.
+    record = records[1, 320:]
+    row = 16 + 5
+    for k in range(4):
+        assert record[64 * k + 20 : 64 * k + 24].tolist() == nibbles[row, 16 + 4 * k : 16 + 4 * k + 4].tolist()
+    d, m = record[256:288].view(torch.float16), record[288:320].view(torch.float16)
+    assert d[5] == pairs[row, 2] and m[5] == pairs[row, 3]
 
 
 @needs_kernel
@@ -85,7 +106,7 @@ def test_q4_holds_each_matrix_once_and_the_planner_counts_it_to_the_byte(
     # The layers' buffers are views of the very tensors the C step reads: one copy.
     read_by_step = {t.untyped_storage().data_ptr() for t in engine.path.fused._keep}  # type: ignore[union-attr]
     held = [m for m in model.modules() if isinstance(m, packed.Q4Linear)]
-    assert held and all(m.q.untyped_storage().data_ptr() in read_by_step for m in held)
+    assert held and all(m.records.untyped_storage().data_ptr() in read_by_step for m in held)
     plan = plan_memory(folder, quantization="q4", device="cpu", context=256)
     assert measured_weights_by_device(model) == {"cpu": plan.weights_bytes}
     assert plan.overhead["decode_copies"] == engine.path.added_bytes

@@ -29,8 +29,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from app.core.fastpath import native
 from app.core.fastpath.int8 import quantize_rows
 from app.core.fastpath.native import quantize_q4_blocks
+from app.core.fastpath.packed import interleave_q4
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARNESS = REPO_ROOT / "tests" / "core" / "native_harness" / "harness.c"
@@ -42,9 +44,16 @@ INSTALL_HINT = "Debian/Ubuntu: `make cross-tools` (apt-get install gcc-aarch64-l
 # said outright so a clang (which fuses a * b + c within an expression by default) builds the same floats too.
 FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fopenmp"]
 RELATIVE_BOUND = 1e-6
-VARIANTS, STEPS = 4, 11  # harness.c's VARIANTS and POSITIONS
+VARIANTS, STEPS = 5, 11  # harness.c's VARIANTS and POSITIONS
 # The CPU qemu emulates per build: `max` has DotProd; a Cortex-A53 (Armv8.0) faults on sdot.
 ARM_BUILDS = {"dotprod": ("armv8.2-a+dotprod", "max"), "plain": ("armv8-a", "cortex-a53")}
+# The x86-64 builds a user's CPU may get (packaging/build_kernels.py's targets; -march=native picks one of these
+# kernels too): flags, the CPU flags the build needs to run, and the Q4_1 kernel it reports (hearth_q4_kernel).
+X86_BUILDS = {
+    "avx512-vnni": (["-march=x86-64-v4", "-mavx512vnni"], {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}, 4),
+    "avx2": (["-march=x86-64-v3"], {"avx2", "fma", "f16c"}, 3),
+    "scalar": (["-march=x86-64"], set(), 0),
+}
 
 Logits = dict[tuple[int, int, int], list[float]]  # (variant, position, token) -> logits
 
@@ -124,7 +133,7 @@ def test_the_aarch64_build_computes_the_x86_builds_logits(
     flags, logits = run_harness([qemu, "-cpu", cpu, str(binary)])
 
     # hearth_simd() is what native.py checks before using a library: NEON counts, as AVX2+FMA does on x86.
-    assert flags == {"simd": 1, "openmp": 1, "dotprod": int(build == "dotprod")}
+    assert flags == {"simd": 1, "openmp": 1, "dotprod": int(build == "dotprod"), "q4": 2 if build == "dotprod" else 1}
     assert logits.keys() == x86_logits.keys()  # the same steps on the same tokens
     worst = 0.0
     for step, reference in x86_logits.items():
@@ -148,3 +157,30 @@ def test_the_harness_packs_weights_exactly_as_native_py_does(x86_harness: Path) 
     nibbles, pairs = quantize_q4_blocks(weight)
     assert nibbles.flatten().tolist() == [int(v) for v in fields["q4_nibbles"]]
     assert pairs.view(torch.uint16).flatten().tolist() == [int(v) for v in fields["q4_pairs"]]
+    assert interleave_q4(nibbles, pairs).flatten().tolist() == [int(v) for v in fields["q4_records"]]
+
+
+@pytest.mark.parametrize("build", list(X86_BUILDS))
+def test_each_x86_build_this_cpu_runs_computes_the_native_builds_logits(
+    build: str, x86_logits: Logits, tmp_path: Path
+) -> None:
+    """AVX-512 VNNI, AVX2 and the scalar loops on the same inputs: the Q4_1 kernels accumulate each row in its own
+    lane in one order, so the SIMD builds agree bit for bit; the scalar build's int8 paths sum in another order
+    (measured 3e-7), inside the same bound as ARM."""
+    flags_needed, cpu_needs, q4_kernel = X86_BUILDS[build]
+    missing = cpu_needs - native.cpu_flags()
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} for the {build} build")
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    assert compiler is not None  # x86_logits found one
+    binary = tmp_path / f"harness-x86_64-{build}"
+    compile_harness(compiler, flags_needed, binary)
+    flags, logits = run_harness([str(binary)])
+    assert flags["q4"] == q4_kernel and flags["simd"] == int(build != "scalar")
+    assert logits.keys() == x86_logits.keys()
+    for step, reference in x86_logits.items():
+        scale = max(abs(v) for v in reference)
+        difference = max(abs(a - b) for a, b in zip(logits[step], reference, strict=True))
+        if build != "scalar":
+            assert difference == 0.0, f"{build}, step {step}: {difference / scale}"
+        assert difference <= RELATIVE_BOUND * scale, f"{build}, step (variant, pos, token) {step}: {difference / scale}"

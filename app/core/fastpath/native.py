@@ -38,14 +38,14 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from app.core.fastpath import integrity
 from app.core.fastpath.int8 import quantize_rows
-from app.core.fastpath.packed import Int8RowsLinear
+from app.core.fastpath.packed import Q4_GROUP, Q4_RECORD, Int8RowsLinear, interleave_q4
 from app.core.models.attention import attention_shape
 from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "hearth_decode.c"
-ABI = 2
+ABI = 3
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")  # inv_freq does not depend on the sequence length
 COMPILE_TIMEOUT_S = 180
@@ -55,7 +55,9 @@ SLAB_STEP = 256  # KV slab capacity grows in whole multiples of this many positi
 CFG_FIELDS = (
     "layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "embed_bf16", "kv_bf16", "threads", "q4",
 )  # fmt: skip
-WEIGHT_FORMATS = ("int8", "q4")  # decoder matrices: int8 rows (fp32 scale per row), or Q4_1 blocks of 32
+WEIGHT_FORMATS = ("int8", "q4")  # decoder matrices: int8 rows (fp32 scale per row), or Q4_1 in groups of 16 rows
+# hearth_q4_kernel's answer: which code runs the Q4_1 matrices in this build.
+Q4_KERNELS = {0: "scalar", 1: "NEON", 2: "NEON DotProd", 3: "AVX2", 4: "AVX-512 VNNI"}
 LAYER_FIELDS = (
     "attn_norm", "mlp_norm", "qkv_q", "qkv_s", "qkv_b", "o_q", "o_s", "o_b",
     "gu_q", "gu_s", "gu_b", "down_q", "down_s", "down_b", "k", "v",
@@ -382,7 +384,8 @@ def _load(path: Path, threaded: bool, built: float, compiler: str, sha256: str, 
     lib.hearth_step.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2
     lib.hearth_dequant_q4.restype = None  # prefill from the one packed copy (app.core.fastpath.packed)
     pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.hearth_dequant_q4.argtypes = [pointer, size, pointer, size, size, size, pointer, flag, flag]
+    lib.hearth_dequant_q4.argtypes = [pointer, size, size, pointer, flag, flag]
+    lib.hearth_q4_kernel.restype = ctypes.c_int
     if lib.hearth_abi() != ABI:
         return f"the fused decode kernel at {path} is from another version"
     layout = tuple(lib.hearth_layout(i) for i in range(4))
@@ -514,16 +517,21 @@ def quantize_q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return packed.contiguous(), torch.stack([scale, offset], dim=-1).reshape(rows, -1).contiguous()
 
 
+def quantize_q4(weight: torch.Tensor) -> tuple[torch.Tensor, None]:
+    """A matrix as the kernel's Q4_1 records (interleave_q4); no separate scale tensor."""
+    return interleave_q4(*quantize_q4_blocks(weight)), None
+
+
 def packed_matrix_bytes(rows: int, cols: int, weight_format: str) -> int:
-    """What pack_model stores for a [rows, cols] matrix: Q4_1 nibbles + fp16 (d, m) per 32 weights (20 bytes per 32),
+    """What pack_model stores for a [rows, cols] matrix: Q4_1 records (nibbles + fp16 d, m: 20 bytes per 32 weights),
     or int8 rows + an fp32 scale per row."""
     if weight_format == "q4":
         return rows * cols // 2 + rows * (cols // 32) * 4
     return rows * cols + 4 * rows
 
 
-def unsupported_reason(model: Any) -> str:
-    """Empty when the kernel implements this model's decoder exactly, else what it lacks."""
+def unsupported_reason(model: Any, weight_format: str = "int8") -> str:
+    """Empty when the kernel implements this model's decoder exactly in `weight_format`, else what it lacks."""
     config = model.config.get_text_config(decoder=True)
     model_type = str(getattr(config, "model_type", ""))
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -552,6 +560,8 @@ def unsupported_reason(model: Any) -> str:
     }
     if odd := [f"{name} {width}" for name, width in widths.items() if width % 32]:
         return f"the fused kernel needs sizes in multiples of 32 ({', '.join(odd)})"
+    if weight_format == "q4" and head_dim % Q4_GROUP:
+        return f"the fused kernel's Q4_1 layout needs head sizes in multiples of {Q4_GROUP} (this model's: {head_dim})"
     if _kv_dtype(model) not in (torch.float32, torch.bfloat16):
         return f"{_kv_dtype(model)} activations are not in the fused kernel (bf16 and fp32 are)"
     layers = getattr(base, "layers", None)
@@ -617,7 +627,8 @@ class FusedDecoder:
             }
             for part in ("qkv", "o", "gu", "down"):
                 fields[f"{part}_q"] = self._hold(tensors[f"{index}.{part}.q"])
-                fields[f"{part}_s"] = self._hold(tensors[f"{index}.{part}.s"])
+                scale = tensors.get(f"{index}.{part}.s")  # int8 rows' scales; Q4_1 records carry their own
+                fields[f"{part}_s"] = self._hold(scale) if scale is not None else None
                 bias = tensors.get(f"{index}.{part}.b")
                 fields[f"{part}_b"] = self._hold(bias) if bias is not None else None
             for offset, name in enumerate(LAYER_FIELDS[:-2]):
@@ -678,7 +689,7 @@ class FusedDecoder:
 def pack_model(model: Any, dense_weight: Any, weight_format: str = "int8") -> dict[str, torch.Tensor]:
     """The copies the kernel reads, by name: decoder matrices in `weight_format` (WEIGHT_FORMATS), the lm_head in
     int8 rows; `dense_weight(module)` gives a linear layer's float weight."""
-    quantize = quantize_q4_blocks if weight_format == "q4" else quantize_rows
+    quantize: Any = quantize_q4 if weight_format == "q4" else quantize_rows
     base: Any = model.model
     packed: dict[str, torch.Tensor] = {}
 
@@ -696,7 +707,9 @@ def pack_model(model: Any, dense_weight: Any, weight_format: str = "int8") -> di
             merged = torch.stack(weights, dim=1).reshape(-1, weights[0].shape[1])
         else:
             merged = torch.cat(weights, dim=0)
-        packed[f"{name}.q"], packed[f"{name}.s"] = quantize(merged)
+        packed[f"{name}.q"], scale = quantize(merged)
+        if scale is not None:
+            packed[f"{name}.s"] = scale
         if any(bias is not None for bias in biases):
             filled = [b if b is not None else torch.zeros(w.shape[0]) for b, w in zip(biases, weights, strict=True)]
             packed[f"{name}.b"] = (
@@ -707,7 +720,7 @@ def pack_model(model: Any, dense_weight: Any, weight_format: str = "int8") -> di
         attention, mlp = layer.self_attn, layer.mlp
         add(f"{index}.qkv", [attention.q_proj, attention.k_proj, attention.v_proj])
         add(f"{index}.o", [attention.o_proj])
-        add(f"{index}.gu", [mlp.gate_proj, mlp.up_proj], interleave=True)
+        add(f"{index}.gu", [mlp.gate_proj, mlp.up_proj], interleave=weight_format == "int8")
         add(f"{index}.down", [mlp.down_proj])
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Module):
@@ -727,15 +740,20 @@ def tensors_fit(model: Any, tensors: Mapping[str, torch.Tensor], weight_format: 
     config = model.config.get_text_config(decoder=True)
     heads, kv_heads, head_dim = attention_shape(config)
     hidden, inter = int(config.hidden_size), int(config.intermediate_size)
-    per_byte = 2 if weight_format == "q4" else 1  # Q4_1 packs two weights per byte
     dtype = torch.uint8 if weight_format == "q4" else torch.int8
+
+    def shape(rows: int, cols: int) -> tuple[int, int]:
+        if weight_format == "q4":
+            return rows // Q4_GROUP, cols // 32 * Q4_RECORD
+        return rows, cols
+
     expected = {
-        "0.qkv.q": ((heads + 2 * kv_heads) * head_dim, hidden // per_byte),
-        "0.gu.q": (2 * inter, hidden // per_byte),
+        "0.qkv.q": shape((heads + 2 * kv_heads) * head_dim, hidden),
+        "0.gu.q": shape(2 * inter, hidden),
     }
     for index in range(int(config.num_hidden_layers)):
-        expected[f"{index}.down.q"] = (hidden, inter // per_byte)
-        expected[f"{index}.o.q"] = (hidden, heads * head_dim // per_byte)
+        expected[f"{index}.down.q"] = shape(hidden, inter)
+        expected[f"{index}.o.q"] = shape(hidden, heads * head_dim)
     if "lm.q" not in tensors or tensors["lm.q"].shape[1] != hidden or tensors["lm.q"].dtype != torch.int8:
         return False
     return all(

@@ -2,8 +2,9 @@
 blocks, and prefill run from them.
 
 The model loads as bf16 (transformers maps the safetensors file: nothing is read yet), each decoder linear layer is
-swapped for a `Q4Linear` whose buffers are views of the packed matrices the fused step reads (q/k/v are row ranges
-of the merged QKV matrix, gate/up every other row of the interleaved one), and an untied lm_head for an
+swapped for a `Q4Linear` whose buffer is a view of the packed matrix the fused step reads (Q4_1 records in groups of
+16 rows: q/k/v are group ranges of the merged QKV matrix, gate/up the two halves of the merged one), and an untied
+lm_head for an
 `Int8RowsLinear` over the fused step's int8 rows. The remaining tensors (embedding, norms, biases) are copied out of
 the mapped file, so the 16-bit weights are never resident: a warm start maps the packed copy from the cache and
 never reads them. A multi-row call (prefill) dequantizes its matrix into one scratch buffer reused by every layer
@@ -22,6 +23,8 @@ from torch import nn
 
 from app.core.fastpath import prefill
 
+Q4_GROUP = 16  # rows per interleaved Q4_1 group (hearth_decode.c's GROUP)
+Q4_RECORD = 320  # bytes per group per block of 32 columns: 256 of nibbles, 16 fp16 d, 16 fp16 m (RECORD)
 HEAD_CHUNK_ROWS = 1024  # the int8 lm_head is dequantized this many rows at a time: 8 MiB of fp32 for a 2048-wide head
 
 
@@ -38,9 +41,32 @@ class Scratch:
         return self.buffer[:size].view(dtype).view(rows, cols)
 
 
-def dequantize_q4(q: torch.Tensor, dm: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The reference (and fallback) dequantization: Q4_1 nibbles [rows, cols/2] + fp16 (d, m) pairs [rows, 2 * blocks]
-    -> d * q + m [rows, cols], with the C kernel's two roundings."""
+def interleave_q4(nibbles: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """quantize_q4_blocks' rows -> the kernel's x16 layout: per group of 16 rows and block of 32 columns one 320-byte
+    record (64-byte chunk k holds bytes 4k..4k+3 of row i's block at 4i..4i+3; then the 16 d, then the 16 m, fp16);
+    [rows / 16, blocks * 320] uint8. Rows must be a multiple of 16."""
+    rows, blocks = nibbles.shape[0], nibbles.shape[1] // 16
+    groups = rows // Q4_GROUP
+    chunks = nibbles.reshape(groups, Q4_GROUP, blocks, 4, 4).permute(0, 2, 3, 1, 4).reshape(groups, blocks, 256)
+    dm = pairs.reshape(groups, Q4_GROUP, blocks, 2).permute(0, 2, 3, 1).contiguous()  # [groups, blocks, (d, m), 16]
+    scales = dm.view(torch.uint8).reshape(groups, blocks, 64)
+    return torch.cat([chunks, scales], dim=-1).reshape(groups, blocks * Q4_RECORD).contiguous()
+
+
+def deinterleave_q4(records: torch.Tensor, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """interleave_q4 undone: (nibbles [rows, cols / 2], fp16 (d, m) pairs [rows, 2 * blocks])."""
+    groups, blocks = records.shape[0], cols // 32
+    parts = records.reshape(groups, blocks, Q4_RECORD)
+    chunks = parts[..., :256].reshape(groups, blocks, 4, Q4_GROUP, 4).permute(0, 3, 1, 2, 4)
+    nibbles = chunks.reshape(groups * Q4_GROUP, blocks * 16)
+    dm = parts[..., 256:].contiguous().view(torch.float16).reshape(groups, blocks, 2, Q4_GROUP).permute(0, 3, 1, 2)
+    return nibbles.contiguous(), dm.reshape(groups * Q4_GROUP, 2 * blocks).contiguous()
+
+
+def dequantize_q4(records: torch.Tensor, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The reference (and fallback) dequantization: the kernel's Q4_1 records [rows / 16, blocks * 320]
+    (interleave_q4) -> d * q + m [rows, cols], with the C kernel's two roundings."""
+    q, dm = deinterleave_q4(records, cols)
     rows = q.shape[0]
     values = torch.cat([(q & 15).view(rows, -1, 16), (q >> 4).view(rows, -1, 16)], dim=-1).float()
     pairs = dm.reshape(rows, -1, 2).float()
@@ -48,25 +74,22 @@ def dequantize_q4(q: torch.Tensor, dm: torch.Tensor, dtype: torch.dtype = torch.
 
 
 class Q4Linear(nn.Module):
-    """A linear layer whose weight is held only as Q4_1 blocks (views of the fused step's packed matrix)."""
+    """A linear layer whose weight is held only as Q4_1 records (a view of the fused step's packed matrix)."""
 
-    q: torch.Tensor
-    dm: torch.Tensor
+    records: torch.Tensor
 
     def __init__(
         self,
-        q: torch.Tensor,
-        dm: torch.Tensor,
+        records: torch.Tensor,
         bias: torch.Tensor | None,
         scratch: Scratch,
         library: Any,
         gemm_dtype: torch.dtype,
     ) -> None:
         super().__init__()
-        self.out_features = int(q.shape[0])
-        self.in_features = int(q.shape[1]) * 2
-        self.register_buffer("q", q, persistent=False)
-        self.register_buffer("dm", dm, persistent=False)
+        self.out_features = int(records.shape[0]) * Q4_GROUP
+        self.in_features = int(records.shape[1]) // Q4_RECORD * 32
+        self.register_buffer("records", records, persistent=False)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.scratch = scratch
         self.library = library  # the fused kernel's library (its hearth_dequant_q4), or None: torch's reference
@@ -76,14 +99,11 @@ class Q4Linear(nn.Module):
         """The weight, dequantized into the shared scratch buffer (valid until the next layer's call)."""
         dtype = dtype or self.gemm_dtype
         out = self.scratch.take(self.out_features, self.in_features, dtype)
-        if self.library is None or self.q.stride(1) != 1 or self.dm.stride(1) != 1:
-            out.copy_(dequantize_q4(self.q, self.dm, dtype))
+        if self.library is None or not self.records.is_contiguous():
+            out.copy_(dequantize_q4(self.records, self.in_features, dtype))
             return out
         self.library.lib.hearth_dequant_q4(
-            self.q.data_ptr(),
-            self.q.stride(0),
-            self.dm.data_ptr(),
-            self.dm.stride(0),
+            self.records.data_ptr(),
             self.out_features,
             self.in_features,
             out.data_ptr(),
@@ -137,24 +157,25 @@ def hold_once(model: Any, tensors: Mapping[str, torch.Tensor], library: Any) -> 
     scratch = Scratch()
     freed = 0
 
-    def swap(parent: nn.Module, name: str, q: torch.Tensor, dm: torch.Tensor) -> None:
+    def swap(parent: nn.Module, name: str, records: torch.Tensor) -> None:
         nonlocal freed
         old = getattr(parent, name)
         freed += old.weight.numel() * old.weight.element_size()
         bias = old.bias.detach().clone() if getattr(old, "bias", None) is not None else None
-        setattr(parent, name, Q4Linear(q, dm, bias, scratch, library, gemm_dtype))
+        setattr(parent, name, Q4Linear(records, bias, scratch, library, gemm_dtype))
 
+    inter_groups = int(config.intermediate_size) // Q4_GROUP
     for index, layer in enumerate(base.layers):
         attention, mlp = layer.self_attn, layer.mlp
-        q, dm = tensors[f"{index}.qkv.q"], tensors[f"{index}.qkv.s"]
-        bounds = [0, heads * head_dim, (heads + kv_heads) * head_dim, (heads + 2 * kv_heads) * head_dim]
+        qkv = tensors[f"{index}.qkv.q"]
+        bounds = [0, heads, heads + kv_heads, heads + 2 * kv_heads]  # in heads; head_dim is a multiple of 16 rows
         for part, start, end in zip(("q_proj", "k_proj", "v_proj"), bounds, bounds[1:], strict=False):
-            swap(attention, part, q[start:end], dm[start:end])
-        swap(attention, "o_proj", tensors[f"{index}.o.q"], tensors[f"{index}.o.s"])
-        gu_q, gu_dm = tensors[f"{index}.gu.q"], tensors[f"{index}.gu.s"]
-        swap(mlp, "gate_proj", gu_q[0::2], gu_dm[0::2])
-        swap(mlp, "up_proj", gu_q[1::2], gu_dm[1::2])
-        swap(mlp, "down_proj", tensors[f"{index}.down.q"], tensors[f"{index}.down.s"])
+            swap(attention, part, qkv[start * head_dim // Q4_GROUP : end * head_dim // Q4_GROUP])
+        swap(attention, "o_proj", tensors[f"{index}.o.q"])
+        gate_up = tensors[f"{index}.gu.q"]
+        swap(mlp, "gate_proj", gate_up[:inter_groups])
+        swap(mlp, "up_proj", gate_up[inter_groups:])
+        swap(mlp, "down_proj", tensors[f"{index}.down.q"])
     head = model.get_output_embeddings()
     embedding = model.get_input_embeddings()
     if isinstance(head, nn.Linear) and head.weight is not embedding.weight and "lm.q" in tensors:

@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 # "auto" picks the fastest measured path for the device and weights; the others force one (bench, tests).
 DECODE_PATHS = ("auto", "eager", "fused-int8", "fused-q4", "int8-decode")
 ENV_OVERRIDE = "HEARTH_DECODE_PATH"
-CACHE_FORMAT = 3  # bump when the packed layout, the quantization recipe or the file's checks change (3: sha256)
+# Bump when the packed layout, the quantization recipe or the file's checks change (3: sha256; 4: Q4_1 in groups of
+# 16 rows).
+CACHE_FORMAT = 4
 # Weights "auto" runs through the fused C decode step on the CPU. Measured on SmolLM2-135M, 2-core AVX2 machine,
 # bf16 weights (bench/engine_speed.py): eager 25 tok/s, fused-int8 107 (4.25x), fused-q4 147 (5.85x); teacher-forced
 # greedy agreement with eager 93/96 (int8) and 90/96 (Q4_1), both inside the 90 % bound the tests hold. The fastest
@@ -148,7 +150,7 @@ def _apply_fused(
 ) -> DecodePathChoice | str:
     """The fused C decode step with copies of every decoder matrix (int8 rows or Q4_1 blocks) and the lm_head (int8),
     or why not."""
-    library = _fused_library(model)
+    library = _fused_library(model, weight_format)
     if isinstance(library, str):
         return library
     started = time.perf_counter()
@@ -167,7 +169,8 @@ def _apply_fused(
     seconds = time.perf_counter() - started
     built = f", kernel compiled in {library.build_seconds:.1f} s" if library.build_seconds else ""
     threads = f"{decoder.threads} thread{'s' if decoder.threads > 1 else ''}"
-    described = {"int8": "int8", "q4": "Q4_1 (lm_head int8)"}[weight_format]
+    q4_kernel = native.Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
+    described = {"int8": "int8", "q4": f"Q4_1 x16, {q4_kernel} (lm_head int8)"}[weight_format]
     kernel = library.origin or "C kernel"
     if library.fallback:  # compiled here although kernels may ship prebuilt: say why none was used
         kernel = f"{kernel}; {library.fallback}"
@@ -207,17 +210,17 @@ class HeldOnce:
     how: str
 
 
-def _fused_library(model: Any) -> Any:
-    """The kernel library for the fused step on this model, or why it can't run (an architecture it lacks, no
-    kernel)."""
-    return native.unsupported_reason(model) or native.load_library()
+def _fused_library(model: Any, weight_format: str) -> Any:
+    """The kernel library for the fused step on this model in `weight_format`, or why it can't run (an architecture
+    it lacks, no kernel)."""
+    return native.unsupported_reason(model, weight_format) or native.load_library()
 
 
 def hold_weights_once(model: Any, folder: Path | None, notices: list[str]) -> str:
     """Make the model hold its decoder matrices once, as the fused step's Q4_1 copy (app.core.fastpath.packed): from
     the cache when there is one (the 16-bit weights are then never read), else packed from the mapped weights and
     cached. Empty on success, else why not (the model is then untouched)."""
-    library = _fused_library(model)
+    library = _fused_library(model, "q4")
     if isinstance(library, str):
         return library
     started = time.perf_counter()

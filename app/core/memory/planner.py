@@ -381,7 +381,7 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
 def _q4_unavailable(meta: Any) -> str:
     from app.core.fastpath.native import unsupported_reason
 
-    return unsupported_reason(meta)
+    return unsupported_reason(meta, "q4")
 
 
 def _matches(name: str, key: str) -> bool:
@@ -447,7 +447,11 @@ def fused_decode_copy_bytes(meta: Any, quantization: str, device: str) -> int:
     from app.core.fastpath.native import packed_matrix_bytes, unsupported_reason
     from app.core.fastpath.select import AUTO_FUSED_FORMAT
 
-    if not device.startswith("cpu") or quantization not in AUTO_FUSED_FORMAT or unsupported_reason(meta):
+    if (
+        not device.startswith("cpu")
+        or quantization not in AUTO_FUSED_FORMAT
+        or unsupported_reason(meta, AUTO_FUSED_FORMAT[quantization])
+    ):
         return 0
     head = meta.get_output_embeddings()
     # q4 holds the decoder matrices (and an untied lm_head's int8 rows) once, in the weights: the step adds the rest.

@@ -96,13 +96,35 @@ static void pack_q4(const float *w, int rows, int cols, uint8_t *nibbles, uint16
     }
 }
 
-/* A decoder matrix [rows, cols] in the variant's format, written into the layer's three slots (q, s, b). */
+/* packed.interleave_q4: rows in groups of 16, per group and block one 320-byte record (chunk k = bytes 4k..4k+3 of
+ * each of the 16 rows' nibbles, then the 16 d, then the 16 m). */
+static void interleave_q4(const uint8_t *nibbles, const uint16_t *pairs, int rows, int cols, uint8_t *records) {
+    const int blocks = cols / QBLOCK;
+    for (int g = 0; g < rows / GROUP; g++)
+        for (int b = 0; b < blocks; b++) {
+            uint8_t *rec = records + ((int64_t)g * blocks + b) * RECORD;
+            for (int i = 0; i < GROUP; i++) {
+                const int64_t r = (int64_t)g * GROUP + i;
+                for (int k = 0; k < 4; k++) memcpy(rec + 64 * k + 4 * i, nibbles + r * (cols / 2) + b * 16 + 4 * k, 4);
+                memcpy(rec + RECORD_D + 2 * i, pairs + (r * blocks + b) * 2, 2);
+                memcpy(rec + RECORD_M + 2 * i, pairs + (r * blocks + b) * 2 + 1, 2);
+            }
+        }
+}
+
+/* A decoder matrix [rows, cols] in the variant's format, written into the layer's three slots (q, s, b). For Q4_1
+ * the gate/up matrix is gate rows then up rows (int8: interleaved); random rows either way. */
 static void add_matrix(void **slots, int rows, int cols, int q4, int bias) {
     float *w = random_floats((int64_t)rows * cols, 1.0f / (float)(cols / 16), 0.0f);
     if (q4) {
-        slots[0] = alloc((size_t)rows * cols / 2);
-        slots[1] = alloc((size_t)rows * (cols / QBLOCK) * 2 * sizeof(uint16_t));
-        pack_q4(w, rows, cols, slots[0], slots[1]);
+        uint8_t *nibbles = alloc((size_t)rows * cols / 2);
+        uint16_t *pairs = alloc((size_t)rows * (cols / QBLOCK) * 2 * sizeof(uint16_t));
+        pack_q4(w, rows, cols, nibbles, pairs);
+        slots[0] = alloc((size_t)(rows / GROUP) * (cols / QBLOCK) * RECORD);
+        interleave_q4(nibbles, pairs, rows, cols, slots[0]);
+        slots[1] = NULL;
+        free(nibbles);
+        free(pairs);
     } else {
         slots[0] = alloc((size_t)rows * cols);
         slots[1] = alloc((size_t)rows * sizeof(float));
@@ -118,11 +140,14 @@ typedef struct {
 } variant;
 
 /* Both weight formats, both KV/embedding dtypes, biases (Qwen2-style) or none, 1 and 2 threads, GQA groups of 2 and
- * 4, and a head_dim (40) that leaves a scalar tail after the 8-wide attention loops. */
+ * 4, an odd number of Q4_1 groups per matrix (the single-group tails: hidden 160 is 5 groups per
+ * thread, head_dim 48 three per head), and a head_dim (40)
+ * that leaves a scalar tail after the 8-wide attention loops (int8: Q4_1 needs whole groups of 16 per head). */
 static const variant VARIANTS[] = {
     {2, 128, 4, 2, 32, 256, 258, 1, 0, 0, 0, 2},
     {2, 128, 4, 2, 32, 256, 258, 0, 1, 1, 1, 2},
-    {2, 96, 8, 2, 40, 160, 101, 1, 1, 1, 1, 1},
+    {2, 96, 8, 2, 48, 160, 101, 1, 1, 1, 1, 1},
+    {2, 160, 5, 1, 32, 96, 77, 1, 0, 1, 0, 2},
     {2, 96, 8, 2, 40, 160, 101, 0, 0, 0, 0, 1},
 };
 #define CAPACITY 640
@@ -210,7 +235,7 @@ static void run(int index, const variant *v) {
 /* `harness pack`: one matrix's floats and both packings of it, for the test to check against native.py's packers.
  * Row 0 is all zeros (int8's 1e-8 floor), row 1's first block constant (a Q4_1 step of 0). */
 static void print_packings(void) {
-    enum { ROWS = 6, COLS = 96 };
+    enum { ROWS = 32, COLS = 96 };
     rng = 0x5041434b00000000ull; /* "PACK" */
     float *w = random_floats((int64_t)ROWS * COLS, 1.0f / (float)(COLS / 16), 0.0f);
     for (int c = 0; c < COLS; c++) w[c] = 0.0f;
@@ -219,8 +244,10 @@ static void print_packings(void) {
     float scale[ROWS];
     uint8_t nibbles[ROWS * COLS / 2];
     uint16_t pairs[ROWS * (COLS / QBLOCK) * 2];
+    uint8_t records[ROWS / GROUP * (COLS / QBLOCK) * RECORD];
     pack_int8(w, ROWS, COLS, q, scale);
     pack_q4(w, ROWS, COLS, nibbles, pairs);
+    interleave_q4(nibbles, pairs, ROWS, COLS, records);
     printf("shape %d %d\nweights", ROWS, COLS);
     for (int i = 0; i < ROWS * COLS; i++) printf(" %a", w[i]);
     printf("\nint8_q");
@@ -231,6 +258,8 @@ static void print_packings(void) {
     for (int i = 0; i < ROWS * COLS / 2; i++) printf(" %d", nibbles[i]);
     printf("\nq4_pairs");
     for (int i = 0; i < ROWS * (COLS / QBLOCK) * 2; i++) printf(" %d", pairs[i]);
+    printf("\nq4_records");
+    for (int i = 0; i < (int)sizeof records; i++) printf(" %d", records[i]);
     printf("\n");
     free(w);
 }
@@ -240,7 +269,7 @@ int main(int argc, char **argv) {
         print_packings();
         return 0;
     }
-    printf("simd %d openmp %d dotprod %d\n", hearth_simd(), hearth_openmp(), HEARTH_DOTPROD);
+    printf("simd %d openmp %d dotprod %d q4 %d\n", hearth_simd(), hearth_openmp(), HEARTH_DOTPROD, hearth_q4_kernel());
     for (int i = 0; i < (int)(sizeof VARIANTS / sizeof VARIANTS[0]); i++) run(i, &VARIANTS[i]);
     return 0;
 }

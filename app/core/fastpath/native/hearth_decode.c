@@ -7,15 +7,16 @@
  *
  * Layouts (all row-major, contiguous; built by app/core/fastpath/native.py):
  *   int8 matrix [rows, cols] + fp32 scale [rows] (+ optional fp32 bias [rows]); y[r] = scale[r] * dot(q[r], x) + b[r]
- *   Q4_1 matrix: nibbles [rows, cols / 2] + fp16 (d, m) pairs [rows, cols / 32] (see dot_q4)
+ *   Q4_1 matrix [rows, cols]: groups of 16 rows, each [cols / 32] records of 320 bytes (see GROUP, RECORD)
  *   qkv rows: q heads, then k heads, then v heads (head_dim rows each)
- *   gate_up rows interleaved: 2i = gate row i, 2i+1 = up row i
+ *   gate_up rows: int8 interleaved (2i = gate row i, 2i+1 = up row i); Q4_1 gate rows, then up rows
  *   KV cache per layer: [kv_heads][capacity][head_dim] in fp32 or bf16 (the same memory torch's cache views)
  *
  * Compiled at run time with -march=native (app/core/fastpath/native.py caches the library per source, compiler and
  * CPU); without AVX2+FMA it still computes correctly with scalar loops, and the Python side declines to use it.
  *
- * Architectures: x86-64 with AVX2+FMA, and AArch64 with NEON (always present there); anything else, scalar loops.
+ * Architectures: x86-64 with AVX2+FMA (the Q4_1 matrices with AVX-512 VNNI where the build targets it), and AArch64
+ * with NEON (always present there); anything else, scalar loops.
  * The NEON code mirrors the AVX2 code lane for lane (the same 8 float lanes per 32-value block as two 4-lane
  * registers, the same horizontal-sum order, FMA exactly where AVX2 uses one), so both give the same floats: the int8
  * dot products are exact on both, and with no implicit FMA contraction (gcc's default under -std=c11; clang needs
@@ -48,8 +49,16 @@
 #define HEARTH_DOTPROD 0
 #endif
 #define HEARTH_SIMD (HEARTH_AVX2 || HEARTH_NEON)
+/* AVX-512 with VNNI (Ice Lake, Zen 4 and later): the Q4_1 matrices run 16 rows per vpdpbusd. Elsewhere on x86 the
+ * same layout runs on AVX2 (maddubs + madd); which one is decided by the build's target (-march=native here, or the
+ * prebuilt library native.py picks from the CPU's flags). */
+#if HEARTH_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
+#define HEARTH_AVX512 1
+#else
+#define HEARTH_AVX512 0
+#endif
 
-#define HEARTH_ABI 2
+#define HEARTH_ABI 3
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -78,6 +87,8 @@ enum { L_ATTN_NORM, L_MLP_NORM, L_QKV_Q, L_QKV_S, L_QKV_B, L_O_Q, L_O_S, L_O_B, 
 
 int hearth_abi(void) { return HEARTH_ABI; }
 int hearth_simd(void) { return HEARTH_SIMD; }
+/* Which Q4_1 kernel this build runs: 0 scalar, 1 NEON, 2 NEON with DotProd, 3 AVX2, 4 AVX-512 VNNI. */
+int hearth_q4_kernel(void) { return HEARTH_AVX512 ? 4 : HEARTH_AVX2 ? 3 : HEARTH_DOTPROD ? 2 : HEARTH_NEON ? 1 : 0; }
 int hearth_layout(int which) {
     switch (which) {
     case 0: return C_COUNT;
@@ -354,10 +365,26 @@ static void gemv_rows(const int8_t *w, const float *scale, const float *bias, qv
     }
 }
 
-/* Q4_1 weights (as llama.cpp's): per block of 32, 16 bytes of nibbles (byte j = value j | value j+16 << 4) and an
- * fp16 pair (d, m); weight = d * q + m with q in 0..15. Against Q8 activations a block's dot product is
- * d * dx * (q . xq) + m * (dx * sum xq): maddubs takes the unsigned nibbles directly. */
+/* Q4_1 weights (llama.cpp's quantization): per block of 32 values, 16 bytes of nibbles (byte j = value j | value j+16
+ * << 4) and an fp16 pair (d, m); weight = d * q + m with q in 0..15. Against Q8 activations a block's dot product is
+ * d * dx * (q . xq) + m * (dx * sum xq).
+ *
+ * Stored interleaved by groups of 16 rows (the "x16" layout, packed by native.py): for each group and each block of
+ * 32 columns, one 320-byte record: 256 bytes of nibbles, then the 16 rows' d (fp16), then their m (fp16). Within the
+ * nibbles, 64-byte chunk k holds bytes 4k..4k+3 of row i's block at bytes 4i..4i+3. So one 64-byte load feeds one
+ * vpdpbusd (AVX-512 VNNI) with 16 rows x 4 weights against 4 activation bytes broadcast to every lane, and each SIMD
+ * lane accumulates one row: no horizontal sums, and every ISA computes each row with the same float operations in
+ * the same order (acc = fma(float(isum), d * dx, acc); macc = fma(m, sx, macc); y = acc + macc), so AVX-512, AVX2,
+ * NEON and the scalar loops give the same bits. Measured on a 2-core Zen 4 at the 1B size (bench/decode_profile.py):
+ * see README; the row-major Q4_1 kernel it replaced spent 2 scalar fp16 conversions and a horizontal sum per block
+ * per row, and ran the matrices at 9-11 GB/s of this CPU's ~25. */
+#define GROUP 16
+#define RECORD 320 /* bytes per group per block */
+#define RECORD_D 256
+#define RECORD_M 288
+
 static inline float half_to_float(uint16_t h) {
+
 #if HEARTH_AVX2 && defined(__F16C__)
     return _cvtsh_ss(h);
 #elif HEARTH_NEON /* fcvt; exact, as every fp16 -> fp32 conversion */
@@ -390,107 +417,206 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
-static float dot_q4(const uint8_t *w, const uint16_t *dm, qvec x, int blocks) {
-    float total = 0.0f;
-#if HEARTH_AVX2
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < blocks; b++) {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(w + b * 16));
-        const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
-        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x.q + b * QBLOCK));
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(half_to_float(dm[2 * b]) * x.d[b]), acc);
-        total += half_to_float(dm[2 * b + 1]) * x.s[b];
+/* One group's running sums while its blocks stream past: lane i is row i of the group. */
+#if HEARTH_AVX512
+typedef struct {
+    __m512 acc, macc;
+} group_acc;
+
+static inline void group_zero(group_acc *a) { a->acc = a->macc = _mm512_setzero_ps(); }
+
+static inline void group_block(group_acc *a, const uint8_t *rec, const int8_t *xb, float dx, float sx) {
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512(); /* two chains: vpdpbusd's latency */
+    for (int k = 0; k < 4; k++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(rec + 64 * k));
+        int32_t xl, xh;
+        memcpy(&xl, xb + 4 * k, 4);
+        memcpy(&xh, xb + 16 + 4 * k, 4);
+        lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(v, mask), _mm512_set1_epi32(xl));
+        hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16(v, 4), mask), _mm512_set1_epi32(xh));
     }
-    total += hsum256(acc);
-#elif HEARTH_NEON
-    f32x8 acc = f32x8_zero();
-    for (int b = 0; b < blocks; b++) {
-        acc = q4_block_fma(acc, w + b * 16, vld1q_s8(x.q + b * QBLOCK), vld1q_s8(x.q + b * QBLOCK + 16),
-                           vdupq_n_f32(half_to_float(dm[2 * b]) * x.d[b]));
-        total += half_to_float(dm[2 * b + 1]) * x.s[b];
-    }
-    total += hsum8(acc);
+    const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + RECORD_D))),
+                                   _mm512_set1_ps(dx));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + RECORD_M)));
+    a->acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), d, a->acc);
+    a->macc = _mm512_fmadd_ps(m, _mm512_set1_ps(sx), a->macc);
+}
+
+static inline void group_store(const group_acc *a, float *out) { _mm512_storeu_ps(out, _mm512_add_ps(a->acc, a->macc)); }
+#elif HEARTH_AVX2
+typedef struct {
+    __m256 acc[2], macc[2];
+} group_acc;
+
+static inline void group_zero(group_acc *a) {
+    for (int h = 0; h < 2; h++) a->acc[h] = a->macc[h] = _mm256_setzero_ps();
+}
+
+static inline __m256 halves8(const uint8_t *p) { /* 8 fp16 values as floats (exact) */
+#ifdef __F16C__
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 #else
-    for (int b = 0; b < blocks; b++) {
+    uint16_t h[8];
+    float f[8];
+    memcpy(h, p, sizeof h);
+    for (int i = 0; i < 8; i++) f[i] = half_to_float(h[i]);
+    return _mm256_loadu_ps(f);
+#endif
+}
+
+static inline void group_block(group_acc *a, const uint8_t *rec, const int8_t *xb, float dx, float sx) {
+    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) { /* rows 0-7, then 8-15: bytes 0-31 and 32-63 of each chunk */
+        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 64 * k + 32 * h));
+            int32_t xl, xh;
+            memcpy(&xl, xb + 4 * k, 4);
+            memcpy(&xh, xb + 16 + 4 * k, 4);
+            /* maddubs: unsigned nibble x signed byte, pairs summed in int16 (|15 * 128 * 2| fits), madd: into int32 */
+            lo = _mm256_add_epi32(
+                lo, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, mask), _mm256_set1_epi32(xl)), ones));
+            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4),
+                                                                                               mask),
+                                                                              _mm256_set1_epi32(xh)),
+                                                        ones));
+        }
+        const __m256 d = _mm256_mul_ps(halves8(rec + RECORD_D + 16 * h), _mm256_set1_ps(dx));
+        a->acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), d, a->acc[h]);
+        a->macc[h] = _mm256_fmadd_ps(halves8(rec + RECORD_M + 16 * h), _mm256_set1_ps(sx), a->macc[h]);
+    }
+}
+
+static inline void group_store(const group_acc *a, float *out) {
+    for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + 8 * h, _mm256_add_ps(a->acc[h], a->macc[h]));
+}
+#elif HEARTH_NEON
+typedef struct {
+    float32x4_t acc[4], macc[4];
+} group_acc;
+
+static inline void group_zero(group_acc *a) {
+    for (int h = 0; h < 4; h++) a->acc[h] = a->macc[h] = vdupq_n_f32(0.0f);
+}
+
+static inline float32x4_t halves4(const uint8_t *p) {
+    uint16_t h[4];
+    memcpy(h, p, sizeof h);
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h)));
+}
+
+/* acc lane i += the 4 products of w's bytes 4i..4i+3 with the 4 bytes of x4 (every lane gets the same x bytes). */
+static inline int32x4_t dot_broadcast(int32x4_t acc, uint8x16_t w, int32_t x4) {
+    const int8x16_t ws = vreinterpretq_s8_u8(w), xs = vreinterpretq_s8_s32(vdupq_n_s32(x4));
+#if HEARTH_DOTPROD
+    return vdotq_s32(acc, ws, xs);
+#else
+    const int16x8_t lo = vmull_s8(vget_low_s8(ws), vget_low_s8(xs)), hi = vmull_high_s8(ws, xs);
+    return vaddq_s32(acc, vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)));
+#endif
+}
+
+static inline void group_block(group_acc *a, const uint8_t *rec, const int8_t *xb, float dx, float sx) {
+    const uint8x16_t mask = vdupq_n_u8(0x0f);
+    int32_t xl[4], xh[4];
+    memcpy(xl, xb, sizeof xl);
+    memcpy(xh, xb + 16, sizeof xh);
+    for (int h = 0; h < 4; h++) { /* rows 4h..4h+3: bytes 16h..16h+15 of each chunk */
+        int32x4_t lo = vdupq_n_s32(0), hi = vdupq_n_s32(0);
+        for (int k = 0; k < 4; k++) {
+            const uint8x16_t v = vld1q_u8(rec + 64 * k + 16 * h);
+            lo = dot_broadcast(lo, vandq_u8(v, mask), xl[k]);
+            hi = dot_broadcast(hi, vshrq_n_u8(v, 4), xh[k]);
+        }
+        const float32x4_t d = vmulq_f32(halves4(rec + RECORD_D + 8 * h), vdupq_n_f32(dx));
+        a->acc[h] = vfmaq_f32(a->acc[h], vcvtq_f32_s32(vaddq_s32(lo, hi)), d);
+        a->macc[h] = vfmaq_f32(a->macc[h], halves4(rec + RECORD_M + 8 * h), vdupq_n_f32(sx));
+    }
+}
+
+static inline void group_store(const group_acc *a, float *out) {
+    for (int h = 0; h < 4; h++) vst1q_f32(out + 4 * h, vaddq_f32(a->acc[h], a->macc[h]));
+}
+#else
+typedef struct {
+    float acc[GROUP], macc[GROUP];
+} group_acc;
+
+static inline void group_zero(group_acc *a) {
+    for (int i = 0; i < GROUP; i++) a->acc[i] = a->macc[i] = 0.0f;
+}
+
+static inline void group_block(group_acc *a, const uint8_t *rec, const int8_t *xb, float dx, float sx) {
+    for (int i = 0; i < GROUP; i++) {
         int32_t sum = 0;
-        for (int j = 0; j < 16; j++) {
-            sum += (int32_t)(w[b * 16 + j] & 0x0f) * x.q[b * QBLOCK + j];
-            sum += (int32_t)(w[b * 16 + j] >> 4) * x.q[b * QBLOCK + j + 16];
-        }
-        total += half_to_float(dm[2 * b]) * x.d[b] * (float)sum + half_to_float(dm[2 * b + 1]) * x.s[b];
+        for (int k = 0; k < 4; k++)
+            for (int t = 0; t < 4; t++) {
+                const uint8_t byte = rec[64 * k + 4 * i + t];
+                sum += (int32_t)(byte & 0x0f) * xb[4 * k + t] + (int32_t)(byte >> 4) * xb[16 + 4 * k + t];
+            }
+        uint16_t dh, mh;
+        memcpy(&dh, rec + RECORD_D + 2 * i, 2);
+        memcpy(&mh, rec + RECORD_M + 2 * i, 2);
+        const float d = half_to_float(dh) * dx; /* the product rounds first, as in the vector code */
+        a->acc[i] = fmaf((float)sum, d, a->acc[i]);
+        a->macc[i] = fmaf(half_to_float(mh), sx, a->macc[i]);
     }
-#endif
-    return total;
 }
 
-#if HEARTH_AVX2
-static void dot4_q4(const uint8_t *w, int64_t stride, const uint16_t *dm, int64_t dm_stride, qvec x, int blocks,
-                    float out[4]) {
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    float offsets[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int b = 0; b < blocks; b++) {
-        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x.q + b * QBLOCK));
-        const float dx = x.d[b], sx = x.s[b];
-        for (int k = 0; k < 4; k++) {
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(w + k * stride + b * 16));
-            const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
-            const uint16_t *pair = dm + k * dm_stride + 2 * b;
-            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(half_to_float(pair[0]) * dx), acc[k]);
-            offsets[k] += half_to_float(pair[1]) * sx;
-        }
-    }
-    for (int k = 0; k < 4; k++) out[k] = hsum256(acc[k]) + offsets[k];
-}
-#elif HEARTH_NEON
-static void dot4_q4(const uint8_t *w, int64_t stride, const uint16_t *dm, int64_t dm_stride, qvec x, int blocks,
-                    float out[4]) {
-    f32x8 acc[4] = {f32x8_zero(), f32x8_zero(), f32x8_zero(), f32x8_zero()};
-    float offsets[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int b = 0; b < blocks; b++) {
-        const int8x16_t x0 = vld1q_s8(x.q + b * QBLOCK), x1 = vld1q_s8(x.q + b * QBLOCK + 16);
-        const float dx = x.d[b], sx = x.s[b];
-        for (int k = 0; k < 4; k++) {
-            const uint16_t *pair = dm + k * dm_stride + 2 * b;
-            acc[k] = q4_block_fma(acc[k], w + k * stride + b * 16, x0, x1, vdupq_n_f32(half_to_float(pair[0]) * dx));
-            offsets[k] += half_to_float(pair[1]) * sx;
-        }
-    }
-    for (int k = 0; k < 4; k++) out[k] = hsum8(acc[k]) + offsets[k];
+static inline void group_store(const group_acc *a, float *out) {
+    for (int i = 0; i < GROUP; i++) out[i] = a->acc[i] + a->macc[i];
 }
 #endif
 
-static void gemv_rows_q4(const uint8_t *w, const uint16_t *dm, const float *bias, qvec x, int r0, int r1, float *y,
-                         int accumulate) {
-    const int cols = x.cols, blocks = cols / QBLOCK;
-    const int64_t stride = cols / 2, dm_stride = 2 * blocks;
-    int r = r0;
-#if HEARTH_SIMD
-    float d[4];
-    for (; r + 4 <= r1; r += 4) {
-        const char *ahead = (const char *)(w + r * stride) + PREFETCH_BYTES;
-#if HEARTH_AVX2
-        for (int o = 0; o < 4 * stride; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+static inline void prefetch_record(const uint8_t *p) {
+#if HEARTH_AVX2 || HEARTH_AVX512
+    for (int o = 0; o < RECORD; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 #else
-        prefetch_rows(ahead, 4 * stride);
+    for (int o = 0; o < RECORD; o += 64) __builtin_prefetch(p + o, 0, 3);
 #endif
-        dot4_q4(w + r * stride, stride, dm + r * dm_stride, dm_stride, x, blocks, d);
-        for (int k = 0; k < 4; k++) {
-            float v = d[k] + (bias ? bias[r + k] : 0.0f);
-            y[r + k] = accumulate ? y[r + k] + v : v;
+}
+
+/* out_a[i] = row i of group a . x (and out_b for group b when b is not NULL: two independent streams in one loop keep
+ * more loads in flight). Each group is its blocks' records back to back. */
+static void q4_groups(const uint8_t *a, const uint8_t *b, qvec x, float *out_a, float *out_b) {
+    const int blocks = x.cols / QBLOCK;
+    group_acc ga, gb;
+    group_zero(&ga);
+    if (b) {
+        group_zero(&gb);
+        for (int k = 0; k < blocks; k++) {
+            prefetch_record(a + (int64_t)k * RECORD + PREFETCH_BYTES);
+            prefetch_record(b + (int64_t)k * RECORD + PREFETCH_BYTES);
+            group_block(&ga, a + (int64_t)k * RECORD, x.q + k * QBLOCK, x.d[k], x.s[k]);
+            group_block(&gb, b + (int64_t)k * RECORD, x.q + k * QBLOCK, x.d[k], x.s[k]);
+        }
+        group_store(&gb, out_b);
+    } else {
+        for (int k = 0; k < blocks; k++) {
+            prefetch_record(a + (int64_t)k * RECORD + PREFETCH_BYTES);
+            group_block(&ga, a + (int64_t)k * RECORD, x.q + k * QBLOCK, x.d[k], x.s[k]);
         }
     }
-#endif
-    for (; r < r1; r++) {
-        float v = dot_q4(w + r * stride, dm + r * dm_stride, x, blocks) + (bias ? bias[r] : 0.0f);
-        y[r] = accumulate ? y[r] + v : v;
+    group_store(&ga, out_a);
+}
+
+/* y[r] (op)= row r . x + bias[r] for rows [r0, r1) (multiples of GROUP) of an x16 matrix; y indexed like the rows. */
+static void gemv_rows_q4(const uint8_t *w, const float *bias, qvec x, int r0, int r1, float *y, int accumulate) {
+    const int64_t stride = (int64_t)(x.cols / QBLOCK) * RECORD; /* bytes per group */
+    float out[2 * GROUP];
+    for (int g = r0 / GROUP, g1 = r1 / GROUP; g < g1; g += 2) {
+        const int pair = g + 1 < g1;
+        q4_groups(w + g * stride, pair ? w + (g + 1) * stride : NULL, x, out, out + GROUP);
+        for (int i = 0; i < (pair ? 2 : 1) * GROUP; i++) {
+            const int r = g * GROUP + i;
+            const float v = out[i] + (bias ? bias[r] : 0.0f);
+            y[r] = accumulate ? y[r] + v : v;
+        }
     }
 }
 
-/* One decoder matrix: int8 rows with an fp32 scale each, or Q4_1 blocks. */
+/* One decoder matrix: int8 rows with an fp32 scale each, or Q4_1 records in groups of 16 rows (s unused). */
 typedef struct {
     const void *q;
     const void *s;
@@ -504,11 +630,14 @@ static mat matrix(void *const *p, int q_slot, int q4, int cols) {
     return m;
 }
 
-/* The same matrix from row `r` on. */
+/* The same matrix from row `r` on (for Q4_1 a multiple of GROUP). */
 static mat from_row(mat m, int r) {
-    const int64_t q_row = m.q4 ? m.cols / 2 : m.cols, s_row = m.q4 ? (m.cols / QBLOCK) * 2 * 2 : 4;
-    m.q = (const char *)m.q + r * q_row;
-    m.s = (const char *)m.s + r * s_row;
+    if (m.q4) {
+        m.q = (const char *)m.q + (int64_t)(r / GROUP) * (m.cols / QBLOCK) * RECORD;
+    } else {
+        m.q = (const char *)m.q + (int64_t)r * m.cols;
+        m.s = (const char *)m.s + (int64_t)r * 4;
+    }
     if (m.b) m.b += r;
     return m;
 }
@@ -516,22 +645,23 @@ static mat from_row(mat m, int r) {
 /* y[r] (op)= row r of m . x for rows [r0, r1) (bias included); y indexed like the rows. */
 static void gemv(mat m, qvec x, int r0, int r1, float *y, int accumulate) {
     if (m.q4)
-        gemv_rows_q4((const uint8_t *)m.q, (const uint16_t *)m.s, m.b, x, r0, r1, y, accumulate);
+        gemv_rows_q4((const uint8_t *)m.q, m.b, x, r0, r1, y, accumulate);
     else
         gemv_rows((const int8_t *)m.q, (const float *)m.s, m.b, x, r0, r1, y, accumulate);
 }
 
-/* Split [0, n) into `parts` contiguous chunks aligned to 4 rows; chunk `part` is [*lo, *hi).
+/* Split [0, n) into `parts` contiguous chunks aligned to `align` rows (4 for int8 rows, GROUP for Q4_1); chunk
+ * `part` is [*lo, *hi).
  * Static halves, not dynamic chunks: each thread then streams one long range with its own prefetches. Measured per
  * token on SmolLM2 (2 threads, quiet machine): static 7.35 ms, dynamic 32-row chunks 9.4, 8 dynamic chunks 8.9,
  * guided 8.6. */
-static void split_rows(int n, int parts, int part, int *lo, int *hi) {
-    int blocks = (n + 3) / 4;
+static void split_rows(int n, int parts, int part, int align, int *lo, int *hi) {
+    int blocks = (n + align - 1) / align;
     int per = blocks / parts, extra = blocks % parts;
     int b0 = part * per + (part < extra ? part : extra);
     int b1 = b0 + per + (part < extra ? 1 : 0);
-    *lo = b0 * 4 < n ? b0 * 4 : n;
-    *hi = b1 * 4 < n ? b1 * 4 : n;
+    *lo = b0 * align < n ? b0 * align : n;
+    *hi = b1 * align < n ? b1 * align : n;
 }
 
 static float dot_kv(const void *k, int bf16, const float *q, int n) {
@@ -665,6 +795,8 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
     const int units = heads + 2 * kv_heads, widest = max3(hidden, qdim, inter);
     if (token < 0 || token >= vocab || pos < 0 || pos >= capacity) return -1;
     if (kv_heads <= 0 || heads % kv_heads || hidden % QBLOCK || qdim % QBLOCK || inter % QBLOCK) return -2;
+    if (q4 && hd % GROUP) return -2; /* each head's rows are whole groups */
+    const int align = q4 ? GROUP : 4;
 
     float *x = scratch;
     float *qkv = x + hidden;
@@ -805,15 +937,28 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
             }
             PHASE(1);
             quantize_q8(att, qdim, xq, xd, xs);
-            split_rows(hidden, team, tid, &lo, &hi);
+            split_rows(hidden, team, tid, align, &lo, &hi);
             gemv(o_m, attended, lo, hi, x, 1);
             PHASE(2);
 #pragma omp barrier
             PHASE(3);
             rmsnorm(x, (const float *)p[L_MLP_NORM], xn, hidden, eps);
             quantize_q8(xn, hidden, xq, xd, xs);
-            split_rows(2 * inter, team, tid, &lo, &hi); /* 4-row chunks: whole gate/up pairs */
-            {
+            if (q4) { /* gate rows [0, inter), then up rows: a group of each per pass, SiLU on the spot */
+                const int64_t stride = (int64_t)(hidden / QBLOCK) * RECORD;
+                const uint8_t *gate_w = (const uint8_t *)gu_m.q, *up_w = gate_w + (int64_t)(inter / GROUP) * stride;
+                split_rows(inter, team, tid, GROUP, &lo, &hi);
+                for (int r = lo; r < hi; r += GROUP) {
+                    float gate[GROUP], up[GROUP];
+                    q4_groups(gate_w + (r / GROUP) * stride, up_w + (r / GROUP) * stride, normed, gate, up);
+                    for (int i = 0; i < GROUP; i++) {
+                        const float g = gate[i] + (gu_m.b ? gu_m.b[r + i] : 0.0f);
+                        const float u = up[i] + (gu_m.b ? gu_m.b[inter + r + i] : 0.0f);
+                        act[r + i] = g / (1.0f + expf(-g)) * u;
+                    }
+                }
+            } else {
+                split_rows(2 * inter, team, tid, 4, &lo, &hi); /* 4-row chunks: whole gate/up pairs */
                 for (int r = lo; r < hi; r += 4) {
                     const int rows = hi - r < 4 ? hi - r : 4;
                     float gu[4];
@@ -828,7 +973,7 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
 #pragma omp barrier
             PHASE(3);
             quantize_q8(act, inter, xq, xd, xs);
-            split_rows(hidden, team, tid, &lo, &hi);
+            split_rows(hidden, team, tid, align, &lo, &hi);
             gemv(down_m, activated, lo, hi, x, 1);
             PHASE(5);
 #pragma omp barrier
@@ -836,28 +981,32 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
         }
         rmsnorm(x, (const float *)glob[G_FINAL_NORM], xn, hidden, eps);
         quantize_q8(xn, hidden, xq, xd, xs);
-        split_rows(vocab, team, tid, &lo, &hi);
+        split_rows(vocab, team, tid, 4, &lo, &hi);
         gemv_rows((const int8_t *)glob[G_LM_Q], (const float *)glob[G_LM_S], NULL, normed, lo, hi, logits, 0);
         PHASE(6);
     }
     return 0;
 }
 
-/* Prefill from the one packed copy: rows [0, rows) of a Q4_1 matrix (nibbles `q`, `q_stride` bytes per row; fp16
- * (d, m) pairs `dm`, `dm_stride` halves per row; strides let a caller take every other row of the interleaved
- * gate/up matrix) written as d * q + m into `out` [rows, cols], fp32 or (out_bf16) bf16 rounded to nearest even: the
- * dense weight a GEMM then multiplies. Same two roundings as torch's q * d + m, so the torch reference is exact. */
-void hearth_dequant_q4(const uint8_t *q, int64_t q_stride, const uint16_t *dm, int64_t dm_stride, int64_t rows,
-                       int64_t cols, void *out, int out_bf16, int threads) {
-    const int64_t blocks = cols / QBLOCK;
+/* Prefill from the one packed copy: `rows` rows (a multiple of GROUP) of an x16 Q4_1 matrix starting at `w` (its
+ * first group's first record) written as d * q + m into `out` [rows, cols], fp32 or (out_bf16) bf16 rounded to
+ * nearest even: the dense weight a GEMM then multiplies. Same two roundings as torch's q * d + m, so the torch
+ * reference (app.core.fastpath.packed.dequantize_q4) is exact. */
+void hearth_dequant_q4(const uint8_t *w, int64_t rows, int64_t cols, void *out, int out_bf16, int threads) {
+    const int64_t blocks = cols / QBLOCK, stride = blocks * RECORD;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *row = q + r * q_stride;
-        const uint16_t *pairs = dm + r * dm_stride;
+        const uint8_t *group = w + (r / GROUP) * stride;
+        const int i = (int)(r % GROUP);
         float values[QBLOCK];
         for (int64_t b = 0; b < blocks; b++) {
-            const float d = half_to_float(pairs[2 * b]), m = half_to_float(pairs[2 * b + 1]);
-            const uint8_t *nibbles = row + b * (QBLOCK / 2);
+            const uint8_t *rec = group + b * RECORD;
+            uint16_t dh, mh;
+            memcpy(&dh, rec + RECORD_D + 2 * i, 2);
+            memcpy(&mh, rec + RECORD_M + 2 * i, 2);
+            const float d = half_to_float(dh), m = half_to_float(mh);
+            uint8_t nibbles[QBLOCK / 2]; /* the row's 16 bytes in llama.cpp's order: byte j = value j | value j+16 << 4 */
+            for (int k = 0; k < 4; k++) memcpy(nibbles + 4 * k, rec + 64 * k + 4 * i, 4);
 #if HEARTH_AVX2 /* the same two roundings, 8 lanes at a time; a block's values are finite, so no NaN case */
             const __m128i bytes = _mm_loadu_si128((const __m128i *)nibbles), low_mask = _mm_set1_epi8(15);
             const __m128i parts[2] = {_mm_and_si128(bytes, low_mask),
