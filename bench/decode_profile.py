@@ -1,6 +1,7 @@
 """Where the fused decode step's time goes, per phase, on thread 0 (a `-DHEARTH_PROFILE` build of hearth_decode.c).
 
     python bench/decode_profile.py [--model .cache/models/random-tinyllama-1b] [--quant auto] [--steps 64]
+                                   [--define PREFETCH_BYTES=4096]
 
 Phases (hearth_step): QKV matrix (+ RoPE and the KV write), attention, O matrix, gate/up matrix (+ SiLU), down
 matrix, final norm + lm_head, and the barriers (thread 0 waiting for the others: imbalance, or a core another process
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quant", default="auto")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--prompt", type=int, default=64, help="positions in the cache before the measured steps")
+    parser.add_argument(
+        "--define", action="append", default=[], help="a C macro for the build, e.g. PREFETCH_BYTES=4096 (repeatable)"
+    )
     args = parser.parse_args(argv)
     os.environ["HEARTH_KERNEL"] = "compile"
     import torch
@@ -38,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.core.engines.loader import load_model
     from app.core.fastpath import native
 
-    native.EXTRA_FLAGS = ("-DHEARTH_PROFILE",)
+    native.EXTRA_FLAGS = ("-DHEARTH_PROFILE", *(f"-D{define}" for define in args.define))
     engine = Engine(load_model(args.model, quantization=args.quant, device="cpu"))
     fused = engine.path.fused
     if fused is None:

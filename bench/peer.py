@@ -124,6 +124,17 @@ def _hearth_bytes_per_token(engine: object) -> int:
     return total
 
 
+def gguf_bytes_per_token(path: Path) -> int:
+    """What a llama.cpp decode step reads of a GGUF: every tensor, except the token embedding when the model has a
+    separate output matrix (then it reads one embedding row a token, as Hearth does)."""
+    import gguf
+
+    tensors = {str(t.name): int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors}
+    if "output.weight" in tensors:
+        tensors.pop("token_embd.weight", None)
+    return sum(tensors.values())
+
+
 def worker_llama(spec: dict[str, object]) -> dict[str, object]:
     from llama_cpp import Llama
 
@@ -158,7 +169,7 @@ def worker_llama(spec: dict[str, object]) -> dict[str, object]:
     result["decode_tok_s"] = (count - 1) / elapsed
     result["decode_cpu_tok_s"] = (count - 1) / max(_cpu_seconds() - cpu_first, 1e-9)
     result["generated"] = count
-    result["bytes_per_token"] = Path(str(spec["gguf"])).stat().st_size
+    result["bytes_per_token"] = int(spec["gguf_bytes_per_token"])  # type: ignore[call-overload]
     result.update(_memory())
     return result
 
@@ -323,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "quant": args.quant,
         "gguf": str(gguf),
+        "gguf_bytes_per_token": gguf_bytes_per_token(gguf),
     }
     print(f"model: Hearth {model_path}; llama.cpp {gguf}")
     print(f"prompts: {len(short)} and {len(long)} tokens; {args.tokens} new tokens; {args.threads} threads")

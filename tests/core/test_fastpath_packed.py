@@ -22,7 +22,7 @@ from app.core.engines.loader import load_model
 from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
 from app.core.errors import QuantizationError
-from app.core.fastpath import native, packed
+from app.core.fastpath import int8, native, packed
 from app.core.memory.accounting import measured_weights_by_device
 from app.core.memory.planner import plan_memory
 from app.core.models.quant import resolve_quantization
@@ -186,3 +186,19 @@ def test_auto_plans_q4_on_the_cpu_and_bf16_where_the_fused_step_cannot_run(tiny_
     plan = plan_memory(str(tiny_model_dir("gemma2")), quantization="q4", device="cpu", context=256)
     assert plan.quantization == "bf16"
     assert any(note.startswith("Planned as bf16: q4 needs the fused decode step") for note in plan.notes)
+
+
+def test_the_heads_x16_rows_round_trip_with_the_padding_and_prefill_reads_them_in_order() -> None:
+    generator = torch.Generator().manual_seed(2)
+    weight = torch.randn(37, 64, generator=generator)  # 37 rows: the last group holds 5 rows and 11 of padding
+    q, scale = native.quantize_head(weight)
+    rows, row_scale = int8.quantize_rows(weight)
+    assert q.shape == (3, 2 * 512) and torch.equal(scale, row_scale)
+    back = packed.deinterleave_rows(q, 64)
+    assert torch.equal(back[:37], rows) and not back[37:].any()
+    assert q.numel() + 4 * scale.numel() == native.head_bytes(37, 64)
+    head = packed.Int8RowsLinear(q, scale)
+    assert (head.out_features, head.in_features) == (37, 64)
+    x = torch.randn(3, 64, generator=generator)
+    expected = x @ (rows.float() * row_scale[:, None]).t()
+    assert torch.allclose(head(x), expected, atol=1e-5)

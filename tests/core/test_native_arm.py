@@ -32,7 +32,7 @@ import torch
 from app.core.fastpath import native
 from app.core.fastpath.int8 import quantize_rows
 from app.core.fastpath.native import quantize_q4_blocks
-from app.core.fastpath.packed import interleave_q4
+from app.core.fastpath.packed import interleave_q4, interleave_rows
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARNESS = REPO_ROOT / "tests" / "core" / "native_harness" / "harness.c"
@@ -158,6 +158,7 @@ def test_the_harness_packs_weights_exactly_as_native_py_does(x86_harness: Path) 
     assert nibbles.flatten().tolist() == [int(v) for v in fields["q4_nibbles"]]
     assert pairs.view(torch.uint16).flatten().tolist() == [int(v) for v in fields["q4_pairs"]]
     assert interleave_q4(nibbles, pairs).flatten().tolist() == [int(v) for v in fields["q4_records"]]
+    assert interleave_rows(q).flatten().tolist() == [int(v) for v in fields["head_records"]]
 
 
 @pytest.mark.parametrize("build", list(X86_BUILDS))

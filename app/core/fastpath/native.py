@@ -38,14 +38,14 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from app.core.fastpath import integrity
 from app.core.fastpath.int8 import quantize_rows
-from app.core.fastpath.packed import Q4_GROUP, Q4_RECORD, Int8RowsLinear, interleave_q4
+from app.core.fastpath.packed import HEAD_RECORD, Q4_GROUP, Q4_RECORD, Int8RowsLinear, interleave_q4, interleave_rows
 from app.core.models.attention import attention_shape
 from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "hearth_decode.c"
-ABI = 3
+ABI = 4
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")  # inv_freq does not depend on the sequence length
 COMPILE_TIMEOUT_S = 180
@@ -517,6 +517,18 @@ def quantize_q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return packed.contiguous(), torch.stack([scale, offset], dim=-1).reshape(rows, -1).contiguous()
 
 
+def quantize_head(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lm_head as the kernel reads it: int8 rows (int8.quantize_rows) in the x16 layout (packed.interleave_rows)
+    and the fp32 scale per row [vocab]."""
+    q, scale = quantize_rows(weight)
+    return interleave_rows(q), scale
+
+
+def head_bytes(vocab: int, hidden: int) -> int:
+    """What quantize_head stores: int8 rows padded to a multiple of 16, an fp32 scale per real row."""
+    return -(-vocab // Q4_GROUP) * Q4_GROUP * hidden + 4 * vocab
+
+
 def quantize_q4(weight: torch.Tensor) -> tuple[torch.Tensor, None]:
     """A matrix as the kernel's Q4_1 records (interleave_q4); no separate scale tensor."""
     return interleave_q4(*quantize_q4_blocks(weight)), None
@@ -586,7 +598,7 @@ class FusedDecoder:
         self.heads, self.kv_heads, self.head_dim = attention_shape(config)
         self.layers = int(config.num_hidden_layers)
         self.hidden = int(config.hidden_size)
-        self.vocab = int(tensors["lm.q"].shape[0])
+        self.vocab = int(tensors["lm.s"].shape[0])
         embed = base.embed_tokens.weight.detach()
         kv_dtype = _kv_dtype(model)
         self._keep: list[torch.Tensor] = []  # every tensor the C side points into stays alive here
@@ -731,7 +743,7 @@ def pack_model(model: Any, dense_weight: Any, weight_format: str = "int8") -> di
     head_weight = dense_weight(head) if isinstance(head, nn.Linear) else None
     if head_weight is None:
         raise ValueError("the lm_head is not a linear layer the kernel can pack")
-    packed["lm.q"], packed["lm.s"] = quantize_rows(head_weight)
+    packed["lm.q"], packed["lm.s"] = quantize_head(head_weight)
     return packed
 
 
@@ -754,7 +766,10 @@ def tensors_fit(model: Any, tensors: Mapping[str, torch.Tensor], weight_format: 
     for index in range(int(config.num_hidden_layers)):
         expected[f"{index}.down.q"] = shape(hidden, inter)
         expected[f"{index}.o.q"] = shape(hidden, heads * head_dim)
-    if "lm.q" not in tensors or tensors["lm.q"].shape[1] != hidden or tensors["lm.q"].dtype != torch.int8:
+    head, scale = tensors.get("lm.q"), tensors.get("lm.s")
+    if head is None or scale is None or head.dtype != torch.int8 or scale.dim() != 1:
+        return False
+    if tuple(head.shape) != (-(-scale.shape[0] // Q4_GROUP), hidden // 32 * HEAD_RECORD):
         return False
     return all(
         name in tensors and tuple(tensors[name].shape) == shape and tensors[name].dtype == dtype

@@ -25,6 +25,7 @@ from app.core.fastpath import prefill
 
 Q4_GROUP = 16  # rows per interleaved Q4_1 group (hearth_decode.c's GROUP)
 Q4_RECORD = 320  # bytes per group per block of 32 columns: 256 of nibbles, 16 fp16 d, 16 fp16 m (RECORD)
+HEAD_RECORD = 512  # the int8 lm_head: bytes per group of 16 rows per block of 32 columns (hearth_decode.c's LM_RECORD)
 HEAD_CHUNK_ROWS = 1024  # the int8 lm_head is dequantized this many rows at a time: 8 MiB of fp32 for a 2048-wide head
 
 
@@ -61,6 +62,25 @@ def deinterleave_q4(records: torch.Tensor, cols: int) -> tuple[torch.Tensor, tor
     nibbles = chunks.reshape(groups * Q4_GROUP, blocks * 16)
     dm = parts[..., 256:].contiguous().view(torch.float16).reshape(groups, blocks, 2, Q4_GROUP).permute(0, 3, 1, 2)
     return nibbles.contiguous(), dm.reshape(groups * Q4_GROUP, 2 * blocks).contiguous()
+
+
+def interleave_rows(q: torch.Tensor) -> torch.Tensor:
+    """int8 rows [rows, cols] -> the lm_head's x16 layout: per group of 16 rows and block of 32 columns a 512-byte
+    record (64-byte chunk k holds bytes 4k..4k+3 of row i's block at 4i..4i+3); [ceil(rows / 16), blocks * 512]
+    int8, the last group padded with zero rows."""
+    rows, cols = q.shape
+    groups, blocks = -(-rows // Q4_GROUP), cols // 32
+    padded = torch.zeros(groups * Q4_GROUP, cols, dtype=torch.int8)
+    padded[:rows] = q
+    chunks = padded.reshape(groups, Q4_GROUP, blocks, 8, 4).permute(0, 2, 3, 1, 4)
+    return chunks.reshape(groups, blocks * HEAD_RECORD).contiguous()
+
+
+def deinterleave_rows(records: torch.Tensor, cols: int) -> torch.Tensor:
+    """interleave_rows undone, padding included: int8 [groups * 16, cols]."""
+    groups, blocks = records.shape[0], cols // 32
+    chunks = records.reshape(groups, blocks, 8, Q4_GROUP, 4).permute(0, 3, 1, 2, 4)
+    return chunks.reshape(groups * Q4_GROUP, cols)
 
 
 def dequantize_q4(records: torch.Tensor, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -122,15 +142,16 @@ class Q4Linear(nn.Module):
 
 
 class Int8RowsLinear(nn.Module):
-    """An untied lm_head held only as the fused step's int8 rows (fp32 scale per row); prefill asks for one row of
-    logits, computed a chunk of rows at a time."""
+    """An untied lm_head held only as the fused step's int8 rows (fp32 scale per row, rows in the x16 layout of
+    interleave_rows); prefill asks for one row of logits, computed a chunk of rows at a time."""
 
     q: torch.Tensor
     scale: torch.Tensor
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:
         super().__init__()
-        self.out_features, self.in_features = int(q.shape[0]), int(q.shape[1])
+        self.out_features = int(scale.shape[0])
+        self.in_features = int(q.shape[1]) // HEAD_RECORD * 32
         self.register_buffer("q", q, persistent=False)
         self.register_buffer("scale", scale, persistent=False)
         self.bias = None
@@ -138,9 +159,10 @@ class Int8RowsLinear(nn.Module):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         flat = input.reshape(-1, self.in_features).float()
         out = torch.empty(flat.shape[0], self.out_features, dtype=torch.float32)
-        for start in range(0, self.out_features, HEAD_CHUNK_ROWS):
+        for start in range(0, self.out_features, HEAD_CHUNK_ROWS):  # a multiple of 16: whole groups
             end = min(start + HEAD_CHUNK_ROWS, self.out_features)
-            weight = self.q[start:end].float() * self.scale[start:end, None]
+            rows = deinterleave_rows(self.q[start // Q4_GROUP : -(-end // Q4_GROUP)], self.in_features)
+            weight = rows[: end - start].float() * self.scale[start:end, None]
             torch.matmul(flat, weight.t(), out=out[:, start:end])
         return out.reshape(*input.shape[:-1], self.out_features).to(input.dtype)
 

@@ -332,7 +332,7 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
     lm_head as int8 rows + an fp32 scale per row (app.core.fastpath.packed), everything else at `dtype`."""
     from torch import nn
 
-    from app.core.fastpath.native import packed_matrix_bytes
+    from app.core.fastpath.native import head_bytes, packed_matrix_bytes
 
     layer_names = _decoder_layer_names(model)
     layer_index = {name: i for i, name in enumerate(layer_names)}
@@ -360,7 +360,7 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
                 largest = max(largest, tensor.numel())
                 plain = tensor.numel() * compute_bytes
             elif is_weight and module is head and not tied:
-                size = packed_matrix_bytes(module.out_features, module.in_features, "int8")
+                size = head_bytes(module.out_features, module.in_features)
                 quantized_parameters += tensor.numel()
             if group is None:
                 other += size
@@ -444,7 +444,7 @@ def fused_decode_copy_bytes(meta: Any, quantization: str, device: str) -> int:
     the lm_head), fp32 biases and norms; 0 where that path will not run."""
     from torch import nn
 
-    from app.core.fastpath.native import packed_matrix_bytes, unsupported_reason
+    from app.core.fastpath.native import head_bytes, packed_matrix_bytes, unsupported_reason
     from app.core.fastpath.select import AUTO_FUSED_FORMAT
 
     if (
@@ -460,9 +460,10 @@ def fused_decode_copy_bytes(meta: Any, quantization: str, device: str) -> int:
     total = 0
     for module in meta.modules():
         if isinstance(module, nn.Linear):
-            weight_format = "int8" if module is head else AUTO_FUSED_FORMAT[quantization]
-            if not held_once or (module is head and tied):
-                total += packed_matrix_bytes(module.out_features, module.in_features, weight_format)
+            if module is head and (not held_once or tied):
+                total += head_bytes(module.out_features, module.in_features)
+            elif module is not head and not held_once:
+                total += packed_matrix_bytes(module.out_features, module.in_features, AUTO_FUSED_FORMAT[quantization])
             total += 4 * module.out_features if module.bias is not None else 0
         elif type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor):
             total += 4 * module.weight.numel()

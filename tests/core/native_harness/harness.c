@@ -112,6 +112,23 @@ static void interleave_q4(const uint8_t *nibbles, const uint16_t *pairs, int row
         }
 }
 
+/* packed.interleave_rows: int8 rows in groups of 16 (the last zero-padded), per group and block one 512-byte record
+ * (chunk k = bytes 4k..4k+3 of each of the 16 rows). */
+static void interleave_rows(const int8_t *q, int rows, int cols, int8_t *records) {
+    const int blocks = cols / QBLOCK, groups = (rows + GROUP - 1) / GROUP;
+    for (int g = 0; g < groups; g++)
+        for (int b = 0; b < blocks; b++) {
+            int8_t *rec = records + ((int64_t)g * blocks + b) * LM_RECORD;
+            for (int i = 0; i < GROUP; i++) {
+                const int64_t r = (int64_t)g * GROUP + i;
+                for (int k = 0; k < 8; k++) {
+                    if (r < rows) memcpy(rec + 64 * k + 4 * i, q + r * cols + b * QBLOCK + 4 * k, 4);
+                    else memset(rec + 64 * k + 4 * i, 0, 4);
+                }
+            }
+        }
+}
+
 /* A decoder matrix [rows, cols] in the variant's format, written into the layer's three slots (q, s, b). For Q4_1
  * the gate/up matrix is gate rows then up rows (int8: interleaved); random rows either way. */
 static void add_matrix(void **slots, int rows, int cols, int q4, int bias) {
@@ -175,9 +192,12 @@ static void run(int index, const variant *v) {
     }
     glob[G_FINAL_NORM] = random_floats(v->hidden, 0.5f, 1.0f);
     float *head = random_floats((int64_t)v->vocab * v->hidden, 1.0f, 0.0f);
-    glob[G_LM_Q] = alloc((size_t)v->vocab * v->hidden);
+    int8_t *head_rows = alloc((size_t)v->vocab * v->hidden);
     glob[G_LM_S] = alloc((size_t)v->vocab * sizeof(float));
-    pack_int8(head, v->vocab, v->hidden, glob[G_LM_Q], glob[G_LM_S]);
+    pack_int8(head, v->vocab, v->hidden, head_rows, glob[G_LM_S]);
+    glob[G_LM_Q] = alloc((size_t)(v->vocab + GROUP - 1) / GROUP * (v->hidden / QBLOCK) * LM_RECORD);
+    interleave_rows(head_rows, v->vocab, v->hidden, glob[G_LM_Q]);
+    free(head_rows);
     free(head);
     float *inv_freq = alloc((size_t)(hd / 2) * sizeof(float));
     for (int i = 0; i < hd / 2; i++) inv_freq[i] = i == 0 ? 1.0f : inv_freq[i - 1] * 0.75f; /* geometric, like RoPE's */
@@ -248,6 +268,8 @@ static void print_packings(void) {
     pack_int8(w, ROWS, COLS, q, scale);
     pack_q4(w, ROWS, COLS, nibbles, pairs);
     interleave_q4(nibbles, pairs, ROWS, COLS, records);
+    int8_t head_records[ROWS / GROUP * (COLS / QBLOCK) * LM_RECORD];
+    interleave_rows(q, ROWS, COLS, head_records);
     printf("shape %d %d\nweights", ROWS, COLS);
     for (int i = 0; i < ROWS * COLS; i++) printf(" %a", w[i]);
     printf("\nint8_q");
@@ -260,6 +282,8 @@ static void print_packings(void) {
     for (int i = 0; i < ROWS * (COLS / QBLOCK) * 2; i++) printf(" %d", pairs[i]);
     printf("\nq4_records");
     for (int i = 0; i < (int)sizeof records; i++) printf(" %d", records[i]);
+    printf("\nhead_records");
+    for (int i = 0; i < (int)sizeof head_records; i++) printf(" %d", head_records[i]);
     printf("\n");
     free(w);
 }

@@ -10,6 +10,7 @@
  *   Q4_1 matrix [rows, cols]: groups of 16 rows, each [cols / 32] records of 320 bytes (see GROUP, RECORD)
  *   qkv rows: q heads, then k heads, then v heads (head_dim rows each)
  *   gate_up rows: int8 interleaved (2i = gate row i, 2i+1 = up row i); Q4_1 gate rows, then up rows
+ *   lm_head: int8 rows + fp32 scale [vocab], in groups of 16 rows (see LM_RECORD; the last group zero-padded)
  *   KV cache per layer: [kv_heads][capacity][head_dim] in fp32 or bf16 (the same memory torch's cache views)
  *
  * Compiled at run time with -march=native (app/core/fastpath/native.py caches the library per source, compiler and
@@ -58,7 +59,7 @@
 #define HEARTH_AVX512 0
 #endif
 
-#define HEARTH_ABI 3
+#define HEARTH_ABI 4
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -193,7 +194,7 @@ static inline void prefetch_rows(const char *ahead, int64_t bytes) {
 #define PREFETCH_BYTES 8192 /* 2048-12288 measured; 8192 best on the 2-core Zen 3 (bench/engine_speed.py) */
 #endif
 
-static void quantize_q8(const float *x, int n, int8_t *q, float *d, float *sums) {
+static void quantize_q8(const float *x, int n, int8_t *q, float *d, float *sums, int32_t *totals) {
     for (int b = 0; b < n / QBLOCK; b++) {
         const float *xb = x + b * QBLOCK;
         int8_t *qb = q + b * QBLOCK;
@@ -222,7 +223,8 @@ static void quantize_q8(const float *x, int n, int8_t *q, float *d, float *sums)
         __m128i t = _mm_add_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-        sums[b] = scale * (float)_mm_cvtsi128_si32(t);
+        totals[b] = _mm_cvtsi128_si32(t);
+        sums[b] = scale * (float)totals[b];
 #elif HEARTH_NEON
         float32x4_t v[8];
         for (int i = 0; i < 8; i++) v[i] = vld1q_f32(xb + 4 * i);
@@ -240,7 +242,8 @@ static void quantize_q8(const float *x, int n, int8_t *q, float *d, float *sums)
         const int8x16_t q1 = vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3]));
         vst1q_s8(qb, q0);
         vst1q_s8(qb + 16, q1);
-        sums[b] = scale * (float)(vaddlvq_s8(q0) + vaddlvq_s8(q1));
+        totals[b] = vaddlvq_s8(q0) + vaddlvq_s8(q1);
+        sums[b] = scale * (float)totals[b];
 #else
         float amax = 0.0f;
         for (int i = 0; i < QBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
@@ -252,6 +255,7 @@ static void quantize_q8(const float *x, int n, int8_t *q, float *d, float *sums)
             qb[i] = (int8_t)nearbyintf(xb[i] * inv);
             total += qb[i];
         }
+        totals[b] = total;
         sums[b] = scale * (float)total;
 #endif
     }
@@ -264,13 +268,14 @@ static inline __m256 block_dot(__m256i w, __m256i x, __m256 d) {
 }
 #endif
 
-/* Quantized activations for one matrix input (`cols` a multiple of QBLOCK): int8 values, a scale per block, and
- * per block scale * sum(values) (what a Q4_1 weight block's offset multiplies). */
+/* Quantized activations for one matrix input (`cols` a multiple of QBLOCK): int8 values, a scale per block, per
+ * block scale * sum(values) (what a Q4_1 weight block's offset multiplies) and the integer sum itself. */
 typedef struct {
     const int8_t *q;
     const float *d;
     const float *s;
     int cols;
+    const int32_t *n;
 } qvec;
 
 /* Dot products of 4 consecutive int8 rows (`stride` bytes apart) with the quantized activations. */
@@ -616,6 +621,139 @@ static void gemv_rows_q4(const uint8_t *w, const float *bias, qvec x, int r0, in
     }
 }
 
+/* The lm_head: int8 rows (an fp32 scale per row, from int8.quantize_rows) interleaved by groups of 16 rows like the
+ * Q4_1 matrices: per group and block of 32 columns a 512-byte record whose 64-byte chunk k holds bytes 4k..4k+3 of
+ * row i's block at 4i..4i+3. The last group is padded with zero rows (vocabularies need not be multiples of 16).
+ * Each lane accumulates acc = fma(float(isum), dx, acc) per block and ends as acc * scale: the same floats on every
+ * ISA. AVX-512 VNNI takes the signed weights as unsigned (w ^ 0x80 = w + 128) and subtracts 128 * sum(x) per block
+ * (exact in int32); AVX2 multiplies |w| by x with w's sign (maddubs can't saturate: |w|, |x| <= 127). */
+#define LM_RECORD 512
+
+#if HEARTH_AVX512
+typedef __m512 lm_acc;
+static inline void lm_zero(lm_acc *a) { *a = _mm512_setzero_ps(); }
+static inline void lm_block(lm_acc *a, const int8_t *rec, const int8_t *xb, int32_t xsum, float dx) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k += 2) {
+        int32_t x0, x1;
+        memcpy(&x0, xb + 4 * k, 4);
+        memcpy(&x1, xb + 4 * k + 4, 4);
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_xor_si512(_mm512_loadu_si512((const void *)(rec + 64 * k)), flip),
+                                 _mm512_set1_epi32(x0));
+        s1 = _mm512_dpbusd_epi32(s1, _mm512_xor_si512(_mm512_loadu_si512((const void *)(rec + 64 * k + 64)), flip),
+                                 _mm512_set1_epi32(x1));
+    }
+    const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(128 * xsum));
+    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx), *a);
+}
+static inline void lm_store(const lm_acc *a, float *out) { _mm512_storeu_ps(out, *a); }
+#elif HEARTH_AVX2
+typedef struct {
+    __m256 h[2];
+} lm_acc;
+static inline void lm_zero(lm_acc *a) { a->h[0] = a->h[1] = _mm256_setzero_ps(); }
+static inline void lm_block(lm_acc *a, const int8_t *rec, const int8_t *xb, int32_t xsum, float dx) {
+    (void)xsum;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k += 2) {
+            int32_t x0, x1;
+            memcpy(&x0, xb + 4 * k, 4);
+            memcpy(&x1, xb + 4 * k + 4, 4);
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(rec + 64 * k + 32 * h));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(rec + 64 * k + 64 + 32 * h));
+            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0),
+                                                                             _mm256_sign_epi8(_mm256_set1_epi32(x0), w0)),
+                                                        ones));
+            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1),
+                                                                             _mm256_sign_epi8(_mm256_set1_epi32(x1), w1)),
+                                                        ones));
+        }
+        a->h[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), _mm256_set1_ps(dx), a->h[h]);
+    }
+}
+static inline void lm_store(const lm_acc *a, float *out) {
+    _mm256_storeu_ps(out, a->h[0]);
+    _mm256_storeu_ps(out + 8, a->h[1]);
+}
+#elif HEARTH_NEON
+typedef struct {
+    float32x4_t h[4];
+} lm_acc;
+static inline void lm_zero(lm_acc *a) {
+    for (int h = 0; h < 4; h++) a->h[h] = vdupq_n_f32(0.0f);
+}
+static inline void lm_block(lm_acc *a, const int8_t *rec, const int8_t *xb, int32_t xsum, float dx) {
+    (void)xsum;
+    int32_t x4[8];
+    memcpy(x4, xb, sizeof x4);
+    for (int h = 0; h < 4; h++) {
+        int32x4_t s0 = vdupq_n_s32(0), s1 = vdupq_n_s32(0);
+        for (int k = 0; k < 8; k += 2) {
+            s0 = dot_broadcast(s0, vld1q_u8((const uint8_t *)rec + 64 * k + 16 * h), x4[k]);
+            s1 = dot_broadcast(s1, vld1q_u8((const uint8_t *)rec + 64 * k + 64 + 16 * h), x4[k + 1]);
+        }
+        a->h[h] = vfmaq_f32(a->h[h], vcvtq_f32_s32(vaddq_s32(s0, s1)), vdupq_n_f32(dx));
+    }
+}
+static inline void lm_store(const lm_acc *a, float *out) {
+    for (int h = 0; h < 4; h++) vst1q_f32(out + 4 * h, a->h[h]);
+}
+#else
+typedef struct {
+    float v[GROUP];
+} lm_acc;
+static inline void lm_zero(lm_acc *a) {
+    for (int i = 0; i < GROUP; i++) a->v[i] = 0.0f;
+}
+static inline void lm_block(lm_acc *a, const int8_t *rec, const int8_t *xb, int32_t xsum, float dx) {
+    (void)xsum;
+    for (int i = 0; i < GROUP; i++) {
+        int32_t sum = 0;
+        for (int k = 0; k < 8; k++)
+            for (int t = 0; t < 4; t++) sum += (int32_t)rec[64 * k + 4 * i + t] * xb[4 * k + t];
+        a->v[i] = fmaf((float)sum, dx, a->v[i]);
+    }
+}
+static inline void lm_store(const lm_acc *a, float *out) { memcpy(out, a->v, sizeof a->v); }
+#endif
+
+/* logits[r] = scale[r] * row r . x for rows [r0, r1) (r0 a multiple of GROUP; rows past r1 in the last group are
+ * computed, not stored: padding or another thread's). Two groups per pass: independent streams. */
+static void gemv_lm(const int8_t *w, const float *scale, qvec x, int r0, int r1, float *logits) {
+    const int blocks = x.cols / QBLOCK;
+    const int64_t stride = (int64_t)blocks * LM_RECORD;
+    for (int g = r0 / GROUP; g * GROUP < r1; g += 2) {
+        const int pair = (g + 1) * GROUP < r1;
+        const int8_t *a = w + g * stride, *b = a + stride;
+        lm_acc la, lb;
+        float out[2 * GROUP];
+        lm_zero(&la);
+        lm_zero(&lb);
+        for (int k = 0; k < blocks; k++) {
+            for (int o = 0; o < LM_RECORD; o += 64) {
+#if HEARTH_AVX2 || HEARTH_AVX512
+                _mm_prefetch((const char *)(a + (int64_t)k * LM_RECORD + PREFETCH_BYTES + o), _MM_HINT_T0);
+                if (pair) _mm_prefetch((const char *)(b + (int64_t)k * LM_RECORD + PREFETCH_BYTES + o), _MM_HINT_T0);
+#else
+                __builtin_prefetch(a + (int64_t)k * LM_RECORD + PREFETCH_BYTES + o, 0, 3);
+                if (pair) __builtin_prefetch(b + (int64_t)k * LM_RECORD + PREFETCH_BYTES + o, 0, 3);
+#endif
+            }
+            lm_block(&la, a + (int64_t)k * LM_RECORD, x.q + k * QBLOCK, x.n[k], x.d[k]);
+            if (pair) lm_block(&lb, b + (int64_t)k * LM_RECORD, x.q + k * QBLOCK, x.n[k], x.d[k]);
+        }
+        lm_store(&la, out);
+        lm_store(&lb, out + GROUP);
+        for (int i = 0; i < (pair ? 2 : 1) * GROUP; i++) {
+            const int r = g * GROUP + i;
+            if (r < r1) logits[r] = out[i] * scale[r];
+        }
+    }
+}
+
 /* One decoder matrix: int8 rows with an fp32 scale each, or Q4_1 records in groups of 16 rows (s unused). */
 typedef struct {
     const void *q;
@@ -760,7 +898,7 @@ static void store_kv(void *cache, int bf16, int64_t offset, const float *src, in
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
 /* Per-thread scratch: a normalized copy of the residual and the quantized input of the current matrix. */
-static int64_t thread_floats(int64_t hidden, int64_t widest) { return hidden + widest / 4 + 2 * (widest / QBLOCK); }
+static int64_t thread_floats(int64_t hidden, int64_t widest) { return hidden + widest / 4 + 3 * (widest / QBLOCK); }
 
 /* Attention runs as (kv head, chunk of positions) units, flash-decoding style: each unit reads its K/V rows once
  * for all the query heads that share them, keeps an unnormalized partial output with its own max and sum, and a
@@ -833,7 +971,9 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
         float *xn = per_thread + (int64_t)tid * thread_floats(hidden, widest);
         int8_t *xq = (int8_t *)(xn + hidden);
         float *xd = xn + hidden + widest / 4, *xs = xd + widest / QBLOCK;
-        const qvec normed = {xq, xd, xs, hidden}, attended = {xq, xd, xs, qdim}, activated = {xq, xd, xs, inter};
+        int32_t *xt = (int32_t *)(xs + widest / QBLOCK);
+        const qvec normed = {xq, xd, xs, hidden, xt}, attended = {xq, xd, xs, qdim, xt};
+        const qvec activated = {xq, xd, xs, inter, xt};
         int lo, hi;
 #ifdef HEARTH_PROFILE
         if (tid == 0) profile_mark = omp_get_wtime();
@@ -843,7 +983,7 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
             const mat qkv_m = matrix(p, L_QKV_Q, q4, hidden), o_m = matrix(p, L_O_Q, q4, qdim);
             const mat gu_m = matrix(p, L_GU_Q, q4, hidden), down_m = matrix(p, L_DOWN_Q, q4, inter);
             rmsnorm(x, (const float *)p[L_ATTN_NORM], xn, hidden, eps);
-            quantize_q8(xn, hidden, xq, xd, xs);
+            quantize_q8(xn, hidden, xq, xd, xs, xt);
 #pragma omp for schedule(static)
             for (int u = 0; u < units; u++) {
                 float *out = qkv + (int64_t)u * hd;
@@ -936,14 +1076,14 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
                 }
             }
             PHASE(1);
-            quantize_q8(att, qdim, xq, xd, xs);
+            quantize_q8(att, qdim, xq, xd, xs, xt);
             split_rows(hidden, team, tid, align, &lo, &hi);
             gemv(o_m, attended, lo, hi, x, 1);
             PHASE(2);
 #pragma omp barrier
             PHASE(3);
             rmsnorm(x, (const float *)p[L_MLP_NORM], xn, hidden, eps);
-            quantize_q8(xn, hidden, xq, xd, xs);
+            quantize_q8(xn, hidden, xq, xd, xs, xt);
             if (q4) { /* gate rows [0, inter), then up rows: a group of each per pass, SiLU on the spot */
                 const int64_t stride = (int64_t)(hidden / QBLOCK) * RECORD;
                 const uint8_t *gate_w = (const uint8_t *)gu_m.q, *up_w = gate_w + (int64_t)(inter / GROUP) * stride;
@@ -972,7 +1112,7 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
             PHASE(4);
 #pragma omp barrier
             PHASE(3);
-            quantize_q8(act, inter, xq, xd, xs);
+            quantize_q8(act, inter, xq, xd, xs, xt);
             split_rows(hidden, team, tid, align, &lo, &hi);
             gemv(down_m, activated, lo, hi, x, 1);
             PHASE(5);
@@ -980,9 +1120,9 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
             PHASE(3);
         }
         rmsnorm(x, (const float *)glob[G_FINAL_NORM], xn, hidden, eps);
-        quantize_q8(xn, hidden, xq, xd, xs);
-        split_rows(vocab, team, tid, 4, &lo, &hi);
-        gemv_rows((const int8_t *)glob[G_LM_Q], (const float *)glob[G_LM_S], NULL, normed, lo, hi, logits, 0);
+        quantize_q8(xn, hidden, xq, xd, xs, xt);
+        split_rows(vocab, team, tid, GROUP, &lo, &hi);
+        gemv_lm((const int8_t *)glob[G_LM_Q], (const float *)glob[G_LM_S], normed, lo, hi, logits);
         PHASE(6);
     }
     return 0;
