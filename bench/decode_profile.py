@@ -1,7 +1,7 @@
 """Where the fused decode step's time goes, per phase, on thread 0 (a `-DHEARTH_PROFILE` build of hearth_decode.c).
 
     python bench/decode_profile.py [--model .cache/models/random-tinyllama-1b] [--quant auto] [--steps 64]
-                                   [--define PREFETCH_BYTES=4096]
+                                   [--define PREFETCH_BYTES=4096] [--cflag=-mno-avx512f]
 
 Phases (hearth_step): QKV matrix (+ RoPE and the KV write), attention, O matrix, gate/up matrix (+ SiLU), down
 matrix, final norm + lm_head, and the barriers (thread 0 waiting for the others: imbalance, or a core another process
@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--define", action="append", default=[], help="a C macro for the build, e.g. PREFETCH_BYTES=4096 (repeatable)"
     )
+    parser.add_argument(
+        "--cflag", action="append", default=[], help="a compiler flag, e.g. -mno-avx512f for the AVX2 kernel"
+    )
     args = parser.parse_args(argv)
     os.environ["HEARTH_KERNEL"] = "compile"
     import torch
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.core.engines.loader import load_model
     from app.core.fastpath import native
 
-    native.EXTRA_FLAGS = ("-DHEARTH_PROFILE", *(f"-D{define}" for define in args.define))
+    native.EXTRA_FLAGS = ("-DHEARTH_PROFILE", *(f"-D{define}" for define in args.define), *args.cflag)
     engine = Engine(load_model(args.model, quantization=args.quant, device="cpu"))
     fused = engine.path.fused
     if fused is None:
@@ -64,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         wall = (time.perf_counter() - started) / args.steps
     lib.hearth_profile(ctypes.addressof(seconds))
     per_token = [s / args.steps for s in seconds[: len(PHASES)]]
+    kernel = native.Q4_KERNELS.get(int(lib.hearth_q4_kernel()), "?")
     print(
-        f"{engine.decode_path}: {1 / wall:.1f} tok/s, {wall * 1e3:.2f} ms a token (thread 0's phases sum to "
+        f"{engine.decode_path} ({kernel}): {1 / wall:.1f} tok/s, {wall * 1e3:.2f} ms a token (thread 0's phases sum to "
         f"{sum(per_token) * 1e3:.2f} ms)"
     )
     for name, value in zip(PHASES, per_token, strict=True):
