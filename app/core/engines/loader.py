@@ -28,7 +28,9 @@ from app.core.errors import (
     UnsafeModelError,
     UnsupportedModelError,
 )
+from app.core.fastpath.packed import set_compute_dtype
 from app.core.fastpath.prefill import apply_prefill_upcast
+from app.core.memory.release import release_freed_memory
 from app.core.memory.planner import check_fit, plan_memory
 from app.core.memory.types import format_bytes
 from app.core.models import gguf_cache
@@ -190,6 +192,11 @@ def load_model(
         fit_window = _check_memory(source, config, quant, torch_device, context_length, free_bytes, notices)
     step(f"Loading weights ({quant} on {torch_device})…", 0.3)
     kwargs = quantization_kwargs(quant, torch_device)
+    compute_dtype = kwargs["dtype"]
+    if quant == "q4":
+        # In the files' own dtype transformers keeps every tensor a view of the mapped file: the matrices are then
+        # packed (or their packed copy mapped) without a 16-bit copy of the model ever being made.
+        kwargs["dtype"] = stored_dtype(folder) or compute_dtype
     try:
         model = AutoModelForCausalLM.from_pretrained(
             folder,
@@ -212,8 +219,14 @@ def load_model(
         ) from exc
     model.eval()
     if quant == "q4":
+        set_compute_dtype(model, compute_dtype)
         quant = _hold_once(model, folder, notices if quantization == "q4" else [], recovered)
+        if quant != "q4" and model.dtype != compute_dtype:  # held as bf16 after all: now it is a copy
+            model.to(compute_dtype)
+            set_compute_dtype(model, compute_dtype)
     apply_prefill_upcast(model, torch_device, quant)  # the stats say so (decode_path_note)
+    if torch_device == "cpu":
+        release_freed_memory()  # what loading freed (transient copies, parse buffers) goes back to the system
     step("Ready", 1.0)
     placements = device_placements(model)
     if any(p.device in ("cpu", "disk") for p in placements) and torch_device.startswith("cuda"):
@@ -248,6 +261,35 @@ def _hold_once(model: Any, folder: Path, notices: list[str], recovered: list[str
         return "q4"
     notices.append(f"Loaded as bf16: q4 needs the fused decode step ({reason}).")
     return "bf16"
+
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def stored_dtype(folder: Path) -> torch.dtype | None:
+    """The floating dtype most of the folder's safetensors bytes are stored in (read from the files' headers), or
+    None where that can't be told."""
+    totals: dict[torch.dtype, int] = defaultdict(int)
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with path.open("rb") as handle:
+                size = int.from_bytes(handle.read(8), "little")
+                if not 0 < size <= SAFETENSORS_HEADER_LIMIT:
+                    return None
+                header = json.loads(handle.read(size))
+        except (OSError, ValueError):
+            return None
+        for name, entry in header.items():
+            if name == "__metadata__" or not isinstance(entry, dict):
+                continue
+            dtype = SAFETENSORS_DTYPES.get(str(entry.get("dtype")))
+            offsets = entry.get("data_offsets") or [0, 0]
+            if dtype is not None and len(offsets) == 2:
+                totals[dtype] += int(offsets[1]) - int(offsets[0])
+    return max(totals, key=lambda dtype: totals[dtype]) if totals else None
+
+
+SAFETENSORS_HEADER_LIMIT = 100 << 20  # safetensors' own limit on a header's size
 
 
 # Without --context, a model whose full context does not fit gets a shorter window if at least this much fits.
