@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from app.core.fastpath import prefill
+from app.core.memory import release
 
 HEAD_CHUNK_ROWS = 1024  # the int8 lm_head is dequantized this many rows at a time: 8 MiB of fp32 for a 2048-wide head
 # A prefill call dequantizes at most this many bytes of a matrix at a time (a chunk of output rows, GEMM per chunk):
@@ -199,6 +200,10 @@ class MappedEmbedding(nn.Embedding):
         self.num_embeddings = int(weight.shape[0])
         self.padding_idx = padding_idx
         self.compute_dtype = dtype
+        # A lookup reads one row per token: no read-ahead around it (only the rows of tokens seen become resident).
+        self.read_at_random = release.read_rows_at_random(
+            self.weight.data_ptr(), self.weight.numel() * self.weight.element_size()
+        )
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.embedding(input, self.weight, self.padding_idx).to(self.compute_dtype)

@@ -112,6 +112,12 @@ class WeightsEstimate:
     layer_bytes: tuple[int, ...]  # each decoder layer as stored on the device
     layer_bytes_unquantized: tuple[int, ...]  # each decoder layer at the compute dtype (bnb's CPU offload)
     largest_quantized_linear: int  # elements of the biggest quantized weight (its dequantized copy is a transient)
+    # q4: the embedding stays a view of the mapped weight file (not in total_bytes: only the rows of tokens seen
+    # become resident), its bytes per row, and the prefill scratch (a bounded chunk of dequantized rows, plus the
+    # int8 lm_head's chunk at fp32), which replaces a whole dequantized matrix.
+    mapped_bytes: int = 0
+    mapped_row_bytes: int = 0
+    scratch_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,17 @@ def _config_from_dict(data: dict[str, Any], where: str) -> Any:
 def config_from_gguf(path: Path) -> Any:
     """The model config from a GGUF file's header (metadata only: no tensor is read or dequantized)."""
     return _config_from_dict(config_dict_from_gguf(path), str(path))
+
+
+def config_dtype(config: Any) -> torch.dtype | None:
+    """The dtype the config says the weights are stored in (`dtype`, or the older `torch_dtype`), if it says one."""
+    for name in ("dtype", "torch_dtype"):
+        value = getattr(config, name, None)
+        if isinstance(value, torch.dtype):
+            return value
+        if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
+            return getattr(torch, value)  # type: ignore[no-any-return]
+    return None
 
 
 def model_shape(config: Any, name: str) -> ModelShape:
@@ -255,7 +272,13 @@ def meta_model(config: Any, dtype: torch.dtype) -> Any:
 
 
 def estimate_weights(
-    model: Any, quantization: str, skip_modules: list[str], dtype: torch.dtype, *, repacked_4bit: bool = False
+    model: Any,
+    quantization: str,
+    skip_modules: list[str],
+    dtype: torch.dtype,
+    *,
+    repacked_4bit: bool = False,
+    stored_dtype: torch.dtype | None = None,
 ) -> WeightsEstimate:
     """Bytes per decoder layer and for the rest, for a meta-device model loaded as `quantization`.
 
@@ -267,7 +290,7 @@ def estimate_weights(
     from transformers.quantizers.quantizers_utils import should_convert_module
 
     if quantization == "q4":
-        return _estimate_q4_weights(model, dtype)
+        return _estimate_q4_weights(model, dtype, stored_dtype)
     quantized = is_bitsandbytes(quantization)
     keep_fp32 = list(getattr(model, "_keep_in_fp32_modules", None) or []) + list(
         getattr(model, "_keep_in_fp32_modules_strict", None) or []
@@ -327,12 +350,14 @@ def estimate_weights(
     )
 
 
-def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
-    """`q4` (CPU): every linear layer inside a decoder layer held once as Q4_1 (20 bytes per 32 weights), an untied
-    lm_head as int8 rows + an fp32 scale per row (app.core.fastpath.packed), everything else at `dtype`."""
+def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dtype | None = None) -> WeightsEstimate:
+    """`q4` (CPU): every linear layer inside a decoder layer held once as Q4_1 (20 bytes per 32 weights), the lm_head
+    (tied or not) as int8 rows + an fp32 scale per row (app.core.fastpath.packed), the embedding mapped from the weight
+    file (`stored_dtype`, its bytes not resident: `mapped_bytes`), everything else at `dtype`."""
     from torch import nn
 
     from app.core.fastpath.native import packed_matrix_bytes
+    from app.core.fastpath.packed import HEAD_CHUNK_ROWS, MAPPABLE_EMBEDDING_DTYPES, chunk_rows
 
     layer_names = _decoder_layer_names(model)
     layer_index = {name: i for i, name in enumerate(layer_names)}
@@ -340,8 +365,12 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
     unquantized = [0] * len(layer_names)
     other = parameters = quantized_parameters = largest = 0
     head = model.get_output_embeddings()
-    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    embedding = model.get_input_embeddings()
+    tied = head is not None and head.weight is embedding.weight
     compute_bytes = torch.tensor([], dtype=dtype).element_size()
+    mapped_dtype = stored_dtype if stored_dtype in MAPPABLE_EMBEDDING_DTYPES else None
+    mapped_bytes = mapped_row_bytes = widest = 0
+    head_width = 0
     seen: set[int] = set()
     for module_name, module in model.named_modules():
         group = _group_of(module_name, layer_index)
@@ -358,15 +387,32 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
                 size = packed_matrix_bytes(module.out_features, module.in_features, "q4")
                 quantized_parameters += tensor.numel()
                 largest = max(largest, tensor.numel())
+                widest = max(widest, module.in_features)
                 plain = tensor.numel() * compute_bytes
-            elif is_weight and module is head and not tied:
-                size = packed_matrix_bytes(module.out_features, module.in_features, "int8")
+            elif module is embedding and tensor_name == "weight" and mapped_dtype is not None:
+                size = 0  # mapped from the file, resident only where read (counted as `embedding_rows`)
+                mapped_row_bytes = tensor.shape[1] * torch.tensor([], dtype=mapped_dtype).element_size()
+                mapped_bytes = tensor.shape[0] * mapped_row_bytes
+                if tied:  # the head is the int8 rows, held once
+                    size = packed_matrix_bytes(tensor.shape[0], tensor.shape[1], "int8")
+                    quantized_parameters += tensor.numel()
+                    head_width = int(tensor.shape[1])
+            elif (is_weight and module is head) or (module is embedding and tied):
+                size = packed_matrix_bytes(tensor.shape[0], tensor.shape[1], "int8")
                 quantized_parameters += tensor.numel()
+                head_width = int(tensor.shape[1])
             if group is None:
                 other += size
             else:
                 stored[group] += size
                 unquantized[group] += plain
+    gemm_dtype = prefill_gemm_dtype()
+    gemm_bytes = torch.tensor([], dtype=gemm_dtype).element_size()
+    # A chunk of whole rows of at most SCRATCH_BYTES (or CHUNK_ROW_ALIGN rows of the widest matrix), never more than the
+    # largest matrix.
+    scratch = min(largest, chunk_rows(widest, gemm_dtype) * widest) * gemm_bytes if widest else 0
+    # Int8RowsLinear dequantizes HEAD_CHUNK_ROWS rows at a time: the int8 rows as fp32, then scaled (two fp32 copies).
+    scratch += 2 * 4 * HEAD_CHUNK_ROWS * head_width
     return WeightsEstimate(
         parameters=parameters,
         quantized_parameters=quantized_parameters,
@@ -375,7 +421,29 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
         layer_bytes=tuple(stored),
         layer_bytes_unquantized=tuple(unquantized),
         largest_quantized_linear=largest,
+        mapped_bytes=mapped_bytes,
+        mapped_row_bytes=mapped_row_bytes,
+        scratch_bytes=scratch,
     )
+
+
+def prefill_gemm_dtype() -> torch.dtype:
+    """The dtype q4's prefill dequantizes into and multiplies in on this CPU (app.core.fastpath.packed)."""
+    from app.core.fastpath.prefill import native_bf16_gemm
+
+    return torch.bfloat16 if native_bf16_gemm() else torch.float32
+
+
+def embedding_rows_bytes(weights: WeightsEstimate, context: int) -> int:
+    """What a mapped embedding makes resident at `context` tokens: one page per distinct token at most (the kernel reads
+    no more around a fault: app.core.memory.release), never more than the whole embedding."""
+    if not weights.mapped_bytes:
+        return 0
+    per_row = -(-weights.mapped_row_bytes // PAGE_BYTES) * PAGE_BYTES + PAGE_BYTES  # a row may straddle a page
+    return min(weights.mapped_bytes, context * per_row)
+
+
+PAGE_BYTES = 4096
 
 
 def _q4_unavailable(meta: Any) -> str:
@@ -452,12 +520,11 @@ def fused_decode_copy_bytes(meta: Any, quantization: str, device: str) -> int:
     head = meta.get_output_embeddings()
     # q4 holds the decoder matrices (and an untied lm_head's int8 rows) once, in the weights: the step adds the rest.
     held_once = quantization == "q4"
-    tied = head is not None and head.weight is meta.get_input_embeddings().weight
     total = 0
     for module in meta.modules():
         if isinstance(module, nn.Linear):
             weight_format = "int8" if module is head else AUTO_FUSED_FORMAT[quantization]
-            if not held_once or (module is head and tied):
+            if not held_once:  # q4 holds the matrices and the lm_head's int8 rows (tied or not) in the model
                 total += packed_matrix_bytes(module.out_features, module.in_features, weight_format)
             total += 4 * module.out_features if module.bias is not None else 0
         elif type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor):
@@ -500,6 +567,10 @@ def overhead_parts(
         "dequantized_weight": weights.largest_quantized_linear
         * (compute_bytes if device.startswith("cuda") else calibration.CPU_DEQUANT_BYTES_PER_WEIGHT),
     }
+    if weights.scratch_bytes is not None:  # q4: a bounded chunk of rows, not a whole matrix
+        parts["dequantized_weight"] = weights.scratch_bytes
+    if weights.mapped_bytes:
+        parts["embedding_rows"] = embedding_rows_bytes(weights, context)
     if device.startswith("cuda"):
         parts["allocator_slack"] = max(
             calibration.CUDA_ALLOCATOR_SLACK_MIN_BYTES,
@@ -558,7 +629,7 @@ def plan_memory(
     ):  # the loader holds such a model as bf16 (app.core.engines.loader._hold_once): plan what it will hold
         quant = "bf16"
     repacked = repacks_4bit_on(torch_device, quant)
-    weights = estimate_weights(meta, quant, skip, dtype, repacked_4bit=repacked)
+    weights = estimate_weights(meta, quant, skip, dtype, repacked_4bit=repacked, stored_dtype=config_dtype(config))
     kv = kv_layout(config, compute_bytes)
     decode_copies = fused_decode_copy_bytes(meta, quant, torch_device)
 
