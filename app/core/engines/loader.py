@@ -30,8 +30,8 @@ from app.core.errors import (
 )
 from app.core.fastpath.packed import set_compute_dtype
 from app.core.fastpath.prefill import apply_prefill_upcast
+from app.core.memory.planner import check_fit, plan_memory, stored_dtype
 from app.core.memory.release import release_freed_memory
-from app.core.memory.planner import check_fit, plan_memory
 from app.core.memory.types import format_bytes
 from app.core.models import gguf_cache
 from app.core.models.attention import attention_shape
@@ -261,35 +261,6 @@ def _hold_once(model: Any, folder: Path, notices: list[str], recovered: list[str
         return "q4"
     notices.append(f"Loaded as bf16: q4 needs the fused decode step ({reason}).")
     return "bf16"
-
-
-SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-
-
-def stored_dtype(folder: Path) -> torch.dtype | None:
-    """The floating dtype most of the folder's safetensors bytes are stored in (read from the files' headers), or
-    None where that can't be told."""
-    totals: dict[torch.dtype, int] = defaultdict(int)
-    for path in sorted(folder.glob("*.safetensors")):
-        try:
-            with path.open("rb") as handle:
-                size = int.from_bytes(handle.read(8), "little")
-                if not 0 < size <= SAFETENSORS_HEADER_LIMIT:
-                    return None
-                header = json.loads(handle.read(size))
-        except (OSError, ValueError):
-            return None
-        for name, entry in header.items():
-            if name == "__metadata__" or not isinstance(entry, dict):
-                continue
-            dtype = SAFETENSORS_DTYPES.get(str(entry.get("dtype")))
-            offsets = entry.get("data_offsets") or [0, 0]
-            if dtype is not None and len(offsets) == 2:
-                totals[dtype] += int(offsets[1]) - int(offsets[0])
-    return max(totals, key=lambda dtype: totals[dtype]) if totals else None
-
-
-SAFETENSORS_HEADER_LIMIT = 100 << 20  # safetensors' own limit on a header's size
 
 
 # Without --context, a model whose full context does not fit gets a shorter window if at least this much fits.

@@ -9,7 +9,9 @@ the layer layout transformers' DynamicCache builds from the config (GQA heads, s
 
 from __future__ import annotations
 
+import json
 import math
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ import torch
 from app.core.errors import (
     CorruptModelError,
     DeviceUnavailableError,
+    HearthError,
     ModelNotFoundError,
     ModelTooLargeError,
     UnsupportedModelError,
@@ -112,11 +115,10 @@ class WeightsEstimate:
     layer_bytes: tuple[int, ...]  # each decoder layer as stored on the device
     layer_bytes_unquantized: tuple[int, ...]  # each decoder layer at the compute dtype (bnb's CPU offload)
     largest_quantized_linear: int  # elements of the biggest quantized weight (its dequantized copy is a transient)
-    # q4: the embedding stays a view of the mapped weight file (not in total_bytes: only the rows of tokens seen
-    # become resident), its bytes per row, and the prefill scratch (a bounded chunk of dequantized rows, plus the
-    # int8 lm_head's chunk at fp32), which replaces a whole dequantized matrix.
+    # q4: the embedding stays a view of the mapped weight file (not in total_bytes: in the overhead as
+    # `embedding_mapped`), and the prefill scratch (a bounded chunk of dequantized rows, plus the int8 lm_head's chunk
+    # at fp32), which replaces a whole dequantized matrix.
     mapped_bytes: int = 0
-    mapped_row_bytes: int = 0
     scratch_bytes: int | None = None
 
 
@@ -185,6 +187,52 @@ def _config_from_dict(data: dict[str, Any], where: str) -> Any:
 def config_from_gguf(path: Path) -> Any:
     """The model config from a GGUF file's header (metadata only: no tensor is read or dequantized)."""
     return _config_from_dict(config_dict_from_gguf(path), str(path))
+
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def stored_dtype(folder: Path) -> torch.dtype | None:
+    """The floating dtype most of the folder's safetensors bytes are stored in (read from the files' headers), or
+    None where that can't be told."""
+    totals: dict[torch.dtype, int] = defaultdict(int)
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with path.open("rb") as handle:
+                size = int.from_bytes(handle.read(8), "little")
+                if not 0 < size <= SAFETENSORS_HEADER_LIMIT:
+                    return None
+                header = json.loads(handle.read(size))
+        except (OSError, ValueError):
+            return None
+        for name, entry in header.items():
+            if name == "__metadata__" or not isinstance(entry, dict):
+                continue
+            dtype = SAFETENSORS_DTYPES.get(str(entry.get("dtype")))
+            offsets = entry.get("data_offsets") or [0, 0]
+            if dtype is not None and len(offsets) == 2:
+                totals[dtype] += int(offsets[1]) - int(offsets[0])
+    return max(totals, key=lambda dtype: totals[dtype]) if totals else None
+
+
+SAFETENSORS_HEADER_LIMIT = 100 << 20  # safetensors' own limit on a header's size
+
+
+def weights_dtype_of(source: Any, config: Any) -> torch.dtype | None:
+    """The dtype a source's weight files hold: read from a folder's safetensors headers (a GGUF's converted folder,
+    once converted), else what its config says."""
+    folder: Path | None = None
+    try:
+        if isinstance(source, str | Path) and Path(source).expanduser().name == "config.json":
+            folder = Path(source).expanduser().parent
+        elif source is None or isinstance(source, str | Path | ModelSource):
+            spec = None if source is None else str(source)
+            model = source if isinstance(source, ModelSource) else resolve_model(spec)
+            folder = gguf_cache.converted_folder_for(model.path) if model.kind == "gguf" else model.path
+    except (HearthError, OSError, ValueError):
+        folder = None
+    found = stored_dtype(folder) if folder is not None and folder.is_dir() else None
+    return found or config_dtype(config)
 
 
 def config_dtype(config: Any) -> torch.dtype | None:
@@ -369,7 +417,7 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
     tied = head is not None and head.weight is embedding.weight
     compute_bytes = torch.tensor([], dtype=dtype).element_size()
     mapped_dtype = stored_dtype if stored_dtype in MAPPABLE_EMBEDDING_DTYPES else None
-    mapped_bytes = mapped_row_bytes = widest = 0
+    mapped_bytes = widest = 0
     head_width = 0
     seen: set[int] = set()
     for module_name, module in model.named_modules():
@@ -390,9 +438,8 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
                 widest = max(widest, module.in_features)
                 plain = tensor.numel() * compute_bytes
             elif module is embedding and tensor_name == "weight" and mapped_dtype is not None:
-                size = 0  # mapped from the file, resident only where read (counted as `embedding_rows`)
-                mapped_row_bytes = tensor.shape[1] * torch.tensor([], dtype=mapped_dtype).element_size()
-                mapped_bytes = tensor.shape[0] * mapped_row_bytes
+                size = 0  # mapped from the file, in the overhead as `embedding_mapped`
+                mapped_bytes = tensor.numel() * torch.tensor([], dtype=mapped_dtype).element_size()
                 if tied:  # the head is the int8 rows, held once
                     size = packed_matrix_bytes(tensor.shape[0], tensor.shape[1], "int8")
                     quantized_parameters += tensor.numel()
@@ -422,7 +469,6 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
         layer_bytes_unquantized=tuple(unquantized),
         largest_quantized_linear=largest,
         mapped_bytes=mapped_bytes,
-        mapped_row_bytes=mapped_row_bytes,
         scratch_bytes=scratch,
     )
 
@@ -432,18 +478,6 @@ def prefill_gemm_dtype() -> torch.dtype:
     from app.core.fastpath.prefill import native_bf16_gemm
 
     return torch.bfloat16 if native_bf16_gemm() else torch.float32
-
-
-def embedding_rows_bytes(weights: WeightsEstimate, context: int) -> int:
-    """What a mapped embedding makes resident at `context` tokens: one page per distinct token at most (the kernel reads
-    no more around a fault: app.core.memory.release), never more than the whole embedding."""
-    if not weights.mapped_bytes:
-        return 0
-    per_row = -(-weights.mapped_row_bytes // PAGE_BYTES) * PAGE_BYTES + PAGE_BYTES  # a row may straddle a page
-    return min(weights.mapped_bytes, context * per_row)
-
-
-PAGE_BYTES = 4096
 
 
 def _q4_unavailable(meta: Any) -> str:
@@ -570,7 +604,10 @@ def overhead_parts(
     if weights.scratch_bytes is not None:  # q4: a bounded chunk of rows, not a whole matrix
         parts["dequantized_weight"] = weights.scratch_bytes
     if weights.mapped_bytes:
-        parts["embedding_rows"] = embedding_rows_bytes(weights, context)
+        # Counted whole: a lookup maps the pages around each row read (244 KiB per sparse row measured on Linux
+        # 6.18's large folios), so a conversation's tokens soon touch most of it. Clean file pages: the kernel can
+        # drop them under memory pressure, unlike a copy.
+        parts["embedding_mapped"] = weights.mapped_bytes
     if device.startswith("cuda"):
         parts["allocator_slack"] = max(
             calibration.CUDA_ALLOCATOR_SLACK_MIN_BYTES,
@@ -629,7 +666,8 @@ def plan_memory(
     ):  # the loader holds such a model as bf16 (app.core.engines.loader._hold_once): plan what it will hold
         quant = "bf16"
     repacked = repacks_4bit_on(torch_device, quant)
-    weights = estimate_weights(meta, quant, skip, dtype, repacked_4bit=repacked, stored_dtype=config_dtype(config))
+    stored = weights_dtype_of(source, config)
+    weights = estimate_weights(meta, quant, skip, dtype, repacked_4bit=repacked, stored_dtype=stored)
     kv = kv_layout(config, compute_bytes)
     decode_copies = fused_decode_copy_bytes(meta, quant, torch_device)
 

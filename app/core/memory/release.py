@@ -1,5 +1,4 @@
-"""Give memory the allocator keeps after a load back to the system (glibc's malloc_trim), and keep the kernel from
-reading ahead in a mapped tensor read a row at a time (madvise MADV_RANDOM), where those exist.
+"""Give memory the allocator keeps after a load back to the system (glibc's malloc_trim), where that exists.
 
 glibc keeps freed memory in its arenas; after a load that freed transient buffers (a cold start's packing, the
 tokenizer's parse) that memory stays in the process's RSS until reused. `malloc_trim(0)` returns what it can. Other C
@@ -11,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import mmap
 import sys
 from functools import cache
 from typing import Any
@@ -31,33 +29,6 @@ def _glibc() -> Any:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return trim
-
-
-MADV_RANDOM = 1  # Linux and macOS: "expect random page references" (no read-ahead around each fault)
-
-
-@cache
-def _madvise() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        advise = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    advise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    advise.restype = ctypes.c_int
-    return advise
-
-
-def read_rows_at_random(address: int, length: int) -> bool:
-    """Tell the kernel a mapped range is read a row at a time (the embedding): a page fault then brings in that page,
-    not the 128 KiB around it, so only the rows of tokens seen become resident. Whether it was applied."""
-    advise = _madvise()
-    if advise is None or length <= 0:
-        return False
-    page = mmap.PAGESIZE
-    start = address // page * page
-    return int(advise(start, length + address - start, MADV_RANDOM)) == 0
 
 
 def release_freed_memory() -> bool:
