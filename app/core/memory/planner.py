@@ -242,7 +242,7 @@ def config_dtype(config: Any) -> torch.dtype | None:
         if isinstance(value, torch.dtype):
             return value
         if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
-            return getattr(torch, value)  # type: ignore[no-any-return]
+            return getattr(torch, value)
     return None
 
 
