@@ -29,7 +29,6 @@ from torch import nn
 
 from app.core.fastpath import prefill
 
-HEAD_CHUNK_ROWS = 1024  # the int8 lm_head is dequantized this many rows at a time: 8 MiB of fp32 for a 2048-wide head
 # A prefill call dequantizes at most this many bytes of a matrix at a time (a chunk of output rows, GEMM per chunk):
 # the 1B model's gate/up would otherwise need 23-46 MiB dense. 4 MiB chunks keep 512-row GEMMs at >= 256 columns.
 SCRATCH_BYTES = 4 << 20
@@ -151,8 +150,8 @@ class Q4Linear(nn.Module):
 
 
 class Int8RowsLinear(nn.Module):
-    """An untied lm_head held only as the fused step's int8 rows (fp32 scale per row); prefill asks for one row of
-    logits, computed a chunk of rows at a time."""
+    """An lm_head (tied or not) held only as the fused step's int8 rows (fp32 scale per row); prefill asks for one
+    row of logits, computed a chunk of rows (SCRATCH_BYTES of fp32 at most) at a time."""
 
     q: torch.Tensor
     scale: torch.Tensor
@@ -167,9 +166,10 @@ class Int8RowsLinear(nn.Module):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         flat = input.reshape(-1, self.in_features).float()
         out = torch.empty(flat.shape[0], self.out_features, dtype=torch.float32)
-        for start in range(0, self.out_features, HEAD_CHUNK_ROWS):
-            end = min(start + HEAD_CHUNK_ROWS, self.out_features)
-            weight = self.q[start:end].float() * self.scale[start:end, None]
+        step = chunk_rows(self.in_features, torch.float32)
+        for start in range(0, self.out_features, step):
+            end = min(start + step, self.out_features)
+            weight = self.q[start:end].float().mul_(self.scale[start:end, None])  # SCRATCH_BYTES at most
             torch.matmul(flat, weight.t(), out=out[:, start:end])
         return out.reshape(*input.shape[:-1], self.out_features).to(input.dtype)
 

@@ -405,7 +405,7 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
     from torch import nn
 
     from app.core.fastpath.native import packed_matrix_bytes
-    from app.core.fastpath.packed import HEAD_CHUNK_ROWS, MAPPABLE_EMBEDDING_DTYPES, chunk_rows
+    from app.core.fastpath.packed import MAPPABLE_EMBEDDING_DTYPES, chunk_rows
 
     layer_names = _decoder_layer_names(model)
     layer_index = {name: i for i, name in enumerate(layer_names)}
@@ -458,8 +458,9 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
     # A chunk of whole rows of at most SCRATCH_BYTES (or CHUNK_ROW_ALIGN rows of the widest matrix), never more than the
     # largest matrix.
     scratch = min(largest, chunk_rows(widest, gemm_dtype) * widest) * gemm_bytes if widest else 0
-    # Int8RowsLinear dequantizes HEAD_CHUNK_ROWS rows at a time: the int8 rows as fp32, then scaled (two fp32 copies).
-    scratch += 2 * 4 * HEAD_CHUNK_ROWS * head_width
+    # Int8RowsLinear dequantizes a chunk of its rows at a time into one fp32 buffer.
+    if head_width:
+        scratch += min(embedding.weight.shape[0], chunk_rows(head_width, torch.float32)) * head_width * 4
     return WeightsEstimate(
         parameters=parameters,
         quantized_parameters=quantized_parameters,
