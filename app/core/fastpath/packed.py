@@ -1,14 +1,13 @@
 """One copy of the weights on the CPU (`--quant q4`): the decoder matrices held once, as the fused decode step's Q4_1
 blocks, and prefill run from them.
 
-The model loads as bf16 (transformers maps the safetensors file: nothing is read yet), each decoder linear layer is
-swapped for a `Q4Linear` whose buffers are views of the packed matrices the fused step reads (q/k/v are row ranges
-of the merged QKV matrix, gate/up every other row of the interleaved one), and an untied lm_head for an
-`Int8RowsLinear` over the fused step's int8 rows. The remaining tensors (embedding, norms, biases) are copied out of
-the mapped file, so the 16-bit weights are never resident: a warm start maps the packed copy from the cache and
-never reads them. A call (prefill) dequantizes its matrix a bounded chunk of rows at a time into one scratch buffer
-reused by every layer (`SCRATCH_BYTES`) and runs the fast GEMM per chunk (bf16 where torch's bf16 GEMM is native, fp32
-elsewhere: app.core.fastpath.prefill); the fused C step does the single-token steps.
+The model loads in its files' own dtype (transformers maps the safetensors file: nothing is read yet), each decoder
+linear layer is swapped for a `Q4Linear` whose buffers are views of the packed matrices the fused step reads (q/k/v
+are row ranges of the merged QKV matrix, gate/up every other row of the interleaved one), and the lm_head for an
+`Int8RowsLinear` over the fused step's int8 rows, so the 16-bit matrices are never resident: a warm start maps the
+packed copy from the cache and never reads them. A call (prefill) dequantizes its matrix a bounded chunk of rows at a
+time into one scratch buffer reused by every layer (`SCRATCH_BYTES`) and runs the fast GEMM per chunk (bf16 where
+torch's bf16 GEMM is native, fp32 elsewhere: app.core.fastpath.prefill); the fused C step does the single-token steps.
 
 Memory (measured with /proc/self/status, see README "One copy of the weights"): the model is loaded in its weight
 files' own dtype, so transformers keeps every tensor as an untouched view of the mapped file and no 16-bit copy of
