@@ -4,18 +4,18 @@
     python bench/peer.py [--trials 8] [--threads 2] [--tokens 128] [--peer-python .cache/peer-venv/bin/python]
     python bench/peer.py --model .cache/models/random-tinyllama-1b   # a folder (bench/build_1b_model.py) or a GGUF
 
-Each measurement is one fresh process (`--worker ...`), engines interleaved per trial, with a memory-bandwidth
-probe (numpy copy, read+write) in the same rotation. llama.cpp runs the model's GGUF as shipped (the default model:
-Q4_1) with flash attention on; Hearth runs the same GGUF converted to bf16, loaded as `--quant` (default auto: q4
-on the CPU). A `--model` folder (Hugging Face layout) is what Hearth loads; for llama.cpp it is converted once with
-llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist, see `converter_script`) and quantized to Q4_1
-with `llama_model_quantize`, cached under .cache/peer-models/. Both get the same token ids (Hearth's tokenizer and chat
-template) and greedy decoding. Printed: medians, per-trial paired ratios (Hearth / llama.cpp), each one's fraction of
-the bandwidth roofline (tok/s x bytes read per token / bandwidth), and each process's peak RSS (VmHWM: what the
+Each measurement is one fresh process (`--worker ...`), engines interleaved per trial, with a memory-bandwidth probe
+(numpy copy, read+write) in the same rotation. llama.cpp runs the model's GGUF as shipped (the default model: Q4_1) with
+flash attention on; Hearth runs the same GGUF converted to a safetensors folder (fp32), loaded as `--quant` (default
+auto: q4 on the CPU). A `--model` folder (Hugging Face layout) is what Hearth loads; for llama.cpp it is converted once
+with llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist, see `converter_script`) and quantized to
+Q4_1 with `llama_model_quantize`, cached under .cache/peer-models/. Both get the same token ids (Hearth's tokenizer and
+chat template) and greedy decoding. Printed: medians, per-trial paired ratios (Hearth / llama.cpp), each one's fraction
+of the bandwidth roofline (tok/s x bytes read per token / bandwidth), and each process's peak RSS (VmHWM: what the
 process held at its most, mapped model files included, as `ru_maxrss` counts them), RSS after the run, its runtime floor
 (RSS before any model: Hearth's worker after importing torch, transformers and the code a load imports; llama.cpp's
-after `import llama_cpp`) and the peak above that floor (the model's own memory). Rates are
-wall-clock; the CPU-time rates beside them are steadier on a shared machine.
+after `import llama_cpp`) and the peak above that floor (the model's own memory). Rates are wall-clock; the CPU-time
+rates beside them are steadier on a shared machine.
 """
 
 from __future__ import annotations
