@@ -4,17 +4,18 @@
     python bench/peer.py [--trials 8] [--threads 2] [--tokens 128] [--peer-python .cache/peer-venv/bin/python]
     python bench/peer.py --model .cache/models/random-tinyllama-1b   # a folder (bench/build_1b_model.py) or a GGUF
 
-Each measurement is one fresh process (`--worker ...`), engines interleaved per trial, with a read-bandwidth
-probe (1 GiB summed with the same threads) in the same rotation. llama.cpp runs the model's GGUF as shipped (the
-default model: Q4_1) with flash attention on; Hearth runs the same GGUF converted, loaded as `--quant` (default auto:
-q4 on the CPU). A `--model` folder (Hugging Face layout) is what Hearth loads; for llama.cpp it is converted once with
-llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist, see `converter_script`) and quantized to Q4_1
-with `llama_model_quantize`, cached under .cache/peer-models/. Both get the same token ids (Hearth's tokenizer and chat
-template) and greedy decoding. Printed: medians, per-trial paired ratios (Hearth / llama.cpp), each one's fraction of
-the bandwidth roofline (tok/s x bytes read per token / bandwidth), and each process's peak RSS (VmHWM: what the
-process held at its most, mapped model files included, as `ru_maxrss` counts them) and RSS after the run. Rates are
-wall-clock; the CPU-time rates beside them are steadier on a shared machine.
-"""
+Each measurement is one fresh process (`--worker ...`), engines interleaved per trial, with a read-bandwidth probe (1
+GiB summed with the same threads) in the same rotation. llama.cpp runs the model's GGUF as shipped (the default model:
+Q4_1) with flash attention on; Hearth runs the same GGUF converted to a safetensors folder (fp32), loaded as `--quant`
+(default auto: q4 on the CPU). A `--model` folder (Hugging Face layout) is what Hearth loads; for llama.cpp it is
+converted once with llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist, see `converter_script`)
+and quantized to Q4_1 with `llama_model_quantize`, cached under .cache/peer-models/. Both get the same token ids
+(Hearth's tokenizer and chat template) and greedy decoding. Printed: medians, per-trial paired ratios (Hearth /
+llama.cpp), each one's fraction of the bandwidth roofline (tok/s x bytes read per token / bandwidth), and each
+process's peak RSS (VmHWM: what the process held at its most, mapped model files included, as `ru_maxrss` counts
+them), RSS after the run, its runtime floor (RSS before any model: Hearth's worker after importing torch, transformers
+and the code a load imports; llama.cpp's after `import llama_cpp`) and the peak above that floor (the model's own
+memory). Rates are wall-clock; the CPU-time rates beside them are steadier on a shared machine."""
 
 from __future__ import annotations
 
@@ -68,11 +69,16 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
     sys.path.insert(0, str(ROOT))
     import torch
 
+    # The runtime floor: torch, transformers and the code any model load imports (its weight-loading machinery pulls
+    # in torch.distributed.tensor and sympy), before a weight or a tokenizer is read.
+    import transformers.core_model_loading  # noqa: F401
+
     from app.core.chat.events import StatsEvent, TokenEvent
     from app.core.chat.sampling import SamplingParams
     from app.core.engines.engine import Engine, KVState
     from app.core.engines.loader import load_model
 
+    floor = _memory()["rss"]
     torch.set_num_threads(int(spec["threads"]))  # type: ignore[call-overload]
     loaded = load_model(spec.get("model") or None, quantization=str(spec["quant"]), device="cpu")
     engine = Engine(loaded)
@@ -96,6 +102,7 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
             result["decode_cpu_tok_s"] = (stats.generated_tokens - 1) / max(cpu_decode, 1e-9)
     result["bytes_per_token"] = _hearth_bytes_per_token(engine)
     result.update(_memory())
+    result["floor_rss"] = floor
     return result
 
 
@@ -138,6 +145,7 @@ def gguf_bytes_per_token(path: Path) -> int:
 def worker_llama(spec: dict[str, object]) -> dict[str, object]:
     from llama_cpp import Llama
 
+    floor = _memory()["rss"]  # the runtime floor: llama_cpp imported (its library loaded), no model yet
     llm = Llama(
         model_path=str(spec["gguf"]),
         n_ctx=int(spec.get("context") or 4096),  # type: ignore[call-overload]
@@ -171,6 +179,7 @@ def worker_llama(spec: dict[str, object]) -> dict[str, object]:
     result["generated"] = count
     result["bytes_per_token"] = int(spec["gguf_bytes_per_token"])  # type: ignore[call-overload]
     result.update(_memory())
+    result["floor_rss"] = floor
     return result
 
 
@@ -355,6 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _value(run: dict[str, object], key: str) -> float:
+    if key == "above_floor":
+        return float(run["peak_rss"]) - float(run["floor_rss"])  # type: ignore[arg-type]
+    return float(run[key])  # type: ignore[arg-type]
+
+
 def _gib(value: object) -> str:
     return f"{float(value) / 2**30:.2f} GiB"  # type: ignore[arg-type]
 
@@ -369,7 +384,10 @@ def report(runs: dict[str, list[dict[str, object]]], short_len: int, long_len: i
     print(f"\nread bandwidth (1 GiB summed, median of the trials' best): {bandwidth / 1e9:.1f} GB/s")
     print(hearth[0]["decode_path"], "-", hearth[0]["note"])
     header = f"{'engine':<12}{'decode tok/s':>14}{'(cpu-time)':>12}{'prefill ' + str(short_len):>14}"
-    print(header + f"{'prefill ' + str(long_len):>16}{'roofline':>10}{'peak RSS':>12}{'RSS after':>12}")
+    print(
+        header + f"{'prefill ' + str(long_len):>16}{'roofline':>10}{'peak RSS':>12}{'RSS after':>12}"
+        f"{'floor':>10}{'peak - floor':>14}"
+    )
     for name, rows in (("hearth", hearth), ("llama.cpp", peer)):
         decode = _median([float(r["decode_tok_s"]) for r in rows])  # type: ignore[arg-type]
         cpu = _median([float(r["decode_cpu_tok_s"]) for r in rows])  # type: ignore[arg-type]
@@ -378,18 +396,20 @@ def report(runs: dict[str, list[dict[str, object]]], short_len: int, long_len: i
         roof = decode * float(rows[0]["bytes_per_token"]) / bandwidth  # type: ignore[arg-type]
         peak = _median([float(r["peak_rss"]) for r in rows])  # type: ignore[arg-type]
         after = _median([float(r["rss"]) for r in rows])  # type: ignore[arg-type]
+        floor = _median([float(r["floor_rss"]) for r in rows])  # type: ignore[arg-type]
         line = f"{name:<12}{decode:>14.1f}{cpu:>12.1f}{short:>13.2f}s{long:>15.2f}s{roof:>10.0%}"
-        print(f"{line}{_gib(peak):>12}{_gib(after):>12}")
+        print(f"{line}{_gib(peak):>12}{_gib(after):>12}{_gib(floor):>10}{_gib(peak - floor):>14}")
     for key, label, higher_is_better in (
         ("decode_tok_s", "decode", True),
         ("decode_cpu_tok_s", "decode (cpu-time)", True),
         ("short_prefill_s", "short prefill speed", False),
         ("long_prefill_s", "long prefill speed", False),
         ("peak_rss", "peak RSS (memory; below 1 is less)", True),
+        ("above_floor", "peak RSS above the runtime floor (the model's memory; below 1 is less)", True),
     ):
         ratios = []
         for h, p in zip(hearth, peer, strict=True):
-            a, b = float(h[key]), float(p[key])  # type: ignore[arg-type]
+            a, b = _value(h, key), _value(p, key)
             ratios.append(a / b if higher_is_better else b / a)
         shown = " ".join(f"{r:.2f}" for r in ratios)
         print(f"hearth / llama.cpp, {label}: median {_median(ratios):.2f}x  [{shown}]")

@@ -9,6 +9,8 @@ model).
 
 from __future__ import annotations
 
+import platform
+import sys
 from typing import Any
 
 import pytest
@@ -18,13 +20,14 @@ from torch import nn
 from app.core.chat.events import ChatMessage
 from app.core.engines.backend import ReplyRequest
 from app.core.engines.engine import Engine, KVState
-from app.core.engines.loader import load_model
+from app.core.engines.loader import load_model, stored_dtype
 from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
 from app.core.errors import QuantizationError
 from app.core.fastpath import int8, native, packed
 from app.core.memory.accounting import measured_weights_by_device
 from app.core.memory.planner import plan_memory
+from app.core.memory.release import release_freed_memory
 from app.core.models.quant import resolve_quantization
 from tests.core.test_fastpath import (
     AGREEMENT_BOUND,
@@ -202,3 +205,76 @@ def test_the_heads_x16_rows_round_trip_with_the_padding_and_prefill_reads_them_i
     x = torch.randn(3, 64, generator=generator)
     expected = x @ (rows.float() * row_scale[:, None]).t()
     assert torch.allclose(head(x), expected, atol=1e-5)
+
+
+def _mapped_file_of(address: int) -> str:
+    """The file whose mapping holds `address` in this process (Linux /proc/self/maps), or ""."""
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(part, 16) for part in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5] if len(fields) > 5 else ""
+    return ""
+
+
+@needs_kernel
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_q4_keeps_the_embedding_mapped_and_prefills_a_tied_head_from_the_int8_rows(tiny_model_dir: Any) -> None:
+    folder = tiny_model_dir("llama")  # tied lm_head, saved as fp32
+    assert stored_dtype(folder) == torch.float32
+    loaded = load_model(str(folder), quantization="q4", device="cpu")
+    model = loaded.model
+    embedding = model.get_input_embeddings()
+    # A view of the weight file, in the file's dtype: never copied (only the pages read become resident).
+    assert isinstance(embedding, packed.MappedEmbedding) and embedding.weight.dtype == torch.float32
+    assert _mapped_file_of(embedding.weight.data_ptr()).endswith("model.safetensors")
+    assert "weight" not in dict(embedding.named_parameters())
+    # Everything else is a copy at the compute dtype, which the KV cache and attention keep (stated, not derived).
+    assert native.kv_dtype(model) == torch.bfloat16 == model.dtype
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(not _mapped_file_of(p.data_ptr()).endswith(".safetensors") or p.numel() == 0 for p in model.parameters())
+    assert embedding(torch.tensor([[1, 2]])).dtype == torch.bfloat16
+    # The tied head is the int8 rows the fused step reads: prefill's logits never read the whole embedding.
+    head = model.get_output_embeddings()
+    engine = Engine(loaded)
+    assert isinstance(head, packed.Int8RowsLinear)
+    read_by_step = {t.untyped_storage().data_ptr() for t in engine.path.fused._keep}  # type: ignore[union-attr]
+    assert head.q.untyped_storage().data_ptr() in read_by_step
+    kv = KVState()
+    _, stats, _ = run(engine.generate(ReplyRequest([ChatMessage("user", "hello")], GREEDY), kv=kv))
+    assert stats.generated_tokens > 0 and kv.cache is not None
+    assert all(layer.keys.dtype == torch.bfloat16 for layer in kv.cache.layers)  # the KV cache stays bf16
+    plan = plan_memory(str(folder), quantization="q4", device="cpu", context=256)
+    assert plan.overhead["embedding_mapped"] == embedding.weight.numel() * 4
+    assert measured_weights_by_device(model) == {"cpu": plan.weights_bytes}
+
+
+def test_the_prefill_scratch_never_holds_more_than_its_bound() -> None:
+    generator = torch.Generator().manual_seed(1)
+    rows, cols = 3 * 1024, 1024  # 12 MiB dense in fp32: three times the bound
+    records = packed.interleave_q4(*native.quantize_q4_blocks(torch.randn(rows, cols, generator=generator)))
+    scratch = packed.Scratch()
+    library = None if isinstance(KERNEL, str) else KERNEL
+    bias = torch.randn(rows, generator=generator)
+    layer = packed.Q4Linear(records, bias, scratch, library, torch.float32)
+    x = torch.randn(2, 5, cols, generator=generator)
+    out = layer(x)
+    assert 0 < scratch.peak <= packed.SCRATCH_BYTES < rows * cols * 4
+    want = torch.nn.functional.linear(x, packed.dequantize_q4(records, cols), bias)
+    assert out.shape == (2, 5, rows)
+    assert torch.allclose(out, want, rtol=1e-4, atol=1e-4)
+    # A matrix narrower than the bound is dequantized whole, once.
+    small = packed.Scratch()
+    packed.Q4Linear(records[:4], None, small, library, torch.float32)(x)
+    assert small.peak == 64 * cols * 4
+
+
+def test_q4_falls_back_to_a_bf16_copy_of_a_file_stored_in_fp32(tiny_model_dir: Any) -> None:
+    loaded = load_model(str(tiny_model_dir("gemma2")), quantization="q4", device="cpu")
+    assert loaded.quantization == "bf16" and loaded.model.dtype == torch.bfloat16
+    assert all(p.dtype == torch.bfloat16 for p in loaded.model.parameters())
+
+
+def test_allocator_memory_is_given_back_where_glibc_can() -> None:
+    assert release_freed_memory() == (platform.libc_ver()[0] == "glibc" and sys.platform.startswith("linux"))

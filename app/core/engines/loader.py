@@ -28,8 +28,10 @@ from app.core.errors import (
     UnsafeModelError,
     UnsupportedModelError,
 )
+from app.core.fastpath.packed import set_compute_dtype
 from app.core.fastpath.prefill import apply_prefill_upcast
-from app.core.memory.planner import check_fit, plan_memory
+from app.core.memory.planner import check_fit, plan_memory, stored_dtype
+from app.core.memory.release import release_freed_memory
 from app.core.memory.types import format_bytes
 from app.core.models import gguf_cache
 from app.core.models.attention import attention_shape
@@ -190,6 +192,11 @@ def load_model(
         fit_window = _check_memory(source, config, quant, torch_device, context_length, free_bytes, notices)
     step(f"Loading weights ({quant} on {torch_device})…", 0.3)
     kwargs = quantization_kwargs(quant, torch_device)
+    compute_dtype = kwargs["dtype"]
+    if quant == "q4":
+        # In the files' own dtype transformers keeps every tensor a view of the mapped file: the matrices are then
+        # packed (or their packed copy mapped) without a 16-bit copy of the model ever being made.
+        kwargs["dtype"] = stored_dtype(folder) or compute_dtype
     try:
         model = AutoModelForCausalLM.from_pretrained(
             folder,
@@ -212,8 +219,14 @@ def load_model(
         ) from exc
     model.eval()
     if quant == "q4":
+        set_compute_dtype(model, compute_dtype)
         quant = _hold_once(model, folder, notices if quantization == "q4" else [], recovered)
+        if quant != "q4" and model.dtype != compute_dtype:  # held as bf16 after all: now it is a copy
+            model.to(compute_dtype)
+            set_compute_dtype(model, compute_dtype)
     apply_prefill_upcast(model, torch_device, quant)  # the stats say so (decode_path_note)
+    if torch_device == "cpu":
+        release_freed_memory()  # what loading freed (transient copies, parse buffers) goes back to the system
     step("Ready", 1.0)
     placements = device_placements(model)
     if any(p.device in ("cpu", "disk") for p in placements) and torch_device.startswith("cuda"):

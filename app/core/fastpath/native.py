@@ -38,7 +38,15 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from app.core.fastpath import integrity
 from app.core.fastpath.int8 import quantize_rows
-from app.core.fastpath.packed import HEAD_RECORD, Q4_GROUP, Q4_RECORD, Int8RowsLinear, interleave_q4, interleave_rows
+from app.core.fastpath.packed import (
+    HEAD_RECORD,
+    Q4_GROUP,
+    Q4_RECORD,
+    Int8RowsLinear,
+    compute_dtype,
+    interleave_q4,
+    interleave_rows,
+)
 from app.core.models.attention import attention_shape
 from app.core.storage.paths import cache_dir
 
@@ -483,7 +491,7 @@ class SlabLayer(DynamicLayer):
 def new_slab_cache(model: Any, limit: int) -> DynamicCache:
     config = model.config.get_text_config(decoder=True)
     _, kv_heads, head_dim = attention_shape(config)
-    dtype = _kv_dtype(model)
+    dtype = kv_dtype(model)
     cache = DynamicCache(config=model.config)
     arena = SlabArena(limit)
     cache.layers = [SlabLayer(arena, kv_heads, head_dim, dtype) for _ in range(int(config.num_hidden_layers))]
@@ -495,8 +503,12 @@ def is_slab_cache(cache: Any) -> bool:
     return bool(layers) and all(isinstance(layer, SlabLayer) for layer in layers)
 
 
-def _kv_dtype(model: Any) -> torch.dtype:
-    """The dtype attention runs in (and the cache is kept in): the embedding's, for 4-bit models the compute dtype."""
+def kv_dtype(model: Any) -> torch.dtype:
+    """The dtype attention runs in (and the cache is kept in): the one a q4 load states (its embedding stays mapped in
+    the weight file's dtype, e.g. fp32, and is looked up at this dtype), else the embedding's."""
+    stated = compute_dtype(model)
+    if stated is not None:
+        return stated
     embed = model.get_input_embeddings()
     return embed.weight.dtype if isinstance(embed, nn.Embedding) else torch.float32
 
@@ -574,8 +586,8 @@ def unsupported_reason(model: Any, weight_format: str = "int8") -> str:
         return f"the fused kernel needs sizes in multiples of 32 ({', '.join(odd)})"
     if weight_format == "q4" and head_dim % Q4_GROUP:
         return f"the fused kernel's Q4_1 layout needs head sizes in multiples of {Q4_GROUP} (this model's: {head_dim})"
-    if _kv_dtype(model) not in (torch.float32, torch.bfloat16):
-        return f"{_kv_dtype(model)} activations are not in the fused kernel (bf16 and fp32 are)"
+    if kv_dtype(model) not in (torch.float32, torch.bfloat16):
+        return f"{kv_dtype(model)} activations are not in the fused kernel (bf16 and fp32 are)"
     layers = getattr(base, "layers", None)
     if layers is None or len(layers) != int(config.num_hidden_layers):
         return "the model's decoder layers are not where the fused kernel looks for them"
@@ -600,7 +612,7 @@ class FusedDecoder:
         self.hidden = int(config.hidden_size)
         self.vocab = int(tensors["lm.s"].shape[0])
         embed = base.embed_tokens.weight.detach()
-        kv_dtype = _kv_dtype(model)
+        cache_dtype = kv_dtype(model)
         self._keep: list[torch.Tensor] = []  # every tensor the C side points into stays alive here
         self.threads = max(1, torch.get_num_threads()) if native.threaded else 1
         cfg = {
@@ -612,7 +624,7 @@ class FusedDecoder:
             "inter": int(config.intermediate_size),
             "vocab": self.vocab,
             "embed_bf16": int(embed.dtype == torch.bfloat16),
-            "kv_bf16": int(kv_dtype == torch.bfloat16),
+            "kv_bf16": int(cache_dtype == torch.bfloat16),
             "threads": self.threads,
             "q4": int(weight_format == "q4"),
         }

@@ -188,14 +188,28 @@ def _packed_copy(
     model: Any, quantization: str, folder: Path | None, weight_format: str, notices: list[str]
 ) -> tuple[dict[str, torch.Tensor], str, str]:
     """(tensors, sha256, how) of the fused step's copies: read from the cache where they fit, else packed now."""
-    # q4 packs from the same bf16 file as a bf16 load does: one cache entry serves both.
+    # q4 packs from the same values as a bf16 load does (its matrices, mapped in the file's dtype, rounded to bf16 one
+    # at a time): one cache entry serves both.
     key = "bf16" if quantization == "q4" else quantization
     cache_file = _cache_file(folder, key, kind=f"decode-fused-{weight_format}") if folder is not None else None
     stored = _read_cache(cache_file, notices)
     if stored is not None and native.tensors_fit(model, stored[0], weight_format):
         return stored[0], stored[1], "loaded from the cache"
-    tensors = native.pack_model(model, int8.dense_weight, weight_format)
+    dense_weight = _rounded_to(packed.compute_dtype(model)) if quantization == "q4" else int8.dense_weight
+    tensors = native.pack_model(model, dense_weight, weight_format)
     return tensors, _write_cache(cache_file, tensors), "packed"
+
+
+def _rounded_to(dtype: torch.dtype | None) -> Any:
+    """int8.dense_weight, rounded to `dtype` (the values a load in that dtype would have held)."""
+
+    def dense_weight(module: nn.Module) -> torch.Tensor | None:
+        weight = int8.dense_weight(module)
+        if weight is None or dtype is None or weight.dtype == dtype:
+            return weight
+        return weight.to(dtype)
+
+    return dense_weight
 
 
 HELD_ATTR = "_hearth_held_once"
@@ -225,6 +239,7 @@ def hold_weights_once(model: Any, folder: Path | None, notices: list[str]) -> st
         return library
     started = time.perf_counter()
     try:
+        packed.keep_small(model, native.kv_dtype(model))
         tensors, digest, how = _packed_copy(model, "q4", folder, "q4", notices)
         packed.hold_once(model, tensors, library)
     except Exception as exc:  # a half-swapped model can't be trusted: say so loudly

@@ -44,9 +44,16 @@ def _quant_state_tensors(module: torch.nn.Module) -> Iterator[torch.Tensor]:
 
 
 def measured_weights_by_device(model: torch.nn.Module) -> dict[str, int]:
-    """Bytes of every parameter, buffer and bnb quant_state tensor, per device; shared tensors counted once."""
+    """Bytes of every parameter, buffer and bnb quant_state tensor, per device; shared tensors counted once. A q4
+    model's embedding, left mapped from the weight file (resident only where read), is not among them: the rows a
+    conversation touched show in the process's RSS, so in the overhead."""
+    from app.core.fastpath.packed import MappedEmbedding
+
     seen: set[tuple[str, int]] = set()
     totals: dict[str, int] = defaultdict(int)
+    for module in model.modules():
+        if isinstance(module, MappedEmbedding):
+            seen.add((str(module.weight.device), module.weight.data_ptr()))
 
     def add(tensor: torch.Tensor) -> None:
         if tensor.device.type == "meta" or tensor.numel() == 0:
@@ -96,8 +103,10 @@ def kv_tokens(held: Any) -> int:
 
 
 def model_kv_layout(model: Any) -> KVLayout:
-    """The planner's KV layout for a loaded model, in the dtype its cache is kept in."""
-    dtype = getattr(model, "dtype", torch.bfloat16)
+    """The planner's KV layout for a loaded model, in the dtype its cache is kept in (a q4 model states it)."""
+    from app.core.fastpath.packed import compute_dtype
+
+    dtype = compute_dtype(model) or getattr(model, "dtype", torch.bfloat16)
     return kv_layout(model.config, torch.tensor([], dtype=dtype).element_size())
 
 

@@ -9,7 +9,9 @@ the layer layout transformers' DynamicCache builds from the config (GQA heads, s
 
 from __future__ import annotations
 
+import json
 import math
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ import torch
 from app.core.errors import (
     CorruptModelError,
     DeviceUnavailableError,
+    HearthError,
     ModelNotFoundError,
     ModelTooLargeError,
     UnsupportedModelError,
@@ -112,6 +115,11 @@ class WeightsEstimate:
     layer_bytes: tuple[int, ...]  # each decoder layer as stored on the device
     layer_bytes_unquantized: tuple[int, ...]  # each decoder layer at the compute dtype (bnb's CPU offload)
     largest_quantized_linear: int  # elements of the biggest quantized weight (its dequantized copy is a transient)
+    # q4: the embedding stays a view of the mapped weight file (not in total_bytes: in the overhead as
+    # `embedding_mapped`), and the prefill scratch (a bounded chunk of dequantized rows, plus the int8 lm_head's chunk
+    # at fp32), which replaces a whole dequantized matrix.
+    mapped_bytes: int = 0
+    scratch_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +187,63 @@ def _config_from_dict(data: dict[str, Any], where: str) -> Any:
 def config_from_gguf(path: Path) -> Any:
     """The model config from a GGUF file's header (metadata only: no tensor is read or dequantized)."""
     return _config_from_dict(config_dict_from_gguf(path), str(path))
+
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def stored_dtype(folder: Path) -> torch.dtype | None:
+    """The floating dtype most of the folder's safetensors bytes are stored in (read from the files' headers), or
+    None where that can't be told."""
+    totals: dict[torch.dtype, int] = defaultdict(int)
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with path.open("rb") as handle:
+                size = int.from_bytes(handle.read(8), "little")
+                if not 0 < size <= SAFETENSORS_HEADER_LIMIT:
+                    return None
+                header = json.loads(handle.read(size))
+        except (OSError, ValueError):
+            return None
+        for name, entry in header.items():
+            if name == "__metadata__" or not isinstance(entry, dict):
+                continue
+            dtype = SAFETENSORS_DTYPES.get(str(entry.get("dtype")))
+            offsets = entry.get("data_offsets") or [0, 0]
+            if dtype is not None and len(offsets) == 2:
+                totals[dtype] += int(offsets[1]) - int(offsets[0])
+    return max(totals, key=lambda dtype: totals[dtype]) if totals else None
+
+
+SAFETENSORS_HEADER_LIMIT = 100 << 20  # safetensors' own limit on a header's size
+
+
+def weights_dtype_of(source: Any, config: Any) -> torch.dtype | None:
+    """The dtype a source's weight files hold: read from a folder's safetensors headers (a GGUF's converted folder,
+    once converted), else what its config says."""
+    folder: Path | None = None
+    try:
+        if isinstance(source, str | Path) and Path(source).expanduser().name == "config.json":
+            folder = Path(source).expanduser().parent
+        elif source is None or isinstance(source, str | Path | ModelSource):
+            spec = None if source is None else str(source)
+            model = source if isinstance(source, ModelSource) else resolve_model(spec)
+            folder = gguf_cache.converted_folder_for(model.path) if model.kind == "gguf" else model.path
+    except (HearthError, OSError, ValueError):
+        folder = None
+    found = stored_dtype(folder) if folder is not None and folder.is_dir() else None
+    return found or config_dtype(config)
+
+
+def config_dtype(config: Any) -> torch.dtype | None:
+    """The dtype the config says the weights are stored in (`dtype`, or the older `torch_dtype`), if it says one."""
+    for name in ("dtype", "torch_dtype"):
+        value = getattr(config, name, None)
+        if isinstance(value, torch.dtype):
+            return value
+        if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
+            return getattr(torch, value)
+    return None
 
 
 def model_shape(config: Any, name: str) -> ModelShape:
@@ -255,7 +320,13 @@ def meta_model(config: Any, dtype: torch.dtype) -> Any:
 
 
 def estimate_weights(
-    model: Any, quantization: str, skip_modules: list[str], dtype: torch.dtype, *, repacked_4bit: bool = False
+    model: Any,
+    quantization: str,
+    skip_modules: list[str],
+    dtype: torch.dtype,
+    *,
+    repacked_4bit: bool = False,
+    stored_dtype: torch.dtype | None = None,
 ) -> WeightsEstimate:
     """Bytes per decoder layer and for the rest, for a meta-device model loaded as `quantization`.
 
@@ -267,7 +338,7 @@ def estimate_weights(
     from transformers.quantizers.quantizers_utils import should_convert_module
 
     if quantization == "q4":
-        return _estimate_q4_weights(model, dtype)
+        return _estimate_q4_weights(model, dtype, stored_dtype)
     quantized = is_bitsandbytes(quantization)
     keep_fp32 = list(getattr(model, "_keep_in_fp32_modules", None) or []) + list(
         getattr(model, "_keep_in_fp32_modules_strict", None) or []
@@ -327,12 +398,14 @@ def estimate_weights(
     )
 
 
-def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
-    """`q4` (CPU): every linear layer inside a decoder layer held once as Q4_1 (20 bytes per 32 weights), an untied
-    lm_head as int8 rows + an fp32 scale per row (app.core.fastpath.packed), everything else at `dtype`."""
+def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dtype | None = None) -> WeightsEstimate:
+    """`q4` (CPU): every linear layer inside a decoder layer held once as Q4_1 (20 bytes per 32 weights), the lm_head
+    (tied or not) as int8 rows + an fp32 scale per row (app.core.fastpath.packed), the embedding mapped from the weight
+    file (`stored_dtype`, its bytes not resident: `mapped_bytes`), everything else at `dtype`."""
     from torch import nn
 
     from app.core.fastpath.native import head_bytes, packed_matrix_bytes
+    from app.core.fastpath.packed import MAPPABLE_EMBEDDING_DTYPES, chunk_rows
 
     layer_names = _decoder_layer_names(model)
     layer_index = {name: i for i, name in enumerate(layer_names)}
@@ -340,8 +413,12 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
     unquantized = [0] * len(layer_names)
     other = parameters = quantized_parameters = largest = 0
     head = model.get_output_embeddings()
-    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    embedding = model.get_input_embeddings()
+    tied = head is not None and head.weight is embedding.weight
     compute_bytes = torch.tensor([], dtype=dtype).element_size()
+    mapped_dtype = stored_dtype if stored_dtype in MAPPABLE_EMBEDDING_DTYPES else None
+    mapped_bytes = widest = 0
+    head_width = 0
     seen: set[int] = set()
     for module_name, module in model.named_modules():
         group = _group_of(module_name, layer_index)
@@ -358,15 +435,32 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
                 size = packed_matrix_bytes(module.out_features, module.in_features, "q4")
                 quantized_parameters += tensor.numel()
                 largest = max(largest, tensor.numel())
+                widest = max(widest, module.in_features)
                 plain = tensor.numel() * compute_bytes
-            elif is_weight and module is head and not tied:
-                size = head_bytes(module.out_features, module.in_features)
+            elif module is embedding and tensor_name == "weight" and mapped_dtype is not None:
+                size = 0  # mapped from the file, in the overhead as `embedding_mapped`
+                mapped_bytes = tensor.numel() * torch.tensor([], dtype=mapped_dtype).element_size()
+                if tied:  # the head is the int8 rows, held once
+                    size = head_bytes(int(tensor.shape[0]), int(tensor.shape[1]))
+                    quantized_parameters += tensor.numel()
+                    head_width = int(tensor.shape[1])
+            elif (is_weight and module is head) or (module is embedding and tied):
+                size = head_bytes(int(tensor.shape[0]), int(tensor.shape[1]))
                 quantized_parameters += tensor.numel()
+                head_width = int(tensor.shape[1])
             if group is None:
                 other += size
             else:
                 stored[group] += size
                 unquantized[group] += plain
+    gemm_dtype = prefill_gemm_dtype()
+    gemm_bytes = torch.tensor([], dtype=gemm_dtype).element_size()
+    # A chunk of whole rows of at most SCRATCH_BYTES (or CHUNK_ROW_ALIGN rows of the widest matrix), never more than the
+    # largest matrix.
+    scratch = min(largest, chunk_rows(widest, gemm_dtype) * widest) * gemm_bytes if widest else 0
+    # Int8RowsLinear dequantizes a chunk of its rows at a time into one fp32 buffer.
+    if head_width:
+        scratch += min(embedding.weight.shape[0], chunk_rows(head_width, torch.float32)) * head_width * 4
     return WeightsEstimate(
         parameters=parameters,
         quantized_parameters=quantized_parameters,
@@ -375,7 +469,16 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype) -> WeightsEstimate:
         layer_bytes=tuple(stored),
         layer_bytes_unquantized=tuple(unquantized),
         largest_quantized_linear=largest,
+        mapped_bytes=mapped_bytes,
+        scratch_bytes=scratch,
     )
+
+
+def prefill_gemm_dtype() -> torch.dtype:
+    """The dtype q4's prefill dequantizes into and multiplies in on this CPU (app.core.fastpath.packed)."""
+    from app.core.fastpath.prefill import native_bf16_gemm
+
+    return torch.bfloat16 if native_bf16_gemm() else torch.float32
 
 
 def _q4_unavailable(meta: Any) -> str:
@@ -456,14 +559,16 @@ def fused_decode_copy_bytes(meta: Any, quantization: str, device: str) -> int:
     head = meta.get_output_embeddings()
     # q4 holds the decoder matrices (and an untied lm_head's int8 rows) once, in the weights: the step adds the rest.
     held_once = quantization == "q4"
-    tied = head is not None and head.weight is meta.get_input_embeddings().weight
     total = 0
     for module in meta.modules():
         if isinstance(module, nn.Linear):
-            if module is head and (not held_once or tied):
-                total += head_bytes(module.out_features, module.in_features)
-            elif module is not head and not held_once:
-                total += packed_matrix_bytes(module.out_features, module.in_features, AUTO_FUSED_FORMAT[quantization])
+            if not held_once:  # q4 holds the matrices and the lm_head's int8 rows (tied or not) in the model
+                if module is head:
+                    total += head_bytes(module.out_features, module.in_features)
+                else:
+                    total += packed_matrix_bytes(
+                        module.out_features, module.in_features, AUTO_FUSED_FORMAT[quantization]
+                    )
             total += 4 * module.out_features if module.bias is not None else 0
         elif type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.Tensor):
             total += 4 * module.weight.numel()
@@ -505,6 +610,13 @@ def overhead_parts(
         "dequantized_weight": weights.largest_quantized_linear
         * (compute_bytes if device.startswith("cuda") else calibration.CPU_DEQUANT_BYTES_PER_WEIGHT),
     }
+    if weights.scratch_bytes is not None:  # q4: a bounded chunk of rows, not a whole matrix
+        parts["dequantized_weight"] = weights.scratch_bytes
+    if weights.mapped_bytes:
+        # Counted whole: a lookup maps the pages around each row read (244 KiB per sparse row measured on Linux
+        # 6.18's large folios), so a conversation's tokens soon touch most of it. Clean file pages: the kernel can
+        # drop them under memory pressure, unlike a copy.
+        parts["embedding_mapped"] = weights.mapped_bytes
     if device.startswith("cuda"):
         parts["allocator_slack"] = max(
             calibration.CUDA_ALLOCATOR_SLACK_MIN_BYTES,
@@ -563,7 +675,8 @@ def plan_memory(
     ):  # the loader holds such a model as bf16 (app.core.engines.loader._hold_once): plan what it will hold
         quant = "bf16"
     repacked = repacks_4bit_on(torch_device, quant)
-    weights = estimate_weights(meta, quant, skip, dtype, repacked_4bit=repacked)
+    stored = weights_dtype_of(source, config)
+    weights = estimate_weights(meta, quant, skip, dtype, repacked_4bit=repacked, stored_dtype=stored)
     kv = kv_layout(config, compute_bytes)
     decode_copies = fused_decode_copy_bytes(meta, quant, torch_device)
 
