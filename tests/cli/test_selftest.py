@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -68,6 +69,26 @@ def test_snapshot_check_catches_a_cache_the_accounting_does_not_see(default_load
     failed = selftest.snapshot_check(default_loaded, kv)  # type: ignore[arg-type]
     assert failed is not None and not failed.ok
     assert f"but the cache holds {len(kv.ids) - 1}" in failed.detail
+
+
+def test_snapshot_check_passes_for_a_q4_model_whose_embedding_stays_mapped(tiny_model_dir: Any) -> None:
+    pytest.importorskip("app.core.memory.accounting")
+    from app.core.chat.events import ChatMessage
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines.engine import Engine, KVState
+    from app.core.engines.loader import load_model
+    from app.core.fastpath.packed import mapped_tensor_bytes
+
+    loaded = load_model(str(tiny_model_dir("llama")), quantization="q4", device="cpu")
+    if loaded.quantization != "q4":
+        pytest.skip(f"no fused decode kernel here: {loaded.notices}")
+    assert mapped_tensor_bytes(loaded.model) > 0  # placed on the CPU, left out of the accounting's weights
+    kv = KVState()
+    engine = Engine(loaded, response_cache=None)
+    request = ReplyRequest([ChatMessage("user", "Hi")], SamplingParams(temperature=0.0, max_new_tokens=2))
+    list(engine.generate(request, kv=kv))
+    result = selftest.snapshot_check(loaded, kv)
+    assert result is not None and result.ok, result
 
 
 def test_expected_kv_bytes_uses_kv_heads_and_head_dim() -> None:
