@@ -278,3 +278,16 @@ def test_q4_falls_back_to_a_bf16_copy_of_a_file_stored_in_fp32(tiny_model_dir: A
 
 def test_allocator_memory_is_given_back_where_glibc_can() -> None:
     assert release_freed_memory() == (platform.libc_ver()[0] == "glibc" and sys.platform.startswith("linux"))
+
+
+@needs_kernel
+def test_q4_says_why_a_head_size_outside_its_16_row_groups_loads_as_bf16(tiny_model_dir: Any) -> None:
+    folder = tiny_model_dir("llama-untied", head_dim=8)  # 4 heads of 8: the Q4_1 records hold whole groups of 16
+    loaded = load_model(str(folder), quantization="q4", device="cpu")
+    assert loaded.quantization == "bf16"
+    assert any(
+        "q4 needs the fused decode step (the fused kernel's Q4_1 layout needs head sizes in multiples of 16 "
+        "(this model's: 8))" in notice
+        for notice in loaded.notices
+    ), loaded.notices
+    assert not packed.is_held_once(loaded.model)
