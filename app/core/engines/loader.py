@@ -223,7 +223,6 @@ def load_model(
         quant = _hold_once(model, folder, notices if quantization == "q4" else [], recovered)
         if quant != "q4" and model.dtype != compute_dtype:  # held as bf16 after all: now it is a copy
             model.to(compute_dtype)
-            set_compute_dtype(model, compute_dtype)
     apply_prefill_upcast(model, torch_device, quant)  # the stats say so (decode_path_note)
     if torch_device == "cpu":
         release_freed_memory()  # what loading freed (transient copies, parse buffers) goes back to the system

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from app.core.fastpath import prefill
+from app.core.models.attention import attention_shape
 
 # A prefill call dequantizes at most this many bytes of a matrix at a time (a chunk of output rows, GEMM per chunk):
 # the 1B model's gate/up would otherwise need 23-46 MiB dense. 4 MiB chunks keep 512-row GEMMs at >= 256 columns.
@@ -144,7 +145,7 @@ class Q4Linear(nn.Module):
         `dense` does for all rows)."""
         end = start + int(out.shape[0])
         records = self.records[start // Q4_GROUP : -(-end // Q4_GROUP)]
-        if self.library is None or not records.is_contiguous() or (end - start) % Q4_GROUP:
+        if self.library is None or not records.is_contiguous():
             out.copy_(dequantize_q4(records, self.in_features, out.dtype)[: end - start])
             return
         self.library.lib.hearth_dequant_q4(
@@ -268,9 +269,7 @@ def hold_once(model: Any, tensors: Mapping[str, torch.Tensor], library: Any) -> 
     bytes the swapped-out weights held. Call `keep_small` first: the rest must not stay views of the file."""
     base: Any = model.model
     config = model.config.get_text_config(decoder=True)
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    heads, kv_heads, head_dim = attention_shape(config)
     gemm_dtype = torch.bfloat16 if prefill.native_bf16_gemm() else torch.float32
     scratch = Scratch()
     freed = 0

@@ -169,17 +169,6 @@ static inline f32x8 block_dot_add(f32x8 acc, const int8_t *w, int8x16_t x0, int8
     return acc;
 }
 
-/* acc += float(q4 . int8 per lane) * d, fused (AVX2 dot_q4's fmadd): low nibbles pair with values 0-15, high with
- * 16-31; the nibbles (0..15) are valid signed bytes, so the signed dot product takes them as they are. */
-static inline f32x8 q4_block_fma(f32x8 acc, const uint8_t *w, int8x16_t x0, int8x16_t x1, float32x4_t d) {
-    const uint8x16_t raw = vld1q_u8(w);
-    const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0f)));
-    const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
-    acc.lo = vfmaq_f32(acc.lo, vcvtq_f32_s32(dot16(lo, x0)), d);
-    acc.hi = vfmaq_f32(acc.hi, vcvtq_f32_s32(dot16(hi, x1)), d);
-    return acc;
-}
-
 static inline void prefetch_rows(const char *ahead, int64_t bytes) {
     /* The x86 distance (PREFETCH_BYTES); not yet tuned on ARM hardware. */
     for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
@@ -574,11 +563,13 @@ static inline void group_store(const group_acc *a, float *out) {
 }
 #endif
 
-static inline void prefetch_record(const uint8_t *p) {
+/* The cache lines of one record (`bytes` long), PREFETCH_BYTES ahead of `p`. */
+static inline void prefetch_record(const void *p, int bytes) {
+    const char *ahead = (const char *)p + PREFETCH_BYTES;
 #if HEARTH_AVX2 || HEARTH_AVX512
-    for (int o = 0; o < RECORD; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
 #else
-    for (int o = 0; o < RECORD; o += 64) __builtin_prefetch(p + o, 0, 3);
+    for (int o = 0; o < bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
 #endif
 }
 
@@ -591,15 +582,15 @@ static void q4_groups(const uint8_t *a, const uint8_t *b, qvec x, float *out_a, 
     if (b) {
         group_zero(&gb);
         for (int k = 0; k < blocks; k++) {
-            prefetch_record(a + (int64_t)k * RECORD + PREFETCH_BYTES);
-            prefetch_record(b + (int64_t)k * RECORD + PREFETCH_BYTES);
+            prefetch_record(a + (int64_t)k * RECORD, RECORD);
+            prefetch_record(b + (int64_t)k * RECORD, RECORD);
             group_block(&ga, a + (int64_t)k * RECORD, x.q + k * QBLOCK, x.d[k], x.s[k]);
             group_block(&gb, b + (int64_t)k * RECORD, x.q + k * QBLOCK, x.d[k], x.s[k]);
         }
         group_store(&gb, out_b);
     } else {
         for (int k = 0; k < blocks; k++) {
-            prefetch_record(a + (int64_t)k * RECORD + PREFETCH_BYTES);
+            prefetch_record(a + (int64_t)k * RECORD, RECORD);
             group_block(&ga, a + (int64_t)k * RECORD, x.q + k * QBLOCK, x.d[k], x.s[k]);
         }
     }
@@ -733,15 +724,8 @@ static void gemv_lm(const int8_t *w, const float *scale, qvec x, int r0, int r1,
         lm_zero(&la);
         lm_zero(&lb);
         for (int k = 0; k < blocks; k++) {
-            for (int o = 0; o < LM_RECORD; o += 64) {
-#if HEARTH_AVX2 || HEARTH_AVX512
-                _mm_prefetch((const char *)(a + (int64_t)k * LM_RECORD + PREFETCH_BYTES + o), _MM_HINT_T0);
-                if (pair) _mm_prefetch((const char *)(b + (int64_t)k * LM_RECORD + PREFETCH_BYTES + o), _MM_HINT_T0);
-#else
-                __builtin_prefetch(a + (int64_t)k * LM_RECORD + PREFETCH_BYTES + o, 0, 3);
-                if (pair) __builtin_prefetch(b + (int64_t)k * LM_RECORD + PREFETCH_BYTES + o, 0, 3);
-#endif
-            }
+            prefetch_record(a + (int64_t)k * LM_RECORD, LM_RECORD);
+            if (pair) prefetch_record(b + (int64_t)k * LM_RECORD, LM_RECORD);
             lm_block(&la, a + (int64_t)k * LM_RECORD, x.q + k * QBLOCK, x.n[k], x.d[k]);
             if (pair) lm_block(&lb, b + (int64_t)k * LM_RECORD, x.q + k * QBLOCK, x.n[k], x.d[k]);
         }
