@@ -270,7 +270,7 @@ def hold_once(model: Any, tensors: Mapping[str, torch.Tensor], library: Any) -> 
     base: Any = model.model
     config = model.config.get_text_config(decoder=True)
     heads, kv_heads, head_dim = attention_shape(config)
-    gemm_dtype = torch.bfloat16 if prefill.native_bf16_gemm() else torch.float32
+    gemm_dtype = prefill.gemm_dtype()
     scratch = Scratch()
     freed = 0
 

@@ -26,6 +26,12 @@ class UpcastLinear(nn.Linear):
         return F.linear(input.float(), self.weight.float(), bias).to(input.dtype)
 
 
+def gemm_dtype() -> torch.dtype:
+    """The dtype q4's prefill dequantizes its matrices into and multiplies in here: bf16 where that GEMM is native,
+    else fp32."""
+    return torch.bfloat16 if native_bf16_gemm() else torch.float32
+
+
 def native_bf16_gemm() -> bool:
     """Whether torch runs bf16 GEMMs through oneDNN here (AVX-512 / AVX512-BF16 / AMX), detected at run time.
 

@@ -251,7 +251,7 @@ def hold_weights_once(model: Any, folder: Path | None, notices: list[str]) -> st
 
 def _prefill_description(model: Any, quantization: str) -> str:
     if quantization == "q4":
-        gemm = "bf16" if prefill.native_bf16_gemm() else "fp32"
+        gemm = {torch.bfloat16: "bf16", torch.float32: "fp32"}[prefill.gemm_dtype()]
         return f"Q4_1 weights held once, dequantized per layer for {gemm} GEMMs"
     return f"{quantization} weights, fp32 GEMMs" if prefill.uses_upcast(model) else quantization
 

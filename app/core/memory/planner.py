@@ -190,6 +190,7 @@ def config_from_gguf(path: Path) -> Any:
 
 
 SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+SAFETENSORS_HEADER_LIMIT = 100 << 20  # safetensors' own limit on a header's size
 
 
 def stored_dtype(folder: Path) -> torch.dtype | None:
@@ -213,9 +214,6 @@ def stored_dtype(folder: Path) -> torch.dtype | None:
             if dtype is not None and len(offsets) == 2:
                 totals[dtype] += int(offsets[1]) - int(offsets[0])
     return max(totals, key=lambda dtype: totals[dtype]) if totals else None
-
-
-SAFETENSORS_HEADER_LIMIT = 100 << 20  # safetensors' own limit on a header's size
 
 
 def weights_dtype_of(source: Any, config: Any) -> torch.dtype | None:
@@ -404,6 +402,7 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
     file (`stored_dtype`, its bytes not resident: `mapped_bytes`), everything else at `dtype`."""
     from torch import nn
 
+    from app.core.fastpath import prefill
     from app.core.fastpath.native import head_bytes, packed_matrix_bytes
     from app.core.fastpath.packed import MAPPABLE_EMBEDDING_DTYPES, chunk_rows
 
@@ -453,7 +452,7 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
             else:
                 stored[group] += size
                 unquantized[group] += plain
-    gemm_dtype = prefill_gemm_dtype()
+    gemm_dtype = prefill.gemm_dtype()
     gemm_bytes = torch.tensor([], dtype=gemm_dtype).element_size()
     # A chunk of whole rows of at most SCRATCH_BYTES (or CHUNK_ROW_ALIGN rows of the widest matrix), never more than the
     # largest matrix.
@@ -472,13 +471,6 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
         mapped_bytes=mapped_bytes,
         scratch_bytes=scratch,
     )
-
-
-def prefill_gemm_dtype() -> torch.dtype:
-    """The dtype q4's prefill dequantizes into and multiplies in on this CPU (app.core.fastpath.packed)."""
-    from app.core.fastpath.prefill import native_bf16_gemm
-
-    return torch.bfloat16 if native_bf16_gemm() else torch.float32
 
 
 def _q4_unavailable(meta: Any) -> str:
