@@ -301,6 +301,28 @@ def test_forcing_the_fused_step_on_weights_it_does_not_take_says_so(default_load
     assert choice.name == "eager" and "does not take int8 weights" in choice.note
 
 
+def test_steps_across_a_slab_reallocation_match_steps_in_room_made_beforehand(fused: Engine) -> None:
+    """The step skips its per-layer reserve while the bound capacity has room; crossing it must still reallocate
+    every layer and re-point the kernel."""
+    ids = [(i * 37) % 40000 + 100 for i in range(500)]
+    grown, roomy = KVState(), KVState()
+    with torch.inference_mode():
+        fused._forward(ids, grown)
+        fused._forward(ids, roomy)
+        assert grown.cache is not None and roomy.cache is not None
+        assert grown.cache.layers[0].capacity == 512  # type: ignore[attr-defined]
+        for layer in roomy.cache.layers:
+            layer.reserve(1024)  # type: ignore[attr-defined]
+        for token in range(1000, 1030):  # positions 500..529: the grown cache reallocates at 512
+            want = fused._forward([token], roomy, decode_step=True)
+            got = fused._forward([token], grown, decode_step=True)
+            assert torch.equal(got, want)
+        assert grown.cache.layers[0].capacity > 512  # type: ignore[attr-defined]
+        grown.cache.layers[3].reserve(4096)  # type: ignore[attr-defined]
+        with pytest.raises(RuntimeError, match="the KV cache's layers have different capacities"):
+            fused._forward([5], grown, decode_step=True)
+
+
 def test_a_new_conversation_never_writes_into_a_freed_cache(fused: Engine) -> None:
     """Each new KVState gets fresh slabs; the step must point at them, not at a collected cache's (heap corruption)."""
     texts = set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -168,6 +169,26 @@ def test_q4_on_the_default_model_agrees_with_bf16_and_keeps_the_chat_features(
 
 
 @needs_kernel
+def test_the_fused_step_reads_its_embedding_row_from_the_file_as_from_the_map(tiny_model_dir: Any) -> None:
+    folder = str(tiny_model_dir("llama-untied"))
+    by_row = Engine(load_model(folder, quantization="q4", device="cpu"))
+    mapped_load = load_model(folder, quantization="q4", device="cpu")
+    mapped_load.model.get_input_embeddings().rows = None  # what a platform without the file's offset does
+    mapped = Engine(mapped_load)
+    assert by_row.path.fused._rows is not None and mapped.path.fused._rows is None  # type: ignore[union-attr]
+    ids = mapped.prepare_prompt([ChatMessage("user", "hello there")]).ids
+    reference = greedy_reference(mapped, ids, 8)
+    _, want = teacher_forced(mapped, ids, reference)
+    _, got = teacher_forced(by_row, ids, reference)
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    # A token outside the table is refused as the kernel refuses it, before any read.
+    kv = KVState()
+    list(by_row.generate_from_ids(ids, GREEDY, kv=kv, use_response_cache=False))
+    with pytest.raises(RuntimeError, match="refused token 1000000 at position"):
+        by_row.path.fused.step(1_000_000, kv.cache)  # type: ignore[union-attr,arg-type]
+
+
+@needs_kernel
 def test_a_second_q4_load_maps_the_cached_copy(tiny_model_dir: Any, isolated_cache: Any) -> None:
     folder = str(tiny_model_dir("llama-untied"))
     first = Engine(load_model(folder, quantization="q4", device="cpu"))
@@ -218,9 +239,24 @@ def _mapped_file_of(address: int) -> str:
     return ""
 
 
+def _resident_kib(path: Path) -> int:
+    """KiB of `path`'s mappings resident in this process (Linux /proc/self/smaps)."""
+    total, current = 0, ""
+    with open("/proc/self/smaps", encoding="utf-8") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if fields and "-" in fields[0] and not fields[0].endswith(":"):
+                current = fields[5] if len(fields) > 5 else ""
+            elif fields[:1] == ["Rss:"] and current == str(path):
+                total += int(fields[1])
+    return total
+
+
 @needs_kernel
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
-def test_q4_keeps_the_embedding_mapped_and_prefills_a_tied_head_from_the_int8_rows(tiny_model_dir: Any) -> None:
+def test_q4_reads_embedding_rows_from_the_file_and_prefills_a_tied_head_from_the_int8_rows(
+    tiny_model_dir: Any,
+) -> None:
     folder = tiny_model_dir("llama")  # tied lm_head, saved as fp32
     assert stored_dtype(folder) == torch.float32
     loaded = load_model(str(folder), quantization="q4", device="cpu")
@@ -235,6 +271,12 @@ def test_q4_keeps_the_embedding_mapped_and_prefills_a_tied_head_from_the_int8_ro
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     assert all(not _mapped_file_of(p.data_ptr()).endswith(".safetensors") or p.numel() == 0 for p in model.parameters())
     assert embedding(torch.tensor([[1, 2]])).dtype == torch.bfloat16
+    # Rows are read from the file by position: looking up every row maps none of the table's pages.
+    assert embedding.rows is not None and embedding.rows.path == folder / "model.safetensors"
+    before = _resident_kib(folder / "model.safetensors")
+    looked_up = embedding(torch.arange(embedding.num_embeddings))
+    assert _resident_kib(folder / "model.safetensors") == before
+    assert torch.equal(looked_up, embedding.weight.to(torch.bfloat16))
     # The tied head is the int8 rows the fused step reads: prefill's logits never read the whole embedding.
     head = model.get_output_embeddings()
     engine = Engine(loaded)
@@ -246,7 +288,10 @@ def test_q4_keeps_the_embedding_mapped_and_prefills_a_tied_head_from_the_int8_ro
     assert stats.generated_tokens > 0 and kv.cache is not None
     assert all(layer.keys.dtype == torch.bfloat16 for layer in kv.cache.layers)  # the KV cache stays bf16
     plan = plan_memory(str(folder), quantization="q4", device="cpu", context=256)
-    assert plan.overhead["embedding_mapped"] == embedding.weight.numel() * 4
+    # The table is read by row: the plan counts one prefill chunk's rows (fp32 read and gathered, then bf16).
+    rows_read = min(embedding.num_embeddings, 512)
+    assert plan.overhead["embedding_rows"] == rows_read * embedding.embedding_dim * (4 + 4 + 2)
+    assert "embedding_mapped" not in plan.overhead
     assert measured_weights_by_device(model) == {"cpu": plan.weights_bytes}
 
 

@@ -418,7 +418,7 @@ class Engine:
                 if processors:
                     logits = processors(seen, logits)  # type: ignore[arg-type]
                 if generator is None:
-                    token = int(torch.argmax(logits, dim=-1).item())
+                    token = greedy_pick(logits)
                 else:
                     probs = torch.softmax(logits, dim=-1)
                     token = int(torch.multinomial(probs, 1, generator=generator).item())
@@ -480,6 +480,14 @@ class Engine:
             )
         )
         yield DoneEvent(finish_reason=finish, text=detok.emitted[:stop_at] if stop_at is not None else detok.emitted)
+
+
+def greedy_pick(logits: torch.Tensor) -> int:
+    """The highest logit's index (the first of equals, as torch.argmax). On the CPU through numpy: torch's argmax
+    wakes its thread pool for a 49k-entry row (0.11 ms a token measured on SmolLM2, 2 threads; numpy's ~0.02 ms)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return int(logits.numpy().argmax())
+    return int(torch.argmax(logits, dim=-1).item())
 
 
 def _stop_position(text: str, stops: tuple[str, ...], new: int) -> int | None:

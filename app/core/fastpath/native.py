@@ -47,6 +47,7 @@ from app.core.fastpath.packed import (
     interleave_q4,
     interleave_rows,
 )
+from app.core.fastpath.rows import RowFile, byte_view
 from app.core.models.attention import attention_shape
 from app.core.storage.paths import cache_dir
 
@@ -635,6 +636,13 @@ class FusedDecoder:
         self.cfgf = (ctypes.c_float * 3)(eps, self.head_dim**-0.5, float(getattr(rotary, "attention_scaling", 1.0)))
         if embed.dtype not in (torch.bfloat16, torch.float32):
             embed = embed.float()
+        # A table kept in the weight file is read a row per step into this buffer (the kernel then embeds row 0).
+        self._rows: RowFile | None = getattr(base.embed_tokens, "rows", None)
+        if self._rows is not None and self._rows.dtype == embed.dtype:
+            embed = torch.empty(1, self.hidden, dtype=embed.dtype)
+        else:
+            self._rows = None
+        self._row = byte_view(embed)
         glob = {
             "embed": self._hold(embed),
             "final_norm": self._hold(norm.weight.detach().float()),
@@ -666,8 +674,9 @@ class FusedDecoder:
             w.numel() for w in norms
         )
         self._scratch = torch.empty(0, dtype=torch.float32)
-        # The arena (held, so its id can't be reused by a new cache) and version the K/V pointers were set for.
-        self._bound: tuple[SlabArena, int] | None = None
+        # The arena (held, so its id can't be reused by a new cache), version and capacity the K/V pointers were set
+        # for.
+        self._bound: tuple[SlabArena, int, int] | None = None
 
     def _hold(self, tensor: torch.Tensor) -> int:
         tensor = tensor.contiguous()
@@ -678,11 +687,16 @@ class FusedDecoder:
         """Run `token` at the cache's next position; returns the next token's logits [1, vocab] (fp32)."""
         layers: list[SlabLayer] = cache.layers  # type: ignore[assignment]
         position = layers[0].length
-        for layer in layers:
-            layer.reserve(position + 1)
         arena = layers[0].arena
-        capacity = layers[0].capacity
-        if self._bound is None or self._bound[0] is not arena or self._bound[1] != arena.version:
+        bound = self._bound
+        # The pointers and capacity bound last time still hold while no slab was reallocated and the next position
+        # fits: then the per-layer reserve calls (30-odd Python calls a token) are skipped.
+        if bound is None or bound[0] is not arena or bound[1] != arena.version or position >= bound[2]:
+            for layer in layers:
+                layer.reserve(position + 1)
+            capacity = layers[0].capacity
+            if any(layer.capacity != capacity for layer in layers):  # the kernel strides every layer alike
+                raise RuntimeError("the KV cache's layers have different capacities")
             stride = len(LAYER_FIELDS)
             for index, layer in enumerate(layers):
                 self.layer_args[index * stride + stride - 2] = layer.slab_keys.data_ptr()
@@ -690,14 +704,21 @@ class FusedDecoder:
             needed = int(self.native.lib.hearth_scratch_floats(ctypes.addressof(self.cfg), capacity))
             if self._scratch.numel() < needed:
                 self._scratch = torch.empty(needed, dtype=torch.float32)
-            self._bound = (arena, arena.version)
+            bound = self._bound = (arena, arena.version, capacity)
+        capacity = bound[2]
         logits = torch.empty(1, self.vocab, dtype=torch.float32)  # fresh per step: callers may keep it
+        row = token
+        if self._rows is not None:
+            if not 0 <= token < self._rows.rows:
+                raise RuntimeError(f"the fused decode step refused token {token} at position {position} (code -1)")
+            self._rows.read_row_into(token, self._row)
+            row = 0
         code = self.native.lib.hearth_step(
             ctypes.addressof(self.cfg),
             ctypes.addressof(self.cfgf),
             ctypes.addressof(self.glob),
             ctypes.addressof(self.layer_args),
-            token,
+            row,
             position,
             capacity,
             logits.data_ptr(),

@@ -21,6 +21,7 @@ tensors (norms, biases) are copied, at the compute dtype.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from app.core.fastpath import prefill
+from app.core.fastpath.rows import RowFile, advise_random_access
+from app.core.fastpath.rows import locate as locate_rows
 from app.core.models.attention import attention_shape
 
 # A prefill call dequantizes at most this many bytes of a matrix at a time (a chunk of output rows, GEMM per chunk):
@@ -220,23 +223,31 @@ def compute_dtype(model: Any) -> torch.dtype | None:
 
 
 class MappedEmbedding(nn.Embedding):
-    """The input embedding left as a view of the mapped weight file (a buffer, so it is not one of the model's
-    parameters): a lookup touches only the pages it reads (with the kernel's read-around: measured 244 KiB per sparse
-    row of the 1B model on Linux 6.18), and returns the rows at the compute dtype."""
+    """The input embedding left in the weight file (a buffer over its map, so it is not one of the model's
+    parameters), returning rows at the compute dtype. With `rows` (app.core.fastpath.rows) a lookup reads just the
+    rows asked for and the table never becomes resident; without, it reads the map with read-around off (244 KiB per
+    sparse row of the 1B model on Linux 6.18 with it, 64 KiB of fault-around without)."""
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, padding_idx: int | None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, dtype: torch.dtype, padding_idx: int | None, rows: RowFile | None = None
+    ) -> None:
         super().__init__(1, int(weight.shape[1]), padding_idx=None, _weight=torch.empty(1, int(weight.shape[1])))
         del self.weight
         self.register_buffer("weight", weight.detach(), persistent=False)
         self.num_embeddings = int(weight.shape[0])
         self.padding_idx = padding_idx
         self.compute_dtype = dtype
+        self.rows = rows
+        self.read_around_off = advise_random_access(weight.data_ptr(), weight.numel() * weight.element_size())
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.rows is not None:
+            return self.rows.lookup(input).to(self.compute_dtype)
         return F.embedding(input, self.weight, self.padding_idx).to(self.compute_dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, mapped from the weight file as {self.weight.dtype}"
+        how = "read by row from" if self.rows is not None else "mapped from"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {how} the weight file as {self.weight.dtype}"
 
 
 def big_tensor_ids(model: Any) -> set[int]:
@@ -263,7 +274,7 @@ def keep_small(model: Any, dtype: torch.dtype) -> None:
                 module._buffers[name] = buffer.clone()
 
 
-def hold_once(model: Any, tensors: Mapping[str, torch.Tensor], library: Any) -> int:
+def hold_once(model: Any, tensors: Mapping[str, torch.Tensor], library: Any, folder: Path | None = None) -> int:
     """Swap the decoder's linear layers and the lm_head (tied or not) for views of `tensors` (native.pack_model's
     Q4_1 records and int8 lm_head rows), and the embedding for a `MappedEmbedding` over its mapped tensor; returns the
     bytes the swapped-out weights held. Call `keep_small` first: the rest must not stay views of the file."""
@@ -303,7 +314,8 @@ def hold_once(model: Any, tensors: Mapping[str, torch.Tensor], library: Any) -> 
         model.set_output_embeddings(Int8RowsLinear(tensors["lm.q"], tensors["lm.s"]))
     if isinstance(embedding, nn.Embedding) and not isinstance(embedding, MappedEmbedding):
         if embedding.weight.dtype in MAPPABLE_EMBEDDING_DTYPES:
-            model.set_input_embeddings(MappedEmbedding(embedding.weight, dtype, embedding.padding_idx))
+            rows = locate_rows(folder, embedding.weight)
+            model.set_input_embeddings(MappedEmbedding(embedding.weight, dtype, embedding.padding_idx, rows))
         else:  # the fused step reads bf16 or fp32 rows: an fp16 file's embedding is copied at the compute dtype
             embedding.weight.data = embedding.weight.data.to(dtype, copy=True)
     return freed

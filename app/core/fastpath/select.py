@@ -241,7 +241,7 @@ def hold_weights_once(model: Any, folder: Path | None, notices: list[str]) -> st
     try:
         packed.keep_small(model, native.kv_dtype(model))
         tensors, digest, how = _packed_copy(model, "q4", folder, "q4", notices)
-        packed.hold_once(model, tensors, library)
+        packed.hold_once(model, tensors, library, folder)
     except Exception as exc:  # a half-swapped model can't be trusted: say so loudly
         log.exception("holding the weights once failed")
         raise RuntimeError(f"holding the weights as Q4_1 failed ({type(exc).__name__}: {exc})") from exc

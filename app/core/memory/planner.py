@@ -9,7 +9,6 @@ the layer layout transformers' DynamicCache builds from the config (GQA heads, s
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Mapping
@@ -42,6 +41,7 @@ from app.core.models.quant import (
     uses_double_quant,
     weights_dtype_name,
 )
+from app.core.models.safetensors_header import read_header
 
 PREFILL_CHUNK = 512  # app.core.engines.engine.PREFILL_CHUNK (not imported: the engine pulls in the sampling stack)
 NF4_BLOCKSIZE = 64  # bitsandbytes' 4-bit blocksize: one absmax per 64 weights
@@ -115,10 +115,10 @@ class WeightsEstimate:
     layer_bytes: tuple[int, ...]  # each decoder layer as stored on the device
     layer_bytes_unquantized: tuple[int, ...]  # each decoder layer at the compute dtype (bnb's CPU offload)
     largest_quantized_linear: int  # elements of the biggest quantized weight (its dequantized copy is a transient)
-    # q4: the embedding stays a view of the mapped weight file (not in total_bytes: in the overhead as
-    # `embedding_mapped`), and the prefill scratch (a bounded chunk of dequantized rows, plus the int8 lm_head's chunk
-    # at fp32), which replaces a whole dequantized matrix.
-    mapped_bytes: int = 0
+    # q4: the embedding stays in the weight file and is read a row at a time (not in total_bytes: in the overhead,
+    # `embedding_rows`, is what one prefill chunk's lookup holds), and the prefill scratch (a bounded chunk of
+    # dequantized rows, plus the int8 lm_head's chunk at fp32), which replaces a whole dequantized matrix.
+    embedding_rows_bytes: int = 0
     scratch_bytes: int | None = None
 
 
@@ -190,7 +190,6 @@ def config_from_gguf(path: Path) -> Any:
 
 
 SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-SAFETENSORS_HEADER_LIMIT = 100 << 20  # safetensors' own limit on a header's size
 
 
 def stored_dtype(folder: Path) -> torch.dtype | None:
@@ -199,20 +198,13 @@ def stored_dtype(folder: Path) -> torch.dtype | None:
     totals: dict[torch.dtype, int] = defaultdict(int)
     for path in sorted(folder.glob("*.safetensors")):
         try:
-            with path.open("rb") as handle:
-                size = int.from_bytes(handle.read(8), "little")
-                if not 0 < size <= SAFETENSORS_HEADER_LIMIT:
-                    return None
-                header = json.loads(handle.read(size))
+            tensors = read_header(path)
         except (OSError, ValueError):
             return None
-        for name, entry in header.items():
-            if name == "__metadata__" or not isinstance(entry, dict):
-                continue
-            dtype = SAFETENSORS_DTYPES.get(str(entry.get("dtype")))
-            offsets = entry.get("data_offsets") or [0, 0]
-            if dtype is not None and len(offsets) == 2:
-                totals[dtype] += int(offsets[1]) - int(offsets[0])
+        for tensor in tensors:
+            dtype = SAFETENSORS_DTYPES.get(tensor.dtype)
+            if dtype is not None:
+                totals[dtype] += tensor.end - tensor.start
     return max(totals, key=lambda dtype: totals[dtype]) if totals else None
 
 
@@ -399,7 +391,8 @@ def estimate_weights(
 def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dtype | None = None) -> WeightsEstimate:
     """`q4` (CPU): every linear layer inside a decoder layer held once as Q4_1 (20 bytes per 32 weights), the lm_head
     (tied or not) as int8 rows + an fp32 scale per row (app.core.fastpath.packed), the embedding mapped from the weight
-    file (`stored_dtype`, its bytes not resident: `mapped_bytes`), everything else at `dtype`."""
+    file (`stored_dtype`) and read by row (`embedding_rows_bytes`: one prefill chunk's rows), everything else at
+    `dtype`."""
     from torch import nn
 
     from app.core.fastpath import prefill
@@ -416,7 +409,7 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
     tied = head is not None and head.weight is embedding.weight
     compute_bytes = torch.tensor([], dtype=dtype).element_size()
     mapped_dtype = stored_dtype if stored_dtype in MAPPABLE_EMBEDDING_DTYPES else None
-    mapped_bytes = widest = 0
+    embedding_rows_bytes = widest = 0
     head_width = 0
     seen: set[int] = set()
     for module_name, module in model.named_modules():
@@ -437,8 +430,11 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
                 widest = max(widest, module.in_features)
                 plain = tensor.numel() * compute_bytes
             elif module is embedding and tensor_name == "weight" and mapped_dtype is not None:
-                size = 0  # mapped from the file, in the overhead as `embedding_mapped`
-                mapped_bytes = tensor.numel() * torch.tensor([], dtype=mapped_dtype).element_size()
+                size = 0  # read from the file by row (app.core.fastpath.rows), in the overhead as `embedding_rows`
+                # A chunk's distinct rows and their gather in the file's dtype, then the copy at the compute dtype.
+                stored_bytes = torch.tensor([], dtype=mapped_dtype).element_size()
+                chunk = min(int(tensor.shape[0]), PREFILL_CHUNK)
+                embedding_rows_bytes = chunk * int(tensor.shape[1]) * (2 * stored_bytes + compute_bytes)
                 if tied:  # the head is the int8 rows, held once
                     size = head_bytes(int(tensor.shape[0]), int(tensor.shape[1]))
                     quantized_parameters += tensor.numel()
@@ -468,7 +464,7 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
         layer_bytes=tuple(stored),
         layer_bytes_unquantized=tuple(unquantized),
         largest_quantized_linear=largest,
-        mapped_bytes=mapped_bytes,
+        embedding_rows_bytes=embedding_rows_bytes,
         scratch_bytes=scratch,
     )
 
@@ -604,11 +600,10 @@ def overhead_parts(
     }
     if weights.scratch_bytes is not None:  # q4: a bounded chunk of rows, not a whole matrix
         parts["dequantized_weight"] = weights.scratch_bytes
-    if weights.mapped_bytes:
-        # Counted whole: a lookup maps the pages around each row read (244 KiB per sparse row measured on Linux
-        # 6.18's large folios), so a conversation's tokens soon touch most of it. Clean file pages: the kernel can
-        # drop them under memory pressure, unlike a copy.
-        parts["embedding_mapped"] = weights.mapped_bytes
+    if weights.embedding_rows_bytes:
+        # The table itself is never resident: rows are read from the file by position (a table the files do not
+        # hold byte for byte is read through the map instead: 64 KiB of fault-around per sparse row, not counted).
+        parts["embedding_rows"] = weights.embedding_rows_bytes
     if device.startswith("cuda"):
         parts["allocator_slack"] = max(
             calibration.CUDA_ALLOCATOR_SLACK_MIN_BYTES,

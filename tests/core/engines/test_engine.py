@@ -6,12 +6,13 @@ import threading
 from typing import Any
 
 import pytest
+import torch
 
 from app.core.chat.events import ChatMessage, DoneEvent, Event, PromptEvent, StatsEvent, TokenEvent
 from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
-from app.core.engines.engine import Engine, KVState
+from app.core.engines.engine import Engine, KVState, greedy_pick
 from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
 from app.core.errors import ContextOverflowError
@@ -293,3 +294,13 @@ def test_continue_extends_a_reply_cut_at_the_length_limit(engine: Engine) -> Non
     _, stats, _, _ = run(session.continue_reply())
     assert session.messages[-1].content.startswith(cut) and len(session.messages[-1].content) > len(cut)
     assert stats.stats.cached_tokens > 0
+
+
+def test_greedy_pick_is_torchs_argmax_first_of_equals_included() -> None:
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(1, 49152, generator=generator)
+    assert greedy_pick(logits) == int(torch.argmax(logits, dim=-1))
+    logits[0, 7] = logits[0, 40000] = logits.max() + 1  # a tie: the first index, as torch.argmax
+    assert greedy_pick(logits) == 7 == int(torch.argmax(logits, dim=-1))
+    assert greedy_pick(logits[:, ::2]) == int(torch.argmax(logits[:, ::2], dim=-1))  # a strided view
+    assert greedy_pick(logits.bfloat16()) == 7  # other dtypes go through torch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -157,13 +158,23 @@ def test_gguf_conversion_is_cached_by_hash(default_loaded: Any) -> None:
     assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
 
 
-def test_streamed_text_never_splits_a_multibyte_character(default_loaded: Any) -> None:
+@pytest.mark.parametrize("through", ["rust backend", "wrapper"])
+def test_streamed_text_never_splits_a_multibyte_character(default_loaded: Any, through: str) -> None:
     from app.core.chat.detok import IncrementalDetokenizer
 
     tokenizer = default_loaded.tokenizer
+    if through == "wrapper":  # a tokenizer class with its own _decode is asked through it, not its backend
+
+        class OwnDecode(type(tokenizer)):  # type: ignore[misc]
+            def _decode(self, *args: Any, **kwargs: Any) -> str:
+                return str(super()._decode(*args, **kwargs))
+
+        tokenizer = copy.copy(tokenizer)
+        tokenizer.__class__ = OwnDecode
     text = "Café 🐉 dragons — naïve 日本語 ok"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     detok = IncrementalDetokenizer(tokenizer)
+    assert (detok._backend is not None) == (through == "rust backend")
     pieces = [detok.add(i) for i in ids]
     pieces.append(detok.flush())
     assert "".join(pieces) == tokenizer.decode(ids)

@@ -1,0 +1,169 @@
+"""Embedding rows read from the weight file with positioned reads, so the table never becomes resident.
+
+q4 keeps the input embedding in the weight file (it is read a row per token). Read through the file's memory map,
+each row's page fault maps the pages around it too (Linux's fault-around: 64 KiB, which `MADV_RANDOM` does not turn
+off): a 500-token prompt made a 1B model's RSS grow by 33 MiB for 4 MiB of rows. `RowFile` reads exactly the rows
+asked for into a buffer instead. It is found by matching the mapped tensor against the folder's safetensors headers
+and checked against the map's own bytes; where that fails, the map is read with read-around switched off
+(`advise_random_access`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import logging
+import mmap
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.core.models.safetensors_header import StoredTensor, read_header
+
+log = logging.getLogger(__name__)
+
+STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+class RowReadError(RuntimeError):
+    """The weight file no longer holds what was loaded (changed, cut short or removed while the model was open)."""
+
+
+@dataclass
+class RowFile:
+    """A [rows, cols] tensor stored row-major at `offset` of `path`, read a row at a time."""
+
+    path: Path
+    offset: int
+    rows: int
+    cols: int
+    dtype: torch.dtype
+    handle: io.BufferedReader = field(repr=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.cols * self.dtype.itemsize
+
+    def read_row_into(self, row: int, out: memoryview) -> None:
+        """Row `row` into the first `row_bytes` of `out` (a byte view: see `byte_view`)."""
+        if not 0 <= row < self.rows:
+            raise IndexError(f"row {row} is outside the table's {self.rows} rows")
+        self._read_at(self.offset + row * self.row_bytes, out[: self.row_bytes])
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of `ids` (any shape): ids.shape + [cols], in this file's dtype; each distinct row read once."""
+        distinct, where = torch.unique(ids.reshape(-1), return_inverse=True)
+        table = torch.empty(len(distinct), self.cols, dtype=self.dtype)
+        view, size = byte_view(table), self.row_bytes
+        for slot, row in enumerate(distinct.tolist()):
+            self.read_row_into(row, view[slot * size : (slot + 1) * size])
+        return table[where].reshape(*ids.shape, self.cols)
+
+    def _read_at(self, offset: int, view: memoryview) -> None:
+        try:
+            if hasattr(os, "preadv"):
+                count = os.preadv(self.handle.fileno(), [view], offset)
+            else:  # Windows: no positioned read in os
+                with self.lock:
+                    self.handle.seek(offset)
+                    count = self.handle.readinto(view)
+        except OSError as exc:
+            raise RowReadError(f"{self.path} could not be read while the model was loaded ({exc})") from exc
+        if count != len(view):
+            raise RowReadError(f"{self.path} was cut short while the model was loaded (a row read {count} bytes)")
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor's memory (any dtype)."""
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
+
+
+def locate(folder: Path | None, weight: torch.Tensor) -> RowFile | None:
+    """The stored tensor in `folder`'s safetensors files whose bytes `weight` (a 2-D view of its map) holds, opened
+    for row reads; None where none matches exactly (its first, middle and last rows are compared)."""
+    if folder is None or weight.dim() != 2 or not weight.is_contiguous() or weight.device.type != "cpu":
+        return None
+    rows, cols = (int(n) for n in weight.shape)
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            candidates = [t for t in read_header(path) if _same_layout(t, weight)]
+        except (OSError, ValueError):
+            continue
+        for stored in candidates:
+            try:
+                handle = path.open("rb")
+            except OSError:
+                continue
+            found = RowFile(path, stored.start, rows, cols, weight.dtype, handle)
+            if _matches(found, weight):
+                return found
+            handle.close()
+    return None
+
+
+def _same_layout(stored: StoredTensor, weight: torch.Tensor) -> bool:
+    return (
+        STORED_DTYPES.get(stored.dtype) == weight.dtype
+        and stored.shape == tuple(weight.shape)
+        and stored.end - stored.start == weight.numel() * weight.element_size()
+    )
+
+
+def _matches(found: RowFile, weight: torch.Tensor) -> bool:
+    row = torch.empty(found.cols, dtype=found.dtype)
+    try:
+        for index in sorted({0, found.rows // 2, found.rows - 1}):
+            found.read_row_into(index, byte_view(row))
+            if not torch.equal(row.view(torch.uint8), weight[index].view(torch.uint8)):
+                return False
+    except RowReadError:
+        return False
+    return True
+
+
+# The same value on Linux and macOS (POSIX_MADV_RANDOM is 1 on both).
+MADV_RANDOM = 1
+
+
+@cache
+def _madvise() -> Any:
+    if not (sys.platform.startswith("linux") or sys.platform == "darwin"):
+        return None  # Windows: no madvise
+    try:
+        advise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    advise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    advise.restype = ctypes.c_int
+    return advise
+
+
+def page_span(address: int, length: int, page: int = mmap.PAGESIZE) -> tuple[int, int]:
+    """The whole pages that hold [address, address + length): (first page's address, bytes)."""
+    start = address - address % page
+    end = -(-(address + length) // page) * page
+    return start, end - start
+
+
+def advise_random_access(address: int, length: int) -> bool:
+    """Ask the kernel to read only the faulting pages of this range (a mapped table read row by row: Linux then maps
+    64 KiB of fault-around per row instead of 244 KiB of read-around); whether it took the advice. Memory that is not
+    a file mapping is unaffected."""
+    advise = _madvise()
+    if advise is None or length <= 0:
+        return False
+    start, size = page_span(address, length)
+    if advise(start, size, MADV_RANDOM) != 0:
+        log.debug("madvise(MADV_RANDOM) refused: errno %d", ctypes.get_errno())
+        return False
+    return True
