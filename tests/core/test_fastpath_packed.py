@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from app.core.chat.events import ChatMessage
@@ -73,6 +74,48 @@ def test_the_c_dequantizer_matches_torchs_reference_on_group_ranges(dtype: torch
     dense = packed.dequantize_q4(records, 128)
     step = (weight.reshape(96, 4, 32).amax(-1) - weight.reshape(96, 4, 32).amin(-1)) / 15
     assert ((dense - weight).abs().reshape(96, 4, 32) <= step[..., None] * 0.51 + 1e-3).all()
+
+
+@needs_kernel
+@pytest.mark.skipif(isinstance(KERNEL, str) or not KERNEL.lib.hearth_small_m(), reason="no x86 SIMD small-M kernel")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_few_rows_multiply_straight_from_the_records_as_the_gemm_would(dtype: torch.dtype) -> None:
+    assert not isinstance(KERNEL, str)
+    generator = torch.Generator().manual_seed(5)
+    records = packed.interleave_q4(*native.quantize_q4_blocks(torch.randn(48, 96, generator=generator)))
+    bias = torch.randn(48, generator=generator)
+    layer = packed.Q4Linear(records, bias, packed.Scratch(), KERNEL, dtype)
+    assert layer.small_m == packed.SMALL_M_ROWS
+    x = torch.randn(1, packed.SMALL_M_ROWS, 96, generator=generator).to(dtype)  # 12 rows: passes of 8 and 4
+    few = layer(x)
+    reference = F.linear(x.float(), packed.dequantize_q4(records, 96, dtype).float(), bias).to(dtype)
+    assert few.dtype == dtype and few.shape == (1, 12, 48)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # fp32 sums in another order; bf16's output rounding
+    assert float((few.float() - reference.float()).abs().max() / reference.float().abs().max()) < tolerance
+    assert torch.equal(layer(x[:, 9:10]), few[:, 9:10])  # a row's outputs do not depend on the others
+    layer.small_m = 0  # the dequantize + GEMM path
+    gemm = layer(x)
+    assert float((few.float() - gemm.float()).abs().max() / gemm.float().abs().max()) < tolerance
+
+
+@needs_kernel
+def test_the_small_m_kernel_refuses_more_rows_than_a_pass_holds() -> None:
+    assert not isinstance(KERNEL, str)
+    if not KERNEL.lib.hearth_small_m():
+        pytest.skip("no x86 SIMD small-M kernel")
+    records = packed.interleave_q4(*native.quantize_q4_blocks(torch.randn(16, 32)))
+
+    class TooMany:  # a library that claims more rows a pass than the kernel takes
+        class lib:
+            hearth_q4_small_m = KERNEL.lib.hearth_q4_small_m
+
+            @staticmethod
+            def hearth_small_m() -> int:
+                return 9
+
+    layer = packed.Q4Linear(records, None, packed.Scratch(), TooMany(), torch.float32)
+    with pytest.raises(RuntimeError, match="the Q4_1 kernel refused a 9-row input"):
+        layer(torch.randn(9, 32))
 
 
 def test_the_x16_layout_round_trips_and_puts_each_rows_bytes_where_the_kernel_reads_them() -> None:
@@ -228,6 +271,20 @@ def test_the_heads_x16_rows_round_trip_with_the_padding_and_prefill_reads_them_i
     assert torch.allclose(head(x), expected, atol=1e-5)
 
 
+@needs_kernel
+def test_prefills_lm_head_runs_the_steps_int8_path_within_its_bound_of_torchs() -> None:
+    generator = torch.Generator().manual_seed(4)
+    weight = torch.randn(37, 64, generator=generator)  # the last group padded, as above
+    q, scale = native.quantize_head(weight)
+    in_torch, in_c = packed.Int8RowsLinear(q, scale), packed.Int8RowsLinear(q, scale, KERNEL)
+    x = torch.randn(2, 3, 64, generator=generator).bfloat16()
+    want, got = in_torch(x), in_c(x)
+    assert got.shape == want.shape == (2, 3, 37) and got.dtype == torch.bfloat16
+    # Only the activations' int8 rounding differs (the fused step's own, on every decode token).
+    assert float((got.float() - want.float()).abs().max() / want.float().abs().max()) < LOGIT_ERROR_BOUND
+    assert torch.equal(in_c(x[1:, 2:]), got[1:, 2:])  # a row's logits do not depend on the others
+
+
 def _mapped_file_of(address: int) -> str:
     """The file whose mapping holds `address` in this process (Linux /proc/self/maps), or ""."""
     with open("/proc/self/maps", encoding="utf-8") as maps:
@@ -303,11 +360,11 @@ def test_the_prefill_scratch_never_holds_more_than_its_bound() -> None:
     library = None if isinstance(KERNEL, str) else KERNEL
     bias = torch.randn(rows, generator=generator)
     layer = packed.Q4Linear(records, bias, scratch, library, torch.float32)
-    x = torch.randn(2, 5, cols, generator=generator)
+    x = torch.randn(2, 10, cols, generator=generator)  # more rows than SMALL_M_ROWS: the dequantize + GEMM path
     out = layer(x)
     assert 0 < scratch.peak <= packed.SCRATCH_BYTES < rows * cols * 4
     want = torch.nn.functional.linear(x, packed.dequantize_q4(records, cols), bias)
-    assert out.shape == (2, 5, rows)
+    assert out.shape == (2, 10, rows)
     assert torch.allclose(out, want, rtol=1e-4, atol=1e-4)
     # A matrix narrower than the bound is dequantized whole, once.
     small = packed.Scratch()

@@ -46,6 +46,7 @@ from app.core.engines.constrained import LogitsMask, logits_mask
 from app.core.engines.loader import LoadedModel
 from app.core.errors import ContextOverflowError, HearthError
 from app.core.fastpath import DecodePathChoice, apply_decode_path
+from app.core.fastpath.native import ABI as KERNEL_ABI
 from app.core.fastpath.native import is_slab_cache, new_slab_cache
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,8 @@ class Engine:
                     "decode_path": self.decode_path,
                     "weights": self.loaded.weights_fingerprint,
                     "decode_weights": getattr(self.path, "weights_digest", ""),
+                    # The kernel's numerics change with its ABI (e.g. ABI 5: prefill's lm_head on int8 activations).
+                    "kernel_abi": KERNEL_ABI if self.path.fused is not None or self.loaded.quantization == "q4" else 0,
                 },
             )
             if use_response_cache and (hit := self.response_cache.get(key)) is not None:

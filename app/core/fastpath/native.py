@@ -54,7 +54,7 @@ from app.core.storage.paths import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "hearth_decode.c"
-ABI = 4
+ABI = 5
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")  # inv_freq does not depend on the sequence length
 COMPILE_TIMEOUT_S = 180
@@ -383,6 +383,8 @@ def _load(path: Path, threaded: bool, built: float, compiler: str, sha256: str, 
     except OSError as exc:
         return f"the fused decode kernel did not load ({exc})"
     lib.hearth_abi.restype = ctypes.c_int
+    if lib.hearth_abi() != ABI:  # before any symbol another version may lack
+        return f"the fused decode kernel at {path} is from another version"
     lib.hearth_simd.restype = ctypes.c_int
     lib.hearth_openmp.restype = ctypes.c_int
     lib.hearth_layout.restype = ctypes.c_int
@@ -391,12 +393,15 @@ def _load(path: Path, threaded: bool, built: float, compiler: str, sha256: str, 
     lib.hearth_scratch_floats.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.hearth_step.restype = ctypes.c_int
     lib.hearth_step.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2
-    lib.hearth_dequant_q4.restype = None  # prefill from the one packed copy (app.core.fastpath.packed)
     pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.hearth_dequant_q4.restype = None  # prefill from the one packed copy (app.core.fastpath.packed)
     lib.hearth_dequant_q4.argtypes = [pointer, size, size, pointer, flag, flag]
+    lib.hearth_lm_head.restype = ctypes.c_int  # prefill's lm_head from the step's int8 rows
+    lib.hearth_lm_head.argtypes = [pointer, pointer, size, size, pointer, size, pointer, flag]
     lib.hearth_q4_kernel.restype = ctypes.c_int
-    if lib.hearth_abi() != ABI:
-        return f"the fused decode kernel at {path} is from another version"
+    lib.hearth_small_m.restype = ctypes.c_int  # short prefills without dequantizing: up to this many rows, or 0
+    lib.hearth_q4_small_m.restype = ctypes.c_int
+    lib.hearth_q4_small_m.argtypes = [pointer, size, size, pointer, size, pointer, flag, flag]
     layout = tuple(lib.hearth_layout(i) for i in range(4))
     if layout != (len(CFG_FIELDS), 3, len(GLOBAL_FIELDS), len(LAYER_FIELDS)):
         return f"the fused decode kernel's layout {layout} does not match this Hearth"

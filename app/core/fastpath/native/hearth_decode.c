@@ -26,6 +26,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -59,7 +60,7 @@
 #define HEARTH_AVX512 0
 #endif
 
-#define HEARTH_ABI 4
+#define HEARTH_ABI 5
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -1110,6 +1111,145 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
         PHASE(6);
     }
     return 0;
+}
+
+/* A short prefill (a reused turn's few tokens, a regenerate's one) through an x16 Q4_1 matrix without dequantizing
+ * it into memory: y [n][rows] = x [n][cols] . W^T for n <= SMALL_M_MAX rows of x (fp32 values of the GEMM dtype),
+ * each weight made in registers with the dequantizer's roundings (d * q, + m; then to bf16 when bf16 is set) and
+ * multiplied into fp32 sums, low and high nibbles in two chains per row. The rows split by groups of 16 across the
+ * threads. x86 SIMD only (hearth_small_m says whether this build has it): elsewhere prefill dequantizes and GEMMs. */
+#define SMALL_M_MAX 8
+int hearth_small_m(void) { return HEARTH_AVX2 ? SMALL_M_MAX : 0; }
+
+#if HEARTH_AVX512
+static inline __m512 weights16(__m512i q, __m512 d, __m512 m, int bf16) {
+    __m512 w = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), d), m);
+    if (bf16) { /* round to nearest even, as the dequantizer does, and back to fp32 */
+        const __m512i u = _mm512_castps_si512(w);
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+        w = _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+    }
+    return w;
+}
+#elif HEARTH_AVX2
+static inline __m256 weights8(__m256i q, __m256 d, __m256 m, int bf16) {
+    __m256 w = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m);
+    if (bf16) {
+        const __m256i u = _mm256_castps_si256(w);
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+        w = _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u)));
+    }
+    return w;
+}
+#endif
+
+int hearth_q4_small_m(const uint8_t *w, int64_t rows, int64_t cols, const float *x, int64_t n, float *y, int bf16,
+                      int threads) {
+    if (n < 1 || n > SMALL_M_MAX || rows % GROUP || cols % QBLOCK || !HEARTH_AVX2) return -1;
+#if HEARTH_AVX2
+    const int64_t blocks = cols / QBLOCK, stride = blocks * RECORD, groups = rows / GROUP;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *group = w + g * stride;
+#if HEARTH_AVX512
+        __m512 lo[SMALL_M_MAX], hi[SMALL_M_MAX];
+        for (int r = 0; r < n; r++) lo[r] = hi[r] = _mm512_setzero_ps();
+        const __m512i mask = _mm512_set1_epi32(15);
+        for (int64_t b = 0; b < blocks; b++) {
+            const uint8_t *rec = group + b * RECORD;
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + RECORD_D)));
+            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + RECORD_M)));
+            for (int k = 0; k < 4; k++) {
+                const __m512i c = _mm512_loadu_si512((const void *)(rec + 64 * k));
+                for (int t = 0; t < 4; t++) {
+                    const __m512 wl = weights16(_mm512_and_si512(_mm512_srli_epi32(c, 8 * t), mask), d, m, bf16);
+                    const __m512 wh = weights16(_mm512_and_si512(_mm512_srli_epi32(c, 8 * t + 4), mask), d, m, bf16);
+                    const int64_t col = b * QBLOCK + 4 * k + t;
+                    for (int r = 0; r < n; r++) {
+                        lo[r] = _mm512_fmadd_ps(wl, _mm512_set1_ps(x[r * cols + col]), lo[r]);
+                        hi[r] = _mm512_fmadd_ps(wh, _mm512_set1_ps(x[r * cols + col + 16]), hi[r]);
+                    }
+                }
+            }
+        }
+        for (int r = 0; r < n; r++) _mm512_storeu_ps(y + r * rows + g * GROUP, _mm512_add_ps(lo[r], hi[r]));
+#else
+        __m256 lo[2][SMALL_M_MAX], hi[2][SMALL_M_MAX];
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < n; r++) lo[h][r] = hi[h][r] = _mm256_setzero_ps();
+        const __m256i mask = _mm256_set1_epi32(15);
+        for (int64_t b = 0; b < blocks; b++) {
+            const uint8_t *rec = group + b * RECORD;
+            float dm[2 * GROUP];
+            for (int i = 0; i < GROUP; i++) {
+                uint16_t dh, mh;
+                memcpy(&dh, rec + RECORD_D + 2 * i, 2);
+                memcpy(&mh, rec + RECORD_M + 2 * i, 2);
+                dm[i] = half_to_float(dh);
+                dm[GROUP + i] = half_to_float(mh);
+            }
+            for (int h = 0; h < 2; h++) { /* rows 8h..8h+7: the 32-byte half of each 64-byte chunk */
+                const __m256 d = _mm256_loadu_ps(dm + 8 * h), m = _mm256_loadu_ps(dm + GROUP + 8 * h);
+                for (int k = 0; k < 4; k++) {
+                    const __m256i c = _mm256_loadu_si256((const __m256i *)(rec + 64 * k + 32 * h));
+                    for (int t = 0; t < 4; t++) {
+                        const __m256 wl = weights8(_mm256_and_si256(_mm256_srli_epi32(c, 8 * t), mask), d, m, bf16);
+                        const __m256 wh =
+                            weights8(_mm256_and_si256(_mm256_srli_epi32(c, 8 * t + 4), mask), d, m, bf16);
+                        const int64_t col = b * QBLOCK + 4 * k + t;
+                        for (int r = 0; r < n; r++) {
+                            lo[h][r] = _mm256_fmadd_ps(wl, _mm256_set1_ps(x[r * cols + col]), lo[h][r]);
+                            hi[h][r] = _mm256_fmadd_ps(wh, _mm256_set1_ps(x[r * cols + col + 16]), hi[h][r]);
+                        }
+                    }
+                }
+            }
+        }
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < n; r++)
+                _mm256_storeu_ps(y + r * rows + g * GROUP + 8 * h, _mm256_add_ps(lo[h][r], hi[h][r]));
+#endif
+    }
+#else
+    (void)w, (void)x, (void)y, (void)bf16, (void)threads;
+#endif
+    return 0;
+}
+
+/* Prefill's lm_head: logits [n][vocab] for n rows of x [n][cols] (fp32, cols a multiple of QBLOCK), through the
+ * decode step's own path: each row quantized to int8 per block of 32, then the int8 x16 rows (gemv_lm) split across
+ * the threads. Reads the head once per row instead of dequantizing it (a 1B model's: 100 ms a prefill in torch, ~4 ms
+ * here). Returns 0, or -3 when the activation buffers can't be allocated. */
+int hearth_lm_head(const int8_t *w, const float *scale, int64_t vocab, int64_t cols, const float *x, int64_t n,
+                   float *logits, int threads) {
+    const int64_t blocks = cols / QBLOCK;
+    int8_t *xq = malloc((size_t)cols);
+    float *xd = malloc((size_t)blocks * sizeof(float)), *xs = malloc((size_t)blocks * sizeof(float));
+    int32_t *xt = malloc((size_t)blocks * sizeof(int32_t));
+    int code = xq && xd && xs && xt ? 0 : -3;
+    for (int64_t r = 0; r < n && code == 0; r++) {
+        quantize_q8(x + r * cols, (int)cols, xq, xd, xs, xt);
+        const qvec q = {xq, xd, xs, (int)cols, xt};
+        float *out = logits + r * vocab;
+#pragma omp parallel num_threads(threads)
+        {
+#ifdef _OPENMP
+            const int tid = omp_get_thread_num(), team = omp_get_num_threads();
+#else
+            const int tid = 0, team = 1;
+#endif
+            int lo, hi;
+            split_rows((int)vocab, team, tid, GROUP, &lo, &hi);
+            gemv_lm(w, scale, q, lo, hi, out);
+        }
+    }
+    free(xq);
+    free(xd);
+    free(xs);
+    free(xt);
+    return code;
 }
 
 /* Prefill from the one packed copy: `rows` rows (a multiple of GROUP) of an x16 Q4_1 matrix starting at `w` (its
