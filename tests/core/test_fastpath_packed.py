@@ -194,6 +194,8 @@ def test_q4_on_the_default_model_agrees_with_bf16_and_keeps_the_chat_features(
     assert fused.decode_path == "fused-q4"
     text, stats, _ = run(fused.generate(ReplyRequest([ChatMessage("user", "What is the capital of France?")], GREEDY)))
     assert "Paris" in text and "Q4_1 weights held once" in stats.decode_path_note
+    short = not isinstance(KERNEL, str) and KERNEL.lib.hearth_small_m()
+    assert ("up to 12 new tokens straight from the records" in stats.decode_path_note) == bool(short)
     plain = Engine(default_loaded, decode_path="eager")
     ids = plain.prepare_prompt([ChatMessage("user", "Tell me about the history of bread.")]).ids
     reference = greedy_reference(plain, ids, 24)

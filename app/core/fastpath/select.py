@@ -252,7 +252,9 @@ def hold_weights_once(model: Any, folder: Path | None, notices: list[str]) -> st
 def _prefill_description(model: Any, quantization: str) -> str:
     if quantization == "q4":
         gemm = {torch.bfloat16: "bf16", torch.float32: "fp32"}[prefill.gemm_dtype()]
-        return f"Q4_1 weights held once, dequantized per layer for {gemm} GEMMs"
+        short = any(isinstance(m, packed.Q4Linear) and m.small_m for m in model.modules())
+        few = f"; up to {packed.SMALL_M_ROWS} new tokens straight from the records" if short else ""
+        return f"Q4_1 weights held once, dequantized per layer for {gemm} GEMMs{few}"
     return f"{quantization} weights, fp32 GEMMs" if prefill.uses_upcast(model) else quantization
 
 
