@@ -778,6 +778,17 @@ static void gemv(mat m, qvec x, int r0, int r1, float *y, int accumulate) {
  * Static halves, not dynamic chunks: each thread then streams one long range with its own prefetches. Measured per
  * token on SmolLM2 (2 threads, quiet machine): static 7.35 ms, dynamic 32-row chunks 9.4, 8 dynamic chunks 8.9,
  * guided 8.6. */
+/* This thread's index and its team's size inside a parallel region (0 and 1 without OpenMP). */
+static inline void team_position(int *tid, int *team) {
+#ifdef _OPENMP
+    *tid = omp_get_thread_num();
+    *team = omp_get_num_threads();
+#else
+    *tid = 0;
+    *team = 1;
+#endif
+}
+
 static void split_rows(int n, int parts, int part, int align, int *lo, int *hi) {
     int blocks = (n + align - 1) / align;
     int per = blocks / parts, extra = blocks % parts;
@@ -947,11 +958,8 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
 
 #pragma omp parallel num_threads(threads)
     {
-#ifdef _OPENMP
-        const int tid = omp_get_thread_num(), team = omp_get_num_threads();
-#else
-        const int tid = 0, team = 1;
-#endif
+        int tid, team;
+        team_position(&tid, &team);
         /* Each thread normalizes and quantizes its matrix inputs privately: no barrier or shared write for them. */
         float *xn = per_thread + (int64_t)tid * thread_floats(hidden, widest);
         int8_t *xq = (int8_t *)(xn + hidden);
@@ -1147,6 +1155,7 @@ static inline __m256 weights8(__m256i q, __m256 d, __m256 m, int bf16) {
 
 int hearth_q4_small_m(const uint8_t *w, int64_t rows, int64_t cols, const float *x, int64_t n, float *y, int bf16,
                       int threads) {
+    (void)threads; /* read only by OpenMP's pragma */
     if (n < 1 || n > SMALL_M_MAX || rows % GROUP || cols % QBLOCK || !HEARTH_AVX2) return -1;
 #if HEARTH_AVX2
     const int64_t blocks = cols / QBLOCK, stride = blocks * RECORD, groups = rows / GROUP;
@@ -1213,7 +1222,7 @@ int hearth_q4_small_m(const uint8_t *w, int64_t rows, int64_t cols, const float 
 #endif
     }
 #else
-    (void)w, (void)x, (void)y, (void)bf16, (void)threads;
+    (void)w, (void)x, (void)y, (void)bf16;
 #endif
     return 0;
 }
@@ -1224,6 +1233,7 @@ int hearth_q4_small_m(const uint8_t *w, int64_t rows, int64_t cols, const float 
  * here). Returns 0, or -3 when the activation buffers can't be allocated. */
 int hearth_lm_head(const int8_t *w, const float *scale, int64_t vocab, int64_t cols, const float *x, int64_t n,
                    float *logits, int threads) {
+    (void)threads; /* read only by OpenMP's pragma */
     const int64_t blocks = cols / QBLOCK;
     int8_t *xq = malloc((size_t)cols);
     float *xd = malloc((size_t)blocks * sizeof(float)), *xs = malloc((size_t)blocks * sizeof(float));
@@ -1235,12 +1245,8 @@ int hearth_lm_head(const int8_t *w, const float *scale, int64_t vocab, int64_t c
         float *out = logits + r * vocab;
 #pragma omp parallel num_threads(threads)
         {
-#ifdef _OPENMP
-            const int tid = omp_get_thread_num(), team = omp_get_num_threads();
-#else
-            const int tid = 0, team = 1;
-#endif
-            int lo, hi;
+            int tid, team, lo, hi;
+            team_position(&tid, &team);
             split_rows((int)vocab, team, tid, GROUP, &lo, &hi);
             gemv_lm(w, scale, q, lo, hi, out);
         }
@@ -1257,6 +1263,7 @@ int hearth_lm_head(const int8_t *w, const float *scale, int64_t vocab, int64_t c
  * nearest even: the dense weight a GEMM then multiplies. Same two roundings as torch's q * d + m, so the torch
  * reference (app.core.fastpath.packed.dequantize_q4) is exact. */
 void hearth_dequant_q4(const uint8_t *w, int64_t rows, int64_t cols, void *out, int out_bf16, int threads) {
+    (void)threads; /* read only by OpenMP's pragma */
     const int64_t blocks = cols / QBLOCK, stride = blocks * RECORD;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t r = 0; r < rows; r++) {
