@@ -142,8 +142,10 @@ class Q4Linear(nn.Module):
         self.scratch = scratch
         self.library = library  # the fused kernel's library (its hearth_dequant_q4), or None: torch's reference
         self.gemm_dtype = gemm_dtype
-        # Inputs of up to this many rows skip the dequantization (hearth_q4_small_m; 0 where the build lacks it).
-        self.small_m = SMALL_M_ROWS if library is not None and library.lib.hearth_small_m() else 0
+        # Inputs of up to this many rows skip the dequantization (hearth_q4_small_m, this many rows a pass; 0 where the
+        # build lacks it).
+        self.rows_per_pass = int(library.lib.hearth_small_m()) if library is not None else 0
+        self.small_m = SMALL_M_ROWS if self.rows_per_pass else 0
 
     def dense(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The whole weight, dequantized into the shared scratch buffer (valid until the next layer's call)."""
@@ -191,9 +193,8 @@ class Q4Linear(nn.Module):
         The same weights (the dequantizer's roundings) and fp32 sums, in another order than the GEMM's."""
         x = flat.float().contiguous()
         y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
-        per_pass = self.library.lib.hearth_small_m()
-        for start in range(0, x.shape[0], per_pass):  # the kernel takes a few rows a pass (its registers)
-            rows = min(per_pass, x.shape[0] - start)
+        for start in range(0, x.shape[0], self.rows_per_pass):  # the kernel takes a few rows a pass (its registers)
+            rows = min(self.rows_per_pass, x.shape[0] - start)
             code = self.library.lib.hearth_q4_small_m(
                 self.records.data_ptr(),
                 self.out_features,
@@ -290,7 +291,8 @@ class MappedEmbedding(nn.Embedding):
         self.padding_idx = padding_idx
         self.compute_dtype = dtype
         self.rows = rows
-        self.read_around_off = advise_random_access(weight.data_ptr(), weight.numel() * weight.element_size())
+        if rows is None:  # lookups read the map
+            advise_random_access(weight.data_ptr(), weight.numel() * weight.element_size())
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.rows is not None:

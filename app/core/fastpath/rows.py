@@ -24,11 +24,9 @@ from typing import Any
 
 import torch
 
-from app.core.models.safetensors_header import StoredTensor, read_header
+from app.core.models.safetensors_header import FLOAT_DTYPES, StoredTensor, read_header
 
 log = logging.getLogger(__name__)
-
-STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
 class RowReadError(RuntimeError):
@@ -79,9 +77,6 @@ class RowFile:
         if count != len(view):
             raise RowReadError(f"{self.path} was cut short while the model was loaded (a row read {count} bytes)")
 
-    def close(self) -> None:
-        self.handle.close()
-
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous CPU tensor's memory (any dtype)."""
@@ -113,7 +108,7 @@ def locate(folder: Path | None, weight: torch.Tensor) -> RowFile | None:
 
 def _same_layout(stored: StoredTensor, weight: torch.Tensor) -> bool:
     return (
-        STORED_DTYPES.get(stored.dtype) == weight.dtype
+        FLOAT_DTYPES.get(stored.dtype) == weight.dtype
         and stored.shape == tuple(weight.shape)
         and stored.end - stored.start == weight.numel() * weight.element_size()
     )

@@ -41,7 +41,7 @@ from app.core.models.quant import (
     uses_double_quant,
     weights_dtype_name,
 )
-from app.core.models.safetensors_header import read_header
+from app.core.models.safetensors_header import FLOAT_DTYPES, read_header
 
 PREFILL_CHUNK = 512  # app.core.engines.engine.PREFILL_CHUNK (not imported: the engine pulls in the sampling stack)
 NF4_BLOCKSIZE = 64  # bitsandbytes' 4-bit blocksize: one absmax per 64 weights
@@ -189,9 +189,6 @@ def config_from_gguf(path: Path) -> Any:
     return _config_from_dict(config_dict_from_gguf(path), str(path))
 
 
-SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-
-
 def stored_dtype(folder: Path) -> torch.dtype | None:
     """The floating dtype most of the folder's safetensors bytes are stored in (read from the files' headers), or
     None where that can't be told."""
@@ -202,7 +199,7 @@ def stored_dtype(folder: Path) -> torch.dtype | None:
         except (OSError, ValueError):
             return None
         for tensor in tensors:
-            dtype = SAFETENSORS_DTYPES.get(tensor.dtype)
+            dtype = FLOAT_DTYPES.get(tensor.dtype)
             if dtype is not None:
                 totals[dtype] += tensor.end - tensor.start
     return max(totals, key=lambda dtype: totals[dtype]) if totals else None

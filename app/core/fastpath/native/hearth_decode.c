@@ -773,11 +773,6 @@ static void gemv(mat m, qvec x, int r0, int r1, float *y, int accumulate) {
         gemv_rows((const int8_t *)m.q, (const float *)m.s, m.b, x, r0, r1, y, accumulate);
 }
 
-/* Split [0, n) into `parts` contiguous chunks aligned to `align` rows (4 for int8 rows, GROUP for Q4_1); chunk
- * `part` is [*lo, *hi).
- * Static halves, not dynamic chunks: each thread then streams one long range with its own prefetches. Measured per
- * token on SmolLM2 (2 threads, quiet machine): static 7.35 ms, dynamic 32-row chunks 9.4, 8 dynamic chunks 8.9,
- * guided 8.6. */
 /* This thread's index and its team's size inside a parallel region (0 and 1 without OpenMP). */
 static inline void team_position(int *tid, int *team) {
 #ifdef _OPENMP
@@ -789,6 +784,11 @@ static inline void team_position(int *tid, int *team) {
 #endif
 }
 
+/* Split [0, n) into `parts` contiguous chunks aligned to `align` rows (4 for int8 rows, GROUP for Q4_1); chunk
+ * `part` is [*lo, *hi).
+ * Static halves, not dynamic chunks: each thread then streams one long range with its own prefetches. Measured per
+ * token on SmolLM2 (2 threads, quiet machine): static 7.35 ms, dynamic 32-row chunks 9.4, 8 dynamic chunks 8.9,
+ * guided 8.6. */
 static void split_rows(int n, int parts, int part, int align, int *lo, int *hi) {
     int blocks = (n + align - 1) / align;
     int per = blocks / parts, extra = blocks % parts;
@@ -1121,6 +1121,16 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
     return 0;
 }
 
+#if HEARTH_AVX2
+/* fp32 -> bf16 rounded to nearest even (finite values: a block's weights), left in the upper 16 bits of each lane:
+ * the dequantizer keeps those bits, the small-M kernel masks off the rest. */
+static inline __m256i bf16_rounded(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    return _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+}
+#endif
+
 /* A short prefill (a reused turn's few tokens, a regenerate's one) through an x16 Q4_1 matrix without dequantizing
  * it into memory: y [n][rows] = x [n][cols] . W^T for n <= SMALL_M_MAX rows of x (fp32 values of the GEMM dtype),
  * each weight made in registers with the dequantizer's roundings (d * q, + m; then to bf16 when bf16 is set) and
@@ -1143,12 +1153,7 @@ static inline __m512 weights16(__m512i q, __m512 d, __m512 m, int bf16) {
 #elif HEARTH_AVX2
 static inline __m256 weights8(__m256i q, __m256 d, __m256 m, int bf16) {
     __m256 w = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m);
-    if (bf16) {
-        const __m256i u = _mm256_castps_si256(w);
-        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-        const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
-        w = _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u)));
-    }
+    if (bf16) w = _mm256_castsi256_ps(_mm256_and_si256(bf16_rounded(w), _mm256_set1_epi32((int)0xffff0000u)));
     return w;
 }
 #endif
@@ -1290,13 +1295,8 @@ void hearth_dequant_q4(const uint8_t *w, int64_t rows, int64_t cols, void *out, 
             }
             if (out_bf16) {
                 uint16_t *target = (uint16_t *)out + r * cols + b * QBLOCK;
-                const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
                 __m256i rounded[4];
-                for (int k = 0; k < 4; k++) {
-                    const __m256i u = _mm256_castps_si256(v[k]);
-                    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-                    rounded[k] = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(half, odd)), 16);
-                }
+                for (int k = 0; k < 4; k++) rounded[k] = _mm256_srli_epi32(bf16_rounded(v[k]), 16);
                 for (int k = 0; k < 4; k += 2) { /* packus interleaves 128-bit lanes: permute them back */
                     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded[k], rounded[k + 1]), 0xD8);
                     _mm256_storeu_si256((__m256i *)(target + 8 * k), packed);
