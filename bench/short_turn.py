@@ -1,11 +1,11 @@
 """A reused turn's prefill on the q4 CPU path: a few new tokens on top of a conversation's cached prefix.
 
-    python bench/short_turn.py [--model .cache/models/random-tinyllama-1b] [--trials 5] [--new 1,4,12]
+    python bench/short_turn.py [--model .cache/models/random-tinyllama-1b] [--trials 5] [--new 1,4,12,32,64]
 
 Each trial, in one process and interleaved: the same turn prefilled (a) as before 2026-12-03 evening: every Q4_1
 matrix dequantized into the scratch buffer for a GEMM and the int8 lm_head dequantized in torch, and (b) as now:
-up to `packed.SMALL_M_ROWS` rows multiplied straight from the records (`hearth_q4_small_m`) and the lm_head through
-the step's int8 path (`hearth_lm_head`). Prints each variant's median prefill time per new-token count and the
+up to `packed.RECORD_PREFILL_ROWS` rows multiplied straight from the records (`hearth_q4_prefill`) and the lm_head
+through the step's int8 path (`hearth_lm_head`). Prints each variant's median prefill time per new-token count and the
 per-trial paired ratios (before ÷ now: above 1 is faster now).
 """
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a folder or GGUF (default: the embedded model)")
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--new", default="1,4,12", help="new tokens per turn (comma-separated)")
+    parser.add_argument("--new", default="1,4,12,32,64", help="new tokens per turn (comma-separated)")
     parser.add_argument("--history", type=int, default=300, help="tokens already in the cache")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def use(variant: str) -> None:
         for matrix in matrices:
-            matrix.small_m = 0 if variant == "before" else packed.SMALL_M_ROWS if matrix.library else 0
+            matrix.on_records = variant == "now" and matrix.library is not None
         if isinstance(head, packed.Int8RowsLinear):
             head.library = None if variant == "before" else library
 

@@ -9,14 +9,15 @@ model).
 
 from __future__ import annotations
 
+import gc
 import platform
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from app.core.chat.events import ChatMessage
@@ -26,7 +27,7 @@ from app.core.engines.loader import load_model, stored_dtype
 from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
 from app.core.errors import QuantizationError
-from app.core.fastpath import int8, native, packed
+from app.core.fastpath import int8, native, packed, rows, select
 from app.core.memory.accounting import measured_weights_by_device
 from app.core.memory.planner import plan_memory
 from app.core.memory.release import release_freed_memory
@@ -76,46 +77,70 @@ def test_the_c_dequantizer_matches_torchs_reference_on_group_ranges(dtype: torch
     assert ((dense - weight).abs().reshape(96, 4, 32) <= step[..., None] * 0.51 + 1e-3).all()
 
 
-@needs_kernel
-@pytest.mark.skipif(isinstance(KERNEL, str) or not KERNEL.lib.hearth_small_m(), reason="no x86 SIMD small-M kernel")
+ON_RECORDS = not isinstance(KERNEL, str) and packed.multiplies_records(KERNEL.lib.hearth_q4_kernel())
+needs_records_kernel = pytest.mark.skipif(not ON_RECORDS, reason="no x86 SIMD kernel that prefills from the records")
+
+
+@needs_records_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_few_rows_multiply_straight_from_the_records_as_the_gemm_would(dtype: torch.dtype) -> None:
+def test_short_inputs_multiply_straight_from_the_records_closer_to_fp32_than_the_gemm(dtype: torch.dtype) -> None:
     assert not isinstance(KERNEL, str)
     generator = torch.Generator().manual_seed(5)
     records = packed.interleave_q4(*native.quantize_q4_blocks(torch.randn(48, 96, generator=generator)))
     bias = torch.randn(48, generator=generator)
-    layer = packed.Q4Linear(records, bias, packed.Scratch(), KERNEL, dtype)
-    assert layer.small_m == packed.SMALL_M_ROWS
-    x = torch.randn(1, packed.SMALL_M_ROWS, 96, generator=generator).to(dtype)  # 12 rows: passes of 8 and 4
-    few = layer(x)
-    reference = F.linear(x.float(), packed.dequantize_q4(records, 96, dtype).float(), bias).to(dtype)
-    assert few.dtype == dtype and few.shape == (1, 12, 48)
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # fp32 sums in another order; bf16's output rounding
-    assert float((few.float() - reference.float()).abs().max() / reference.float().abs().max()) < tolerance
-    assert torch.equal(layer(x[:, 9:10]), few[:, 9:10])  # a row's outputs do not depend on the others
-    layer.small_m = 0  # the dequantize + GEMM path
-    gemm = layer(x)
-    assert float((few.float() - gemm.float()).abs().max() / gemm.float().abs().max()) < tolerance
+    scratch = packed.Scratch()
+    layer = packed.Q4Linear(records, bias, scratch, KERNEL, dtype)
+    assert layer.on_records
+    x = torch.randn(1, 49, 96, generator=generator)
+    x[..., 7] = 40.0  # an outlier in every row's first block: int8 steps of it would lose the rest of the block
+    x = x.to(dtype)
+    out = layer(x)
+    assert out.dtype == dtype and out.shape == (1, 49, 48) and scratch.peak == 0  # nothing dequantized
+    exact = x[0].double() @ packed.dequantize_q4(records, 96).double().t() + bias.double()
+
+    def error(y: torch.Tensor) -> float:
+        return float((y[0].double() - exact).abs().max() / exact.abs().max())
+
+    assert error(out) < (1e-4 if dtype == torch.float32 else 1e-2)  # 15-bit activations; bf16's output rounding
+    for row in (0, 9, 48):  # a row's outputs do not depend on the other rows or on its place in a tile
+        assert torch.equal(layer(x[:, row : row + 1]), out[:, row : row + 1])
+    if dtype == torch.bfloat16:  # the bf16 GEMM rounds the activations to 8 bits: the records' path is closer
+        layer.on_records = False
+        assert error(out) <= error(layer(x))
+    layer.on_records = True
+    longer = torch.randn(packed.RECORD_PREFILL_ROWS + 1, 96, generator=generator).to(dtype)
+    layer(longer)
+    assert scratch.peak > 0  # past RECORD_PREFILL_ROWS the GEMM path takes over
 
 
 @needs_kernel
-def test_the_small_m_kernel_refuses_more_rows_than_a_pass_holds() -> None:
+def test_the_record_kernel_refuses_shapes_it_cannot_multiply_and_says_so() -> None:
     assert not isinstance(KERNEL, str)
-    if not KERNEL.lib.hearth_small_m():
-        pytest.skip("no x86 SIMD small-M kernel")
-    records = packed.interleave_q4(*native.quantize_q4_blocks(torch.randn(16, 32)))
+    records = packed.interleave_q4(*native.quantize_q4_blocks(torch.randn(16, 64)))
+    x, y = torch.randn(2, 64), torch.empty(2, 16)
+    on_records = KERNEL.lib.hearth_q4_prefill
+    assert on_records(records.data_ptr(), 16, 64, x.data_ptr(), 0, 2, y.data_ptr(), 0, 1) == 0
+    assert on_records(records.data_ptr(), 16, 48, x.data_ptr(), 0, 2, y.data_ptr(), 0, 1) == -1  # not whole blocks
+    assert on_records(records.data_ptr(), 24, 64, x.data_ptr(), 0, 2, y.data_ptr(), 0, 1) == -1  # not whole groups
+    assert on_records(records.data_ptr(), 16, 64, x.data_ptr(), 0, 0, y.data_ptr(), 0, 1) == -1  # no rows
 
-    class TooMany:  # a library that claims more rows a pass than the kernel takes
-        class lib:
-            hearth_q4_small_m = KERNEL.lib.hearth_q4_small_m
+    class Refusing:  # a library whose kernel answers with the codes hearth_q4_prefill can return
+        def __init__(self, code: int) -> None:
+            self.lib = self
+            self.code = code
 
-            @staticmethod
-            def hearth_small_m() -> int:
-                return 9
+        def hearth_q4_kernel(self) -> int:
+            return packed.RECORD_PREFILL_KERNELS[0]
 
-    layer = packed.Q4Linear(records, None, packed.Scratch(), TooMany(), torch.float32)
+        def hearth_q4_prefill(self, *args: Any) -> int:
+            return self.code
+
+    layer = packed.Q4Linear(records, None, packed.Scratch(), Refusing(-1), torch.float32)
     with pytest.raises(RuntimeError, match="the Q4_1 kernel refused a 9-row input"):
-        layer(torch.randn(9, 32))
+        layer(torch.randn(9, 64))
+    layer = packed.Q4Linear(records, None, packed.Scratch(), Refusing(-3), torch.float32)
+    with pytest.raises(MemoryError, match="could not allocate its buffers for a 3-row input"):
+        layer(torch.randn(3, 64))
 
 
 def test_the_x16_layout_round_trips_and_puts_each_rows_bytes_where_the_kernel_reads_them() -> None:
@@ -194,8 +219,7 @@ def test_q4_on_the_default_model_agrees_with_bf16_and_keeps_the_chat_features(
     assert fused.decode_path == "fused-q4"
     text, stats, _ = run(fused.generate(ReplyRequest([ChatMessage("user", "What is the capital of France?")], GREEDY)))
     assert "Paris" in text and "Q4_1 weights held once" in stats.decode_path_note
-    short = not isinstance(KERNEL, str) and KERNEL.lib.hearth_small_m()
-    assert ("up to 12 new tokens straight from the records" in stats.decode_path_note) == bool(short)
+    assert ("tokens a call multiplied straight from the records" in stats.decode_path_note) == ON_RECORDS
     plain = Engine(default_loaded, decode_path="eager")
     ids = plain.prepare_prompt([ChatMessage("user", "Tell me about the history of bread.")]).ids
     reference = greedy_reference(plain, ids, 24)
@@ -362,7 +386,8 @@ def test_the_prefill_scratch_never_holds_more_than_its_bound() -> None:
     library = None if isinstance(KERNEL, str) else KERNEL
     bias = torch.randn(rows, generator=generator)
     layer = packed.Q4Linear(records, bias, scratch, library, torch.float32)
-    x = torch.randn(2, 10, cols, generator=generator)  # more rows than SMALL_M_ROWS: the dequantize + GEMM path
+    layer.on_records = False  # the dequantize + GEMM path (ARM's, or without the kernel)
+    x = torch.randn(2, 10, cols, generator=generator)
     out = layer(x)
     assert 0 < scratch.peak <= packed.SCRATCH_BYTES < rows * cols * 4
     want = torch.nn.functional.linear(x, packed.dequantize_q4(records, cols), bias)
@@ -370,7 +395,9 @@ def test_the_prefill_scratch_never_holds_more_than_its_bound() -> None:
     assert torch.allclose(out, want, rtol=1e-4, atol=1e-4)
     # A matrix narrower than the bound is dequantized whole, once.
     small = packed.Scratch()
-    packed.Q4Linear(records[:4], None, small, library, torch.float32)(x)
+    narrow = packed.Q4Linear(records[:4], None, small, library, torch.float32)
+    narrow.on_records = False
+    narrow(x)
     assert small.peak == 64 * cols * 4
 
 
@@ -395,3 +422,61 @@ def test_q4_says_why_a_head_size_outside_its_16_row_groups_loads_as_bf16(tiny_mo
         for notice in loaded.notices
     ), loaded.notices
     assert not packed.is_held_once(loaded.model)
+
+
+@needs_kernel
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps; MADV_PAGEOUT is Linux's")
+def test_a_first_q4_load_gives_back_the_weight_files_pages_once_they_are_packed(
+    tiny_model_dir: Any, isolated_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tiny_model_dir("llama")  # tied: the int8 head is packed from the 12 MiB fp32 embedding
+    weights = folder / "model.safetensors"
+
+    def resident_after_a_first_load() -> int:
+        shutil.rmtree(isolated_cache / "decode-fused-q4", ignore_errors=True)  # no packed copy yet: pack from the file
+        loaded = load_model(str(folder), quantization="q4", device="cpu")
+        assert loaded.quantization == "q4" and getattr(loaded.model, select.HELD_ATTR).how.startswith("packed")
+        resident = _resident_kib(weights)
+        del loaded
+        gc.collect()
+        return resident
+
+    given_back = resident_after_a_first_load()
+    for module in (native, select):  # the same load with the pages kept
+        monkeypatch.setattr(module, "release_file_pages", lambda tensor: False)
+    kept = resident_after_a_first_load()
+    assert kept * 1024 > weights.stat().st_size / 2  # packing read the file
+    assert given_back < kept / 4
+
+
+def test_only_a_file_mappings_pages_are_given_back() -> None:
+    values = torch.randn(1 << 18)  # 1 MiB of anonymous memory: paging it out could only cost, never help
+    before = values.clone()
+    assert not rows.release_file_pages(values)
+    assert torch.equal(values, before)
+
+
+def test_the_head_and_the_matrices_quantize_a_chunk_of_rows_at_a_time_as_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    generator = torch.Generator().manual_seed(3)
+    head = torch.randn(100, 64, generator=generator)  # not a multiple of the chunk: the last group is padded
+    whole_q, whole_scale = native.quantize_rows(head)
+    monkeypatch.setattr(native, "HEAD_QUANTIZE_ROWS", 32)
+    q, scale = native.quantize_head(head)
+    assert torch.equal(q, packed.interleave_rows(whole_q)) and torch.equal(scale, whole_scale)
+    matrix = torch.randn(96, 64, generator=generator)
+    model = nn.Module()
+    model.model = nn.Module()
+    layer = nn.Module()
+    layer.self_attn = nn.Module()
+    layer.mlp = nn.Module()
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        setattr(layer.self_attn, name, nn.Linear(64, 96 if name != "o_proj" else 64, bias=False))
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        setattr(layer.mlp, name, nn.Linear(64, 64, bias=False))
+    layer.self_attn.q_proj.weight.data = matrix
+    model.model.layers = nn.ModuleList([layer])
+    model.get_output_embeddings = lambda: packed.Int8RowsLinear(q, scale)
+    monkeypatch.setattr(native, "PACK_ROWS", 32)  # q_proj's 96 rows in three chunks
+    tensors = native.pack_model(model, lambda module: module.weight, "q4")
+    merged = torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight])
+    assert torch.equal(tensors["0.qkv.q"], native.quantize_q4(merged.detach())[0])

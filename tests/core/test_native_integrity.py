@@ -400,3 +400,36 @@ def test_a_compiler_without_openmp_still_builds_a_single_threaded_prebuilt_kerne
         assert not library.threaded
     finally:
         native.reset_library_for_tests()
+
+
+def test_a_file_is_hashed_in_pieces_and_read_as_it_is_hashed_whole(tmp_path: Path) -> None:
+    from app.core.fastpath import integrity
+
+    chunk = integrity.CHUNK
+    for size in (0, 5, chunk, chunk + 3, 2 * chunk + 1):
+        data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+        path = tmp_path / f"f{size}"
+        path.write_bytes(data)
+        want = integrity.digest_bytes(data)
+        assert integrity.digest_file(path) == want
+        assert integrity.digest_pieces([data[:7], memoryview(data)[7 : chunk + 9], data[chunk + 9 :]]) == want
+
+
+def test_packed_copies_are_written_a_tensor_at_a_time_as_safetensors_reads_them(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from app.core.fastpath import integrity, select
+
+    tensors = {
+        "0.qkv.q": torch.randint(0, 255, (3, 640), dtype=torch.uint8),
+        "lm.q": torch.randint(-127, 127, (2, 512), dtype=torch.int8),
+        "lm.s": torch.rand(17),
+        "0.qkv.b": torch.rand(48).to(torch.bfloat16),
+    }
+    target = tmp_path / "copy.safetensors"
+    digest = select._write_cache(target, tensors)
+    back = load_file(target)
+    assert back.keys() == tensors.keys() and all(torch.equal(back[k], v) for k, v in tensors.items())
+    assert digest == integrity.digest_file(target) == select._write_cache(None, tensors)
+    assert integrity.verify(target) and not list(tmp_path.glob("*.partial"))

@@ -13,6 +13,7 @@ import json
 import logging
 import mmap
 import os
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,13 +56,53 @@ def digest_bytes(data: bytes | memoryview | mmap.mmap) -> str:
     return hashlib.sha256(b"".join(parts)).hexdigest()
 
 
+def digest_pieces(pieces: Iterable[bytes | memoryview]) -> str:
+    """SCHEME's hash of the pieces' concatenation (as digest_bytes of it), without ever joining them."""
+    parts: list[bytes] = []
+    chunk = hashlib.sha256()
+    filled = 0
+    for piece in pieces:
+        with memoryview(piece) as view, view.cast("B") as flat:
+            offset = 0
+            while offset < len(flat):
+                take = min(CHUNK - filled, len(flat) - offset)
+                chunk.update(flat[offset : offset + take])
+                filled += take
+                offset += take
+                if filled == CHUNK:
+                    parts.append(chunk.digest())
+                    chunk, filled = hashlib.sha256(), 0
+    if filled or not parts:
+        parts.append(chunk.digest())
+    return hashlib.sha256(b"".join(parts)).hexdigest()
+
+
 def digest_file(path: Path) -> str:
-    """SCHEME's hash of a file, read through a memory map (no copy)."""
-    with path.open("rb") as handle:
-        if os.fstat(handle.fileno()).st_size == 0:
-            return digest_bytes(b"")
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
-            return digest_bytes(view)
+    """SCHEME's hash of a file, each chunk read into its own buffer: not mapped, so hashing a 775 MiB packed copy does
+    not make it resident in the process (mapping it did, on top of the copy being written)."""
+    size = path.stat().st_size
+    starts = range(0, size, CHUNK) if size else range(1)
+
+    def part(start: int) -> bytes:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:  # one handle per chunk: positioned reads on every OS, workers independent
+            handle.seek(start)
+            want = min(CHUNK, size - start) if size else 0
+            while want > 0:
+                data = handle.read(min(want, 2**20))
+                if not data:
+                    raise OSError(f"{path} was cut short while it was read")
+                digest.update(data)
+                want -= len(data)
+        return digest.digest()
+
+    workers = max(1, min(len(starts), os.cpu_count() or 1))
+    if workers == 1:
+        parts = [part(start) for start in starts]
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            parts = list(pool.map(part, starts))
+    return hashlib.sha256(b"".join(parts)).hexdigest()
 
 
 def identity(path: Path) -> tuple[int, int, int]:

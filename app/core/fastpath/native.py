@@ -47,14 +47,14 @@ from app.core.fastpath.packed import (
     interleave_q4,
     interleave_rows,
 )
-from app.core.fastpath.rows import RowFile, byte_view
+from app.core.fastpath.rows import RowFile, byte_view, release_file_pages
 from app.core.models.attention import attention_shape
 from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "hearth_decode.c"
-ABI = 5
+ABI = 6
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")  # inv_freq does not depend on the sequence length
 COMPILE_TIMEOUT_S = 180
@@ -177,6 +177,12 @@ def cpu_flags() -> frozenset[str]:
             level = ""
         return frozenset(_TORCH_LEVELS.get(level, ()))
     return frozenset()
+
+
+def prefills_from_records() -> bool:
+    """Whether this CPU gets a Q4_1 kernel that prefills short inputs from the records (packed.RECORD_PREFILL_KERNELS:
+    x86 with AVX2 and FMA), read from its flags without building the kernel (the memory planner asks)."""
+    return machine_arch() == "x86_64" and {"avx2", "fma"} <= cpu_flags()
 
 
 def _darwin_flags() -> frozenset[str]:
@@ -399,9 +405,8 @@ def _load(path: Path, threaded: bool, built: float, compiler: str, sha256: str, 
     lib.hearth_lm_head.restype = ctypes.c_int  # prefill's lm_head from the step's int8 rows
     lib.hearth_lm_head.argtypes = [pointer, pointer, size, size, pointer, size, pointer, flag]
     lib.hearth_q4_kernel.restype = ctypes.c_int
-    lib.hearth_small_m.restype = ctypes.c_int  # short prefills without dequantizing: up to this many rows, or 0
-    lib.hearth_q4_small_m.restype = ctypes.c_int
-    lib.hearth_q4_small_m.argtypes = [pointer, size, size, pointer, size, pointer, flag, flag]
+    lib.hearth_q4_prefill.restype = ctypes.c_int  # prompts' rows with the step's int8 activations
+    lib.hearth_q4_prefill.argtypes = [pointer, size, size, pointer, flag, size, pointer, flag, flag]
     layout = tuple(lib.hearth_layout(i) for i in range(4))
     if layout != (len(CFG_FIELDS), 3, len(GLOBAL_FIELDS), len(LAYER_FIELDS)):
         return f"the fused decode kernel's layout {layout} does not match this Hearth"
@@ -535,11 +540,27 @@ def quantize_q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return packed.contiguous(), torch.stack([scale, offset], dim=-1).reshape(rows, -1).contiguous()
 
 
-def quantize_head(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+PACK_ROWS = 1024  # rows of a decoder matrix quantized to Q4_1 at a time (whole groups of 16)
+HEAD_QUANTIZE_ROWS = (
+    4096  # lm_head rows quantized at a time (whole groups): the whole 1B head took 1.4 GiB of temporaries
+)
+
+
+def quantize_head(weight: torch.Tensor, release_source: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The lm_head as the kernel reads it: int8 rows (int8.quantize_rows) in the x16 layout (packed.interleave_rows)
-    and the fp32 scale per row [vocab]."""
-    q, scale = quantize_rows(weight)
-    return interleave_rows(q), scale
+    and the fp32 scale per row [vocab], made a chunk of rows at a time into the final tensors (each row's scale is its
+    own, each group of 16 rows its own records); `release_source` gives each chunk's mapped pages back once done."""
+    rows, cols = int(weight.shape[0]), int(weight.shape[1])
+    records = torch.empty(-(-rows // Q4_GROUP), cols // 32 * HEAD_RECORD, dtype=torch.int8)
+    scales = torch.empty(rows, dtype=torch.float32)
+    for start in range(0, rows, HEAD_QUANTIZE_ROWS):
+        q, scale = quantize_rows(weight[start : start + HEAD_QUANTIZE_ROWS])
+        first = start // Q4_GROUP
+        records[first : first + -(-q.shape[0] // Q4_GROUP)] = interleave_rows(q)
+        scales[start : start + q.shape[0]] = scale
+        if release_source:
+            release_file_pages(weight[start : start + HEAD_QUANTIZE_ROWS])
+    return records, scales
 
 
 def head_bytes(vocab: int, hidden: int) -> int:
@@ -736,9 +757,12 @@ class FusedDecoder:
         return logits
 
 
-def pack_model(model: Any, dense_weight: Any, weight_format: str = "int8") -> dict[str, torch.Tensor]:
+def pack_model(
+    model: Any, dense_weight: Any, weight_format: str = "int8", packed_from: Any = None
+) -> dict[str, torch.Tensor]:
     """The copies the kernel reads, by name: decoder matrices in `weight_format` (WEIGHT_FORMATS), the lm_head in
-    int8 rows; `dense_weight(module)` gives a linear layer's float weight."""
+    int8 rows; `dense_weight(module)` gives a linear layer's float weight; `packed_from(module)`, when given, is told
+    each module once its weight is packed (q4 gives the mapped file's pages back then)."""
     quantize: Any = quantize_q4 if weight_format == "q4" else quantize_rows
     base: Any = model.model
     packed: dict[str, torch.Tensor] = {}
@@ -750,18 +774,36 @@ def pack_model(model: Any, dense_weight: Any, weight_format: str = "int8") -> di
             weight = dense_weight(module)
             if weight is None:
                 raise ValueError(f"{name}: {type(module).__name__} has no weight the kernel can pack")
-            weights.append(weight.detach().float())
+            weights.append(weight.detach())
             bias = getattr(module, "bias", None)
             biases.append(bias.detach().float() if isinstance(bias, torch.Tensor) else None)
-        if interleave:  # gate/up pairs adjacent: row 2i is gate i, row 2i+1 up i
-            merged = torch.stack(weights, dim=1).reshape(-1, weights[0].shape[1])
+        heights = [int(w.shape[0]) for w in weights]
+        if weight_format == "q4" and not interleave and all(h % Q4_GROUP == 0 for h in heights):
+            # Q4_1 blocks are per row: quantized a chunk of rows at a time, never as one fp32 copy of the matrix
+            # (gate/up at 1B: 92 MiB, and several temporaries of its size).
+            records = [
+                quantize_q4(w[start : start + PACK_ROWS].float())[0]
+                for w in weights
+                for start in range(0, w.shape[0], PACK_ROWS)
+            ]
+            packed[f"{name}.q"], scale = torch.cat(records), None
+            del records
         else:
-            merged = torch.cat(weights, dim=0)
-        packed[f"{name}.q"], scale = quantize(merged)
+            floats = [w.float() for w in weights]
+            if interleave:  # gate/up pairs adjacent: row 2i is gate i, row 2i+1 up i
+                merged = torch.stack(floats, dim=1).reshape(-1, floats[0].shape[1])
+            else:
+                merged = torch.cat(floats, dim=0)
+            packed[f"{name}.q"], scale = quantize(merged)
+            del merged, floats
+        del weights  # the float copies, before the next matrix makes its own
+        if packed_from is not None:
+            for module in modules:
+                packed_from(module)
         if scale is not None:
             packed[f"{name}.s"] = scale
         if any(bias is not None for bias in biases):
-            filled = [b if b is not None else torch.zeros(w.shape[0]) for b, w in zip(biases, weights, strict=True)]
+            filled = [b if b is not None else torch.zeros(h) for b, h in zip(biases, heights, strict=True)]
             packed[f"{name}.b"] = (
                 torch.stack(filled, dim=1).reshape(-1) if interleave else torch.cat(filled)
             ).contiguous()
@@ -781,7 +823,9 @@ def pack_model(model: Any, dense_weight: Any, weight_format: str = "int8") -> di
     head_weight = dense_weight(head) if isinstance(head, nn.Linear) else None
     if head_weight is None:
         raise ValueError("the lm_head is not a linear layer the kernel can pack")
-    packed["lm.q"], packed["lm.s"] = quantize_head(head_weight)
+    packed["lm.q"], packed["lm.s"] = quantize_head(head_weight, release_source=packed_from is not None)
+    if packed_from is not None:
+        packed_from(head)
     return packed
 
 

@@ -115,10 +115,21 @@ def dequantize_q4(records: torch.Tensor, cols: int, dtype: torch.dtype = torch.f
     return (values * pairs[..., :1] + pairs[..., 1:]).reshape(rows, -1).to(dtype)
 
 
-# Up to this many input rows, a Q4Linear multiplies straight from its records (passes of hearth_small_m() rows)
-# instead of dequantizing for a GEMM: measured faster up to 12-16 rows at 1B and ~20 at 135M (prefill of n new tokens,
-# 2 threads, AVX-512 VNNI/BF16 Zen 4: 4 tokens 0.16 vs 0.39 s at 1B, 12 tokens 0.33 vs 0.45 s).
-SMALL_M_ROWS = 12
+# The kernels that multiply a prompt's rows straight from the records (hearth_q4_prefill: the activations as int16
+# steps split into two int8 halves, through the decode step's int8 dot products): x86's AVX-512 VNNI (4) and AVX2 (3).
+# ARM's (1, 2) are unmeasured: there prefill keeps the dequantize + GEMM path.
+RECORD_PREFILL_KERNELS = (3, 4)
+# Up to this many rows a call multiplies the records; longer inputs dequantize chunks for a GEMM. Measured per matrix
+# (AVX-512 VNNI/BF16 Zen 4, 2 threads, against the bf16 GEMM): 2-4x faster at 12-32 rows, 1.4-2.3x at 49, 1.3-2x at
+# 64, 1.0-1.3x at 128 (README "Prefill from the records").
+RECORD_PREFILL_ROWS = 96
+# hearth_q4_prefill's buffers per input row and column: the two int8 halves, and per block of 32 three floats.
+RECORD_PREFILL_BYTES_PER_VALUE = 2 + 3 * 4 / 32
+
+
+def multiplies_records(kernel: int) -> bool:
+    """Whether prefill runs on the records with this build's Q4_1 kernel (hearth_q4_kernel()), not a GEMM."""
+    return kernel in RECORD_PREFILL_KERNELS
 
 
 class Q4Linear(nn.Module):
@@ -142,10 +153,8 @@ class Q4Linear(nn.Module):
         self.scratch = scratch
         self.library = library  # the fused kernel's library (its hearth_dequant_q4), or None: torch's reference
         self.gemm_dtype = gemm_dtype
-        # Inputs of up to this many rows skip the dequantization (hearth_q4_small_m, this many rows a pass; 0 where the
-        # build lacks it).
-        self.rows_per_pass = int(library.lib.hearth_small_m()) if library is not None else 0
-        self.small_m = SMALL_M_ROWS if self.rows_per_pass else 0
+        # Prefill multiplies the records (int8 activations), or dequantizes chunks of rows for a GEMM.
+        self.on_records = library is not None and multiplies_records(int(library.lib.hearth_q4_kernel()))
 
     def dense(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The whole weight, dequantized into the shared scratch buffer (valid until the next layer's call)."""
@@ -171,12 +180,46 @@ class Q4Linear(nn.Module):
         )
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = input.numel() // self.in_features
+        if (
+            self.on_records
+            and rows <= RECORD_PREFILL_ROWS
+            and self.records.is_contiguous()
+            and input.dtype in (torch.bfloat16, torch.float32)
+        ):
+            return self._on_records(input)
+        return self._dequantized(input)
+
+    def _on_records(self, input: torch.Tensor) -> torch.Tensor:
+        """A short input (a prompt, a reused turn's new tokens) straight from the records (hearth_q4_prefill): the
+        matrix is read once and never dequantized, the activations held to 15 bits a block (finer than bf16's
+        8-bit mantissa), so the result is closer to fp32's than the bf16 GEMM's."""
+        flat = input.reshape(-1, self.in_features).contiguous()
+        out = torch.empty(flat.shape[0], self.out_features, dtype=input.dtype)
+        code = self.library.lib.hearth_q4_prefill(
+            self.records.data_ptr(),
+            self.out_features,
+            self.in_features,
+            flat.data_ptr(),
+            int(flat.dtype == torch.bfloat16),
+            flat.shape[0],
+            out.data_ptr(),
+            int(out.dtype == torch.bfloat16),
+            max(1, torch.get_num_threads()),
+        )
+        if code == -3:
+            raise MemoryError(f"the Q4_1 kernel could not allocate its buffers for a {flat.shape[0]}-row input")
+        if code != 0:
+            raise RuntimeError(f"the Q4_1 kernel refused a {flat.shape[0]}-row input (code {code})")
+        if self.bias is not None:
+            out += self.bias.to(out.dtype)
+        return out.reshape(*input.shape[:-1], self.out_features)
+
+    def _dequantized(self, input: torch.Tensor) -> torch.Tensor:
         """A chunk of output rows at a time: dequantize it into the scratch buffer (at most SCRATCH_BYTES), GEMM it
         into its columns of the output."""
         dtype = self.gemm_dtype
         flat = input.reshape(-1, self.in_features).to(dtype)
-        if 0 < flat.shape[0] <= self.small_m and self.records.is_contiguous():
-            return self._few_rows(flat).reshape(*input.shape[:-1], self.out_features).to(input.dtype)
         out = torch.empty(flat.shape[0], self.out_features, dtype=dtype)
         step = chunk_rows(self.in_features, dtype)
         for start in range(0, self.out_features, step):
@@ -186,30 +229,6 @@ class Q4Linear(nn.Module):
             bias = self.bias[start : start + rows].to(dtype) if self.bias is not None else None
             out[:, start : start + rows] = F.linear(flat, weight, bias)
         return out.reshape(*input.shape[:-1], self.out_features).to(input.dtype)
-
-    def _few_rows(self, flat: torch.Tensor) -> torch.Tensor:
-        """A short input (a reused turn's few tokens) straight from the records: a 1-token prefill of a 1B model
-        dequantized 1.9 GB of bf16 for 0.13 s and multiplied it for 0.09 s; this reads the 0.6 GB of records once.
-        The same weights (the dequantizer's roundings) and fp32 sums, in another order than the GEMM's."""
-        x = flat.float().contiguous()
-        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
-        for start in range(0, x.shape[0], self.rows_per_pass):  # the kernel takes a few rows a pass (its registers)
-            rows = min(self.rows_per_pass, x.shape[0] - start)
-            code = self.library.lib.hearth_q4_small_m(
-                self.records.data_ptr(),
-                self.out_features,
-                self.in_features,
-                x[start].data_ptr(),
-                rows,
-                y[start].data_ptr(),
-                int(self.gemm_dtype == torch.bfloat16),
-                max(1, torch.get_num_threads()),
-            )
-            if code != 0:
-                raise RuntimeError(f"the Q4_1 kernel refused a {rows}-row input (code {code})")
-        if self.bias is not None:
-            y += self.bias.float()
-        return y.to(self.gemm_dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, Q4_1 held once"

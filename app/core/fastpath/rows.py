@@ -128,6 +128,39 @@ def _matches(found: RowFile, weight: torch.Tensor) -> bool:
 
 # The same value on Linux and macOS (POSIX_MADV_RANDOM is 1 on both).
 MADV_RANDOM = 1
+MADV_PAGEOUT = 21  # Linux 5.4+: reclaim the range now; clean file pages are dropped (re-read if touched again)
+
+
+def release_file_pages(tensor: torch.Tensor) -> bool:
+    """Give back the resident pages of a tensor that is a view of a mapped file (a 16-bit matrix q4 has packed and
+    never reads again): the packing read every page, and they would otherwise stay in the process's RSS for the whole
+    session (a 1B model's first load: 2 GiB). Only a range inside a file mapping is touched (Linux; elsewhere, or on
+    an older kernel, nothing happens); whether the kernel took the advice."""
+    if not sys.platform.startswith("linux") or tensor.numel() == 0:
+        return False
+    advise = _madvise()
+    start, size = page_span(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+    if advise is None or not _in_file_mapping(start, start + size):
+        return False
+    if advise(start, size, MADV_PAGEOUT) != 0:
+        log.debug("madvise(MADV_PAGEOUT) refused: errno %d", ctypes.get_errno())
+        return False
+    return True
+
+
+def _in_file_mapping(start: int, end: int) -> bool:
+    """Whether [start, end) lies inside one mapping of a regular file (/proc/self/maps)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                low, _, high = fields[0].partition("-")
+                if int(low, 16) <= start and end <= int(high, 16):
+                    path = fields[5].strip() if len(fields) > 5 else ""
+                    return path.startswith("/") and not path.endswith(" (deleted)")
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 @cache

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +17,12 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from app.core.fastpath import int8, integrity, native, packed, prefill
+from app.core.fastpath.rows import release_file_pages
 from app.core.models.model_source import weights_fingerprint
+from app.core.models.safetensors_header import FLOAT_DTYPES
 from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -196,8 +198,16 @@ def _packed_copy(
     if stored is not None and native.tensors_fit(model, stored[0], weight_format):
         return stored[0], stored[1], "loaded from the cache"
     dense_weight = _rounded_to(packed.compute_dtype(model)) if quantization == "q4" else int8.dense_weight
-    tensors = native.pack_model(model, dense_weight, weight_format)
+    # q4 drops the 16-bit matrices once packed: their mapped pages go back as each is done (int8 keeps them).
+    packed_from = _release_weight if quantization == "q4" else None
+    tensors = native.pack_model(model, dense_weight, weight_format, packed_from)
     return tensors, _write_cache(cache_file, tensors), "packed"
+
+
+def _release_weight(module: nn.Module) -> None:
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        release_file_pages(weight)
 
 
 def _rounded_to(dtype: torch.dtype | None) -> Any:
@@ -252,9 +262,12 @@ def hold_weights_once(model: Any, folder: Path | None, notices: list[str]) -> st
 def _prefill_description(model: Any, quantization: str) -> str:
     if quantization == "q4":
         gemm = {torch.bfloat16: "bf16", torch.float32: "fp32"}[prefill.gemm_dtype()]
-        short = any(isinstance(m, packed.Q4Linear) and m.small_m for m in model.modules())
-        few = f"; up to {packed.SMALL_M_ROWS} new tokens straight from the records" if short else ""
-        return f"Q4_1 weights held once, dequantized per layer for {gemm} GEMMs{few}"
+        if any(isinstance(m, packed.Q4Linear) and m.on_records for m in model.modules()):
+            return (
+                f"Q4_1 weights held once: up to {packed.RECORD_PREFILL_ROWS} tokens a call multiplied straight from "
+                f"the records, longer chunks dequantized per layer for {gemm} GEMMs"
+            )
+        return f"Q4_1 weights held once, dequantized per layer for {gemm} GEMMs"
     return f"{quantization} weights, fp32 GEMMs" if prefill.uses_upcast(model) else quantization
 
 
@@ -289,17 +302,43 @@ def _read_cache(cache_file: Path | None, notices: list[str]) -> tuple[dict[str, 
         return None
 
 
+SAFETENSORS_NAMES = {torch.uint8: "U8", torch.int8: "I8", **{dtype: name for name, dtype in FLOAT_DTYPES.items()}}
+
+
+def safetensors_pieces(tensors: Mapping[str, torch.Tensor]) -> list[memoryview]:
+    """A safetensors file of `tensors` as pieces to write in order (its header, then each tensor's own bytes, not
+    copied): safetensors' `save` built the whole file in memory first (775 MiB at 1B, on top of the copies)."""
+    names = sorted(tensors)
+    flat = {name: tensors[name].detach().contiguous().reshape(-1).view(torch.uint8) for name in names}
+    header: dict[str, Any] = {}
+    offset = 0
+    for name in names:
+        size = flat[name].numel()
+        dtype = SAFETENSORS_NAMES[tensors[name].dtype]
+        header[name] = {"dtype": dtype, "shape": list(tensors[name].shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+    head = len(encoded).to_bytes(8, "little") + encoded
+    return [memoryview(head)] + [memoryview(flat[name].numpy().data) for name in names]
+
+
 def _write_cache(cache_file: Path | None, tensors: dict[str, torch.Tensor]) -> str:
     """The copies' sha256 (of the file as written), writing them atomically with it first where there is a file."""
-    data = save_safetensors(tensors)
-    digest = integrity.digest_bytes(data)
+    pieces = safetensors_pieces(tensors)
     if cache_file is None:
-        return digest
+        return integrity.digest_pieces(pieces)
+    partial = cache_file.with_name(f"{cache_file.name}.{os.getpid()}.partial")
     try:
-        integrity.write_bytes(cache_file, data, digest)
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        with partial.open("wb") as handle:
+            for piece in pieces:
+                handle.write(piece)
+        return integrity.publish(partial, cache_file)
     except OSError as exc:  # a full or read-only disk costs the next load a repack, nothing more
         log.warning("could not cache the packed weights in %s: %s", cache_file, exc)
-    return digest
+        partial.unlink(missing_ok=True)
+        return integrity.digest_pieces(pieces)
 
 
 def _digest_key(sha256: str) -> str:

@@ -60,7 +60,7 @@
 #define HEARTH_AVX512 0
 #endif
 
-#define HEARTH_ABI 5
+#define HEARTH_ABI 6
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -1122,115 +1122,13 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
 }
 
 #if HEARTH_AVX2
-/* fp32 -> bf16 rounded to nearest even (finite values: a block's weights), left in the upper 16 bits of each lane:
- * the dequantizer keeps those bits, the small-M kernel masks off the rest. */
+/* fp32 -> bf16 rounded to nearest even (finite values: a block's weights), left in the upper 16 bits of each lane. */
 static inline __m256i bf16_rounded(__m256 v) {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     return _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
 }
 #endif
-
-/* A short prefill (a reused turn's few tokens, a regenerate's one) through an x16 Q4_1 matrix without dequantizing
- * it into memory: y [n][rows] = x [n][cols] . W^T for n <= SMALL_M_MAX rows of x (fp32 values of the GEMM dtype),
- * each weight made in registers with the dequantizer's roundings (d * q, + m; then to bf16 when bf16 is set) and
- * multiplied into fp32 sums, low and high nibbles in two chains per row. The rows split by groups of 16 across the
- * threads. x86 SIMD only (hearth_small_m says whether this build has it): elsewhere prefill dequantizes and GEMMs. */
-#define SMALL_M_MAX 8
-int hearth_small_m(void) { return HEARTH_AVX2 ? SMALL_M_MAX : 0; }
-
-#if HEARTH_AVX512
-static inline __m512 weights16(__m512i q, __m512 d, __m512 m, int bf16) {
-    __m512 w = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), d), m);
-    if (bf16) { /* round to nearest even, as the dequantizer does, and back to fp32 */
-        const __m512i u = _mm512_castps_si512(w);
-        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
-        w = _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
-    }
-    return w;
-}
-#elif HEARTH_AVX2
-static inline __m256 weights8(__m256i q, __m256 d, __m256 m, int bf16) {
-    __m256 w = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m);
-    if (bf16) w = _mm256_castsi256_ps(_mm256_and_si256(bf16_rounded(w), _mm256_set1_epi32((int)0xffff0000u)));
-    return w;
-}
-#endif
-
-int hearth_q4_small_m(const uint8_t *w, int64_t rows, int64_t cols, const float *x, int64_t n, float *y, int bf16,
-                      int threads) {
-    (void)threads; /* read only by OpenMP's pragma */
-    if (n < 1 || n > SMALL_M_MAX || rows % GROUP || cols % QBLOCK || !HEARTH_AVX2) return -1;
-#if HEARTH_AVX2
-    const int64_t blocks = cols / QBLOCK, stride = blocks * RECORD, groups = rows / GROUP;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t g = 0; g < groups; g++) {
-        const uint8_t *group = w + g * stride;
-#if HEARTH_AVX512
-        __m512 lo[SMALL_M_MAX], hi[SMALL_M_MAX];
-        for (int r = 0; r < n; r++) lo[r] = hi[r] = _mm512_setzero_ps();
-        const __m512i mask = _mm512_set1_epi32(15);
-        for (int64_t b = 0; b < blocks; b++) {
-            const uint8_t *rec = group + b * RECORD;
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + RECORD_D)));
-            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + RECORD_M)));
-            for (int k = 0; k < 4; k++) {
-                const __m512i c = _mm512_loadu_si512((const void *)(rec + 64 * k));
-                for (int t = 0; t < 4; t++) {
-                    const __m512 wl = weights16(_mm512_and_si512(_mm512_srli_epi32(c, 8 * t), mask), d, m, bf16);
-                    const __m512 wh = weights16(_mm512_and_si512(_mm512_srli_epi32(c, 8 * t + 4), mask), d, m, bf16);
-                    const int64_t col = b * QBLOCK + 4 * k + t;
-                    for (int r = 0; r < n; r++) {
-                        lo[r] = _mm512_fmadd_ps(wl, _mm512_set1_ps(x[r * cols + col]), lo[r]);
-                        hi[r] = _mm512_fmadd_ps(wh, _mm512_set1_ps(x[r * cols + col + 16]), hi[r]);
-                    }
-                }
-            }
-        }
-        for (int r = 0; r < n; r++) _mm512_storeu_ps(y + r * rows + g * GROUP, _mm512_add_ps(lo[r], hi[r]));
-#else
-        __m256 lo[2][SMALL_M_MAX], hi[2][SMALL_M_MAX];
-        for (int h = 0; h < 2; h++)
-            for (int r = 0; r < n; r++) lo[h][r] = hi[h][r] = _mm256_setzero_ps();
-        const __m256i mask = _mm256_set1_epi32(15);
-        for (int64_t b = 0; b < blocks; b++) {
-            const uint8_t *rec = group + b * RECORD;
-            float dm[2 * GROUP];
-            for (int i = 0; i < GROUP; i++) {
-                uint16_t dh, mh;
-                memcpy(&dh, rec + RECORD_D + 2 * i, 2);
-                memcpy(&mh, rec + RECORD_M + 2 * i, 2);
-                dm[i] = half_to_float(dh);
-                dm[GROUP + i] = half_to_float(mh);
-            }
-            for (int h = 0; h < 2; h++) { /* rows 8h..8h+7: the 32-byte half of each 64-byte chunk */
-                const __m256 d = _mm256_loadu_ps(dm + 8 * h), m = _mm256_loadu_ps(dm + GROUP + 8 * h);
-                for (int k = 0; k < 4; k++) {
-                    const __m256i c = _mm256_loadu_si256((const __m256i *)(rec + 64 * k + 32 * h));
-                    for (int t = 0; t < 4; t++) {
-                        const __m256 wl = weights8(_mm256_and_si256(_mm256_srli_epi32(c, 8 * t), mask), d, m, bf16);
-                        const __m256 wh =
-                            weights8(_mm256_and_si256(_mm256_srli_epi32(c, 8 * t + 4), mask), d, m, bf16);
-                        const int64_t col = b * QBLOCK + 4 * k + t;
-                        for (int r = 0; r < n; r++) {
-                            lo[h][r] = _mm256_fmadd_ps(wl, _mm256_set1_ps(x[r * cols + col]), lo[h][r]);
-                            hi[h][r] = _mm256_fmadd_ps(wh, _mm256_set1_ps(x[r * cols + col + 16]), hi[h][r]);
-                        }
-                    }
-                }
-            }
-        }
-        for (int h = 0; h < 2; h++)
-            for (int r = 0; r < n; r++)
-                _mm256_storeu_ps(y + r * rows + g * GROUP + 8 * h, _mm256_add_ps(lo[h][r], hi[h][r]));
-#endif
-    }
-#else
-    (void)w, (void)x, (void)y, (void)bf16;
-#endif
-    return 0;
-}
 
 /* Prefill's lm_head: logits [n][vocab] for n rows of x [n][cols] (fp32, cols a multiple of QBLOCK), through the
  * decode step's own path: each row quantized to int8 per block of 32, then the int8 x16 rows (gemv_lm) split across
@@ -1320,4 +1218,176 @@ void hearth_dequant_q4(const uint8_t *w, int64_t rows, int64_t cols, void *out, 
             }
         }
     }
+}
+
+/* Prefill's activations: each block of 32 values as int16 steps of amax / 32512 (15 bits, finer than bf16's 8),
+ * split into two int8 halves x16 = 256 * h + l (h in [-127, 127], l in [-128, 127]) so the decode step's int8 dot
+ * products multiply them. Per block: the step dx, and sh = dx * 256 * sum(h), sl = dx * sum(l) for the Q4_1 offset. */
+#define Q16_STEPS 32512.0f /* 127 * 256: h stays within int8 */
+static void quantize_q16(const float *x, int n, int8_t *h, int8_t *l, float *dx, float *sh, float *sl) {
+    for (int b = 0; b < n / QBLOCK; b++) {
+        const float *xb = x + b * QBLOCK;
+#if HEARTH_AVX2 /* the scalar loop's operations, 8 lanes at a time */
+        const __m256 sign = _mm256_set1_ps(-0.0f), top = _mm256_set1_ps(Q16_STEPS);
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 q = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+        q = _mm_max_ss(q, _mm_movehdup_ps(q));
+        const float step = _mm_cvtss_f32(q) / Q16_STEPS;
+        const __m256 mul = _mm256_set1_ps(step > 0.0f ? 1.0f / step : 0.0f);
+        __m256i hi[4], lo[4], hsum = _mm256_setzero_si256(), lsum = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            r = _mm256_min_ps(_mm256_max_ps(r, _mm256_sub_ps(_mm256_setzero_ps(), top)), top);
+            const __m256i x16 = _mm256_cvtps_epi32(r);
+            hi[k] = _mm256_srai_epi32(_mm256_add_epi32(x16, _mm256_set1_epi32(128)), 8);
+            lo[k] = _mm256_sub_epi32(x16, _mm256_slli_epi32(hi[k], 8));
+            hsum = _mm256_add_epi32(hsum, hi[k]);
+            lsum = _mm256_add_epi32(lsum, lo[k]);
+        }
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undo packs' lane interleave */
+        const __m256i hp = _mm256_packs_epi16(_mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3]));
+        const __m256i lp = _mm256_packs_epi16(_mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3]));
+        _mm256_storeu_si256((__m256i *)(h + b * QBLOCK), _mm256_permutevar8x32_epi32(hp, order));
+        _mm256_storeu_si256((__m256i *)(l + b * QBLOCK), _mm256_permutevar8x32_epi32(lp, order));
+        int32_t hs[8], ls[8], high = 0, low = 0;
+        _mm256_storeu_si256((__m256i *)hs, hsum);
+        _mm256_storeu_si256((__m256i *)ls, lsum);
+        for (int i = 0; i < 8; i++) high += hs[i], low += ls[i];
+#else
+        float amax = 0.0f;
+        for (int i = 0; i < QBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        const float step = amax / Q16_STEPS, inv = step > 0.0f ? 1.0f / step : 0.0f;
+        int32_t high = 0, low = 0;
+        for (int i = 0; i < QBLOCK; i++) {
+            float v = nearbyintf(xb[i] * inv);
+            v = fminf(fmaxf(v, -Q16_STEPS), Q16_STEPS);
+            const int32_t x16 = (int32_t)v, hi = (x16 + 128) >> 8;
+            h[b * QBLOCK + i] = (int8_t)hi;
+            l[b * QBLOCK + i] = (int8_t)(x16 - 256 * hi);
+            high += hi;
+            low += x16 - 256 * hi;
+        }
+#endif
+        dx[b] = step;
+        sh[b] = step * 256.0f * (float)high;
+        sl[b] = step * (float)low;
+    }
+}
+
+/* A prompt's rows through an x16 Q4_1 matrix: y [n][rows] = x [n][cols] . W^T with x in quantize_q16's int16
+ * halves, each multiplied by the records as the decode step multiplies its int8 input. The groups split across the
+ * threads; a group's records (6-56 KiB) come from memory once and stay in cache while every row of x passes over
+ * them, so the matrix is read once per call and never dequantized. On AVX-512 four rows share each record's unpacked
+ * nibbles and a block's two halves combine exactly in int32; elsewhere each half goes through group_block. A row's
+ * outputs do not depend on the other rows. x and y are fp32, or bf16 where x_bf16 / y_bf16 is set (y rounded to
+ * nearest even). Returns 0, -1 for shapes it refuses, -3 when its buffers (n * cols * 2.4 bytes, a row of floats
+ * per thread) can't be allocated. */
+#if HEARTH_AVX512
+#define Q16_TILE 4
+static inline void group_block_q16(group_acc *a, const uint8_t *rec, const int8_t *xh, const int8_t *xl, int64_t cols,
+                                   const float *dx, const float *sx, int64_t blocks, int n) {
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    __m512i low[4], high[4];
+    for (int k = 0; k < 4; k++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(rec + 64 * k));
+        low[k] = _mm512_and_si512(v, mask);
+        high[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + RECORD_D)));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + RECORD_M)));
+    for (int r = 0; r < n; r++) {
+        const int8_t *hb = xh + r * cols, *lb = xl + r * cols;
+        __m512i hs = _mm512_setzero_si512(), ls = _mm512_setzero_si512();
+        for (int k = 0; k < 4; k++) {
+            int32_t h0, h1, l0, l1;
+            memcpy(&h0, hb + 4 * k, 4);
+            memcpy(&h1, hb + 16 + 4 * k, 4);
+            memcpy(&l0, lb + 4 * k, 4);
+            memcpy(&l1, lb + 16 + 4 * k, 4);
+            hs = _mm512_dpbusd_epi32(hs, low[k], _mm512_set1_epi32(h0));
+            hs = _mm512_dpbusd_epi32(hs, high[k], _mm512_set1_epi32(h1));
+            ls = _mm512_dpbusd_epi32(ls, low[k], _mm512_set1_epi32(l0));
+            ls = _mm512_dpbusd_epi32(ls, high[k], _mm512_set1_epi32(l1));
+        }
+        /* |sum| <= 32 * 15 * 32512 < 2^24: exact in int32 and in the float conversion */
+        const __m512i total = _mm512_add_epi32(_mm512_slli_epi32(hs, 8), ls);
+        const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * blocks]));
+        a[r].acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), dd, a[r].acc);
+        a[r].macc = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[r * blocks]), a[r].macc);
+    }
+}
+#else
+#define Q16_TILE 1
+#endif
+
+int hearth_q4_prefill(const uint8_t *w, int64_t rows, int64_t cols, const void *x, int x_bf16, int64_t n, void *y,
+                      int y_bf16, int threads) {
+    if (n < 1 || rows < GROUP || rows % GROUP || cols < QBLOCK || cols % QBLOCK || cols > INT32_MAX) return -1;
+    if (threads < 1) threads = 1;
+    const int64_t blocks = cols / QBLOCK, stride = blocks * RECORD, groups = rows / GROUP;
+    int8_t *xh = malloc((size_t)(n * cols)), *xl = malloc((size_t)(n * cols));
+    float *xd = malloc((size_t)(n * blocks) * 3 * sizeof(float));
+    float *row_buffers = x_bf16 ? malloc((size_t)(threads * cols) * sizeof(float)) : NULL;
+    if (!xh || !xl || !xd || (x_bf16 && !row_buffers)) {
+        free(xh), free(xl), free(xd), free(row_buffers);
+        return -3;
+    }
+    float *xsh = xd + n * blocks, *xsl = xsh + n * blocks, *xs = NULL;
+#if HEARTH_AVX512
+    xs = xsh; /* one offset term per block: sh + sl */
+#endif
+#pragma omp parallel num_threads(threads)
+    {
+        int tid, team;
+        team_position(&tid, &team);
+        (void)team;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < n; r++) {
+            const float *row = (const float *)x + r * cols;
+            if (x_bf16) {
+                float *into = row_buffers + (int64_t)tid * cols;
+                const uint16_t *from = (const uint16_t *)x + r * cols;
+                for (int64_t i = 0; i < cols; i++) into[i] = bf16_to_f32(from[i]);
+                row = into;
+            }
+            quantize_q16(row, (int)cols, xh + r * cols, xl + r * cols, xd + r * blocks, xsh + r * blocks,
+                         xsl + r * blocks);
+            if (xs)
+                for (int64_t b = 0; b < blocks; b++) xs[r * blocks + b] = xsh[r * blocks + b] + xsl[r * blocks + b];
+        }
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *group = w + g * stride;
+            for (int64_t r0 = 0; r0 < n; r0 += Q16_TILE) {
+                const int tile = n - r0 < Q16_TILE ? (int)(n - r0) : Q16_TILE;
+                group_acc acc[Q16_TILE];
+                for (int r = 0; r < tile; r++) group_zero(&acc[r]);
+                for (int64_t b = 0; b < blocks; b++) {
+                    const int64_t at = r0 * cols + b * QBLOCK, s = r0 * blocks + b;
+#if HEARTH_AVX512
+                    group_block_q16(acc, group + b * RECORD, xh + at, xl + at, cols, xd + s, xs + s, blocks, tile);
+#else
+                    group_block(&acc[0], group + b * RECORD, xh + at, 256.0f * xd[s], xsh[s]);
+                    group_block(&acc[0], group + b * RECORD, xl + at, xd[s], xsl[s]);
+#endif
+                }
+                for (int r = 0; r < tile; r++) {
+                    const int64_t at = (r0 + r) * rows + g * GROUP;
+                    if (y_bf16) {
+                        float out[GROUP];
+                        group_store(&acc[r], out);
+                        for (int i = 0; i < GROUP; i++) ((uint16_t *)y)[at + i] = f32_to_bf16(out[i]);
+                    } else {
+                        group_store(&acc[r], (float *)y + at);
+                    }
+                }
+            }
+        }
+    }
+    free(xh), free(xl), free(xd), free(row_buffers);
+    return 0;
 }
