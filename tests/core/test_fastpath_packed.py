@@ -77,7 +77,7 @@ def test_the_c_dequantizer_matches_torchs_reference_on_group_ranges(dtype: torch
     assert ((dense - weight).abs().reshape(96, 4, 32) <= step[..., None] * 0.51 + 1e-3).all()
 
 
-ON_RECORDS = not isinstance(KERNEL, str) and packed.multiplies_records(KERNEL.lib.hearth_q4_kernel())
+ON_RECORDS = not isinstance(KERNEL, str) and KERNEL.lib.hearth_q4_kernel() in packed.RECORD_PREFILL_ROWS
 needs_records_kernel = pytest.mark.skipif(not ON_RECORDS, reason="no x86 SIMD kernel that prefills from the records")
 
 
@@ -108,9 +108,18 @@ def test_short_inputs_multiply_straight_from_the_records_closer_to_fp32_than_the
         layer.on_records = False
         assert error(out) <= error(layer(x))
     layer.on_records = True
-    longer = torch.randn(packed.RECORD_PREFILL_ROWS + 1, 96, generator=generator).to(dtype)
+    assert layer.record_rows == packed.RECORD_PREFILL_ROWS[KERNEL.lib.hearth_q4_kernel()]
+    longer = torch.randn(layer.record_rows + 1, 96, generator=generator).to(dtype)
     layer(longer)
-    assert scratch.peak > 0  # past RECORD_PREFILL_ROWS the GEMM path takes over
+    assert scratch.peak > 0  # past the kernel's RECORD_PREFILL_ROWS the GEMM path takes over
+
+
+@needs_kernel
+def test_the_planner_names_the_kernel_a_build_here_reports() -> None:
+    assert not isinstance(KERNEL, str)
+    if not KERNEL.origin.startswith("compiled"):
+        pytest.skip(f"a prebuilt kernel ({KERNEL.origin}) may target less than this CPU")
+    assert native.expected_q4_kernel() == KERNEL.lib.hearth_q4_kernel()
 
 
 @needs_kernel
@@ -130,7 +139,7 @@ def test_the_record_kernel_refuses_shapes_it_cannot_multiply_and_says_so() -> No
             self.code = code
 
         def hearth_q4_kernel(self) -> int:
-            return packed.RECORD_PREFILL_KERNELS[0]
+            return 4  # AVX-512 VNNI's, which prefills from the records
 
         def hearth_q4_prefill(self, *args: Any) -> int:
             return self.code

@@ -179,10 +179,17 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def prefills_from_records() -> bool:
-    """Whether this CPU gets a Q4_1 kernel that prefills short inputs from the records (packed.RECORD_PREFILL_KERNELS:
-    x86 with AVX2 and FMA), read from its flags without building the kernel (the memory planner asks)."""
-    return machine_arch() == "x86_64" and {"avx2", "fma"} <= cpu_flags()
+def expected_q4_kernel() -> int:
+    """The Q4_1 kernel a build here reports (hearth_q4_kernel: 4 AVX-512 VNNI, 3 AVX2, 2 NEON dot product, 1 NEON,
+    0 scalar), read from this CPU's flags without building it (the memory planner asks)."""
+    flags = cpu_flags()
+    if machine_arch() == "x86_64":
+        if {"avx2", "fma"} <= flags:
+            return 4 if {"avx512f", "avx512bw", "avx512_vnni", "f16c"} <= flags else 3
+        return 0
+    if machine_arch() == "aarch64":
+        return 2 if "asimddp" in flags else 1
+    return 0
 
 
 def _darwin_flags() -> frozenset[str]:

@@ -115,21 +115,15 @@ def dequantize_q4(records: torch.Tensor, cols: int, dtype: torch.dtype = torch.f
     return (values * pairs[..., :1] + pairs[..., 1:]).reshape(rows, -1).to(dtype)
 
 
-# The kernels that multiply a prompt's rows straight from the records (hearth_q4_prefill: the activations as int16
-# steps split into two int8 halves, through the decode step's int8 dot products): x86's AVX-512 VNNI (4) and AVX2 (3).
-# ARM's (1, 2) are unmeasured: there prefill keeps the dequantize + GEMM path.
-RECORD_PREFILL_KERNELS = (3, 4)
-# Up to this many rows a call multiplies the records; longer inputs dequantize chunks for a GEMM. Measured per matrix
-# (AVX-512 VNNI/BF16 Zen 4, 2 threads, against the bf16 GEMM): 2-4x faster at 12-32 rows, 1.4-2.3x at 49, 1.3-2x at
-# 64, 1.0-1.3x at 128 (README "Prefill from the records").
-RECORD_PREFILL_ROWS = 96
+# Up to how many rows a call multiplies the records (hearth_q4_prefill: the activations as int16 steps split into two
+# int8 halves, through the decode step's int8 dot products) instead of dequantizing chunks for a GEMM, per Q4_1
+# kernel (hearth_q4_kernel()). Measured per matrix against torch's GEMM (2 threads, Zen 4): AVX-512 VNNI (4) vs bf16,
+# 2-4x faster at 12-32 rows, 1.4-2.3x at 49, 1.3-2x at 64, 1.0-1.3x at 128; the AVX2 kernel (3) vs fp32 with torch
+# held to AVX2, 2x at 12 rows, 1.0-1.2x at 49, 0.85-0.98x at 96 (README "Prefill from the records"). ARM's kernels
+# (1, 2) are unmeasured: there prefill keeps the GEMM.
+RECORD_PREFILL_ROWS = {4: 96, 3: 48}
 # hearth_q4_prefill's buffers per input row and column: the two int8 halves, and per block of 32 three floats.
 RECORD_PREFILL_BYTES_PER_VALUE = 2 + 3 * 4 / 32
-
-
-def multiplies_records(kernel: int) -> bool:
-    """Whether prefill runs on the records with this build's Q4_1 kernel (hearth_q4_kernel()), not a GEMM."""
-    return kernel in RECORD_PREFILL_KERNELS
 
 
 class Q4Linear(nn.Module):
@@ -153,8 +147,9 @@ class Q4Linear(nn.Module):
         self.scratch = scratch
         self.library = library  # the fused kernel's library (its hearth_dequant_q4), or None: torch's reference
         self.gemm_dtype = gemm_dtype
-        # Prefill multiplies the records (int8 activations), or dequantizes chunks of rows for a GEMM.
-        self.on_records = library is not None and multiplies_records(int(library.lib.hearth_q4_kernel()))
+        # Short inputs multiply the records (up to this many rows; 0: never), longer ones dequantize for a GEMM.
+        self.record_rows = RECORD_PREFILL_ROWS.get(int(library.lib.hearth_q4_kernel()), 0) if library is not None else 0
+        self.on_records = self.record_rows > 0
 
     def dense(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The whole weight, dequantized into the shared scratch buffer (valid until the next layer's call)."""
@@ -183,7 +178,7 @@ class Q4Linear(nn.Module):
         rows = input.numel() // self.in_features
         if (
             self.on_records
-            and rows <= RECORD_PREFILL_ROWS
+            and rows <= self.record_rows
             and self.records.is_contiguous()
             and input.dtype in (torch.bfloat16, torch.float32)
         ):

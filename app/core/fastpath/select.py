@@ -262,10 +262,13 @@ def hold_weights_once(model: Any, folder: Path | None, notices: list[str]) -> st
 def _prefill_description(model: Any, quantization: str) -> str:
     if quantization == "q4":
         gemm = {torch.bfloat16: "bf16", torch.float32: "fp32"}[prefill.gemm_dtype()]
-        if any(isinstance(m, packed.Q4Linear) and m.on_records for m in model.modules()):
+        rows = max(
+            (m.record_rows for m in model.modules() if isinstance(m, packed.Q4Linear) and m.on_records), default=0
+        )
+        if rows:
             return (
-                f"Q4_1 weights held once: up to {packed.RECORD_PREFILL_ROWS} tokens a call multiplied straight from "
-                f"the records, longer chunks dequantized per layer for {gemm} GEMMs"
+                f"Q4_1 weights held once: up to {rows} tokens a call multiplied straight from the records, longer "
+                f"chunks dequantized per layer for {gemm} GEMMs"
             )
         return f"Q4_1 weights held once, dequantized per layer for {gemm} GEMMs"
     return f"{quantization} weights, fp32 GEMMs" if prefill.uses_upcast(model) else quantization

@@ -393,7 +393,7 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
     from torch import nn
 
     from app.core.fastpath import prefill
-    from app.core.fastpath.native import head_bytes, packed_matrix_bytes, prefills_from_records
+    from app.core.fastpath.native import expected_q4_kernel, head_bytes, packed_matrix_bytes
     from app.core.fastpath.packed import (
         MAPPABLE_EMBEDDING_DTYPES,
         RECORD_PREFILL_BYTES_PER_VALUE,
@@ -455,9 +455,11 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
     # A chunk of whole rows of at most SCRATCH_BYTES (or CHUNK_ROW_ALIGN rows of the widest matrix), never more than the
     # largest matrix.
     scratch = min(largest, chunk_rows(widest, gemm_dtype) * widest) * gemm_bytes if widest else 0
-    # Short inputs multiply the records instead (hearth_q4_prefill's activation buffers, beside the scratch it keeps).
-    if widest and prefills_from_records():
-        scratch += int(RECORD_PREFILL_ROWS * widest * RECORD_PREFILL_BYTES_PER_VALUE)
+    # Short inputs multiply the records instead (hearth_q4_prefill's activation buffers, beside the scratch it keeps;
+    # the kernel this CPU's flags name: a prebuilt AVX2 library on an AVX-512 CPU takes fewer rows, an upper bound).
+    record_rows = RECORD_PREFILL_ROWS.get(expected_q4_kernel(), 0)
+    if widest and record_rows:
+        scratch += int(record_rows * widest * RECORD_PREFILL_BYTES_PER_VALUE)
     # Int8RowsLinear dequantizes a chunk of its rows at a time into one fp32 buffer.
     if head_width:
         scratch += min(embedding.weight.shape[0], chunk_rows(head_width, torch.float32)) * head_width * 4
