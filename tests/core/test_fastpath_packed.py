@@ -109,6 +109,7 @@ def test_short_inputs_multiply_straight_from_the_records_closer_to_fp32_than_the
         assert error(out) <= error(layer(x))
     layer.on_records = True
     assert layer.record_rows == packed.RECORD_PREFILL_ROWS[KERNEL.lib.hearth_q4_kernel()]
+    assert layer(torch.empty(0, 96, dtype=dtype)).shape == (0, 48)  # nothing to multiply: no kernel call to refuse
     longer = torch.randn(layer.record_rows + 1, 96, generator=generator).to(dtype)
     layer(longer)
     assert scratch.peak > 0  # past the kernel's RECORD_PREFILL_ROWS the GEMM path takes over

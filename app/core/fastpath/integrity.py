@@ -13,7 +13,7 @@ import json
 import logging
 import mmap
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +47,11 @@ def digest_bytes(data: bytes | memoryview | mmap.mmap) -> str:
         with memoryview(data) as whole, whole[start : start + CHUNK] as piece:
             return hashlib.sha256(piece).digest()
 
+    return _combined(part, starts)
+
+
+def _combined(part: Callable[[int], bytes], starts: range) -> str:
+    """The sha256 of the chunks' sha256s (`part(start)` hashes the chunk at `start`), hashed on every core."""
     workers = max(1, min(len(starts), os.cpu_count() or 1))
     if workers == 1:
         parts = [part(start) for start in starts]
@@ -96,13 +101,7 @@ def digest_file(path: Path) -> str:
                 want -= len(data)
         return digest.digest()
 
-    workers = max(1, min(len(starts), os.cpu_count() or 1))
-    if workers == 1:
-        parts = [part(start) for start in starts]
-    else:
-        with ThreadPoolExecutor(workers) as pool:
-            parts = list(pool.map(part, starts))
-    return hashlib.sha256(b"".join(parts)).hexdigest()
+    return _combined(part, starts)
 
 
 def identity(path: Path) -> tuple[int, int, int]:

@@ -5,7 +5,8 @@ The model loads in its files' own dtype (transformers maps the safetensors file:
 linear layer is swapped for a `Q4Linear` whose buffer is a view of the packed matrix the fused step reads (Q4_1
 records in groups of 16 rows: q/k/v are group ranges of the merged QKV matrix, gate/up the two halves of the merged
 one), and the lm_head for an `Int8RowsLinear` over the fused step's int8 rows (grouped the same way), so the 16-bit
-matrices are never resident: a warm start maps the packed copy from the cache and never reads them. A call (prefill)
+matrices are never resident: a warm start maps the packed copy from the cache and never reads them. A short call
+(prefill of up to RECORD_PREFILL_ROWS rows on x86) multiplies the records directly (`hearth_q4_prefill`); a longer one
 dequantizes its matrix a bounded chunk of rows at a time into one scratch buffer reused by every layer
 (`SCRATCH_BYTES`) and runs the fast GEMM per chunk (bf16 where torch's bf16 GEMM is native, fp32 elsewhere:
 app.core.fastpath.prefill); the fused C step does the single-token steps.
@@ -145,7 +146,7 @@ class Q4Linear(nn.Module):
         self.register_buffer("records", records, persistent=False)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.scratch = scratch
-        self.library = library  # the fused kernel's library (its hearth_dequant_q4), or None: torch's reference
+        self.library = library  # the fused kernel's library (hearth_q4_prefill, hearth_dequant_q4), or None: torch's
         self.gemm_dtype = gemm_dtype
         # Short inputs multiply the records (up to this many rows; 0: never), longer ones dequantize for a GEMM.
         self.record_rows = RECORD_PREFILL_ROWS.get(int(library.lib.hearth_q4_kernel()), 0) if library is not None else 0
@@ -178,7 +179,7 @@ class Q4Linear(nn.Module):
         rows = input.numel() // self.in_features
         if (
             self.on_records
-            and rows <= self.record_rows
+            and 0 < rows <= self.record_rows
             and self.records.is_contiguous()
             and input.dtype in (torch.bfloat16, torch.float32)
         ):
