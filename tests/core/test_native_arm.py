@@ -6,7 +6,8 @@ hearth_step and prints every logit as a hex float. It is built natively for x86-
 builds the kernel) and cross-built for AArch64 twice: -march=armv8.2-a+dotprod (int8 dots with sdot) under
 `qemu-aarch64 -cpu max`, and -march=armv8-a (widening multiplies) under `-cpu cortex-a53`, a core without DotProd,
 so that build can't lean on it. Correctness only: qemu says nothing about speed on real ARM hardware. The harness
-packs its weights with C ports of native.py's packers; a third test checks they give native.py's bytes.
+packs its weights with C ports of native.py's packers; a third test checks they give native.py's bytes. `harness
+prefill` runs hearth_q4_prefill (prefill straight from the Q4_1 records) on one matrix for the same comparison.
 
 Bound: per step, max |ARM - x86| <= 1e-6 × max |x86 logit|. The NEON code mirrors the AVX2 code lane for lane
 (same float lanes, same horizontal-sum order, FMA in the same places; int8 dot products are exact on both), and no
@@ -32,7 +33,7 @@ import torch
 from app.core.fastpath import native
 from app.core.fastpath.int8 import quantize_rows
 from app.core.fastpath.native import quantize_q4_blocks
-from app.core.fastpath.packed import interleave_q4, interleave_rows
+from app.core.fastpath.packed import dequantize_q4, interleave_q4, interleave_rows
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARNESS = REPO_ROOT / "tests" / "core" / "native_harness" / "harness.c"
@@ -185,3 +186,59 @@ def test_each_x86_build_this_cpu_runs_computes_the_native_builds_logits(
         if build != "scalar":
             assert difference == 0.0, f"{build}, step {step}: {difference / scale}"
         assert difference <= RELATIVE_BOUND * scale, f"{build}, step (variant, pos, token) {step}: {difference / scale}"
+
+
+def run_prefill(command: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`harness prefill`: (weight [rows, cols], x [n, cols], hearth_q4_prefill's y [n, rows])."""
+    result = subprocess.run([*command, "prefill"], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    fields = {name: values for name, *values in (line.split() for line in result.stdout.splitlines())}
+    rows, cols, n = (int(v) for v in fields["shape"])
+    assert fields["code"] == ["0"]
+
+    def floats(name: str, *shape: int) -> torch.Tensor:
+        return torch.tensor([float.fromhex(v) for v in fields[name]], dtype=torch.float64).reshape(*shape)
+
+    return floats("weights", rows, cols), floats("x", n, cols), floats("y", n, rows)
+
+
+@pytest.fixture(scope="module")
+def native_prefill(x86_harness: Path) -> torch.Tensor:
+    """The native build's hearth_q4_prefill output, checked against the exact product (15-bit activations: 1e-4)."""
+    weight, x, y = run_prefill([str(x86_harness)])
+    dense = dequantize_q4(interleave_q4(*quantize_q4_blocks(weight.float())), weight.shape[1]).double()
+    exact = x @ dense.t()
+    assert float((y - exact).abs().max() / exact.abs().max()) < 1e-4
+    return y
+
+
+@pytest.mark.parametrize("build", list(X86_BUILDS))
+def test_each_x86_build_prefills_from_the_records_as_the_native_build(
+    build: str, native_prefill: torch.Tensor, tmp_path: Path
+) -> None:
+    """hearth_q4_prefill: the AVX-512 tile sums a block's two int8 halves exactly in int32, AVX2 and the scalar loops
+    run group_block once per half; the same product to within float rounding."""
+    flags_needed, cpu_needs, _ = X86_BUILDS[build]
+    missing = cpu_needs - native.cpu_flags()
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} for the {build} build")
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    assert compiler is not None  # x86_harness found one
+    binary = tmp_path / f"harness-x86_64-{build}"
+    compile_harness(compiler, flags_needed, binary)
+    _, _, y = run_prefill([str(binary)])
+    assert float((y - native_prefill).abs().max()) <= RELATIVE_BOUND * float(native_prefill.abs().max())
+
+
+@pytest.mark.parametrize("build", list(ARM_BUILDS))
+def test_the_aarch64_build_prefills_from_the_records_as_the_x86_build(
+    build: str, cross_tools: tuple[str, str], native_prefill: torch.Tensor, tmp_path: Path
+) -> None:
+    """ARM keeps the GEMM for prefill (the record kernel is unmeasured there), but its build of hearth_q4_prefill
+    (NEON group_block, once per half) must compute the x86 build's product wherever it is turned on."""
+    compiler, qemu = cross_tools
+    march, cpu = ARM_BUILDS[build]
+    binary = tmp_path / f"harness-aarch64-{build}"
+    compile_harness(compiler, [f"-march={march}", "-static"], binary)
+    _, _, y = run_prefill([qemu, "-cpu", cpu, str(binary)])
+    assert float((y - native_prefill).abs().max()) <= RELATIVE_BOUND * float(native_prefill.abs().max())

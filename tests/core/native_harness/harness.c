@@ -9,7 +9,8 @@
  * bits; only the kernel itself can make outputs differ.
  *
  * Output: "simd S openmp O dotprod D", then per variant and step: "V POS TOKEN" and `vocab` logits in %a.
- * `harness pack` prints one matrix and its two packings instead (the test checks them against native.py's).
+ * `harness pack` prints one matrix and its two packings instead (the test checks them against native.py's);
+ * `harness prefill` one matrix, a few input rows and hearth_q4_prefill's output.
  */
 #include "hearth_decode.c"
 
@@ -288,9 +289,39 @@ static void print_packings(void) {
     free(w);
 }
 
+/* `harness prefill`: hearth_q4_prefill on one Q4_1 matrix and a few rows of fp32 input (one of them with an outlier
+ * that int8 steps would flatten its block around), printing the matrix, the input and the output. */
+static void print_prefill(void) {
+    enum { ROWS = 48, COLS = 96, N = 7 };
+    rng = 0x50524546494c4cull; /* "PREFILL" */
+    float *w = random_floats((int64_t)ROWS * COLS, 1.0f / (float)(COLS / 16), 0.0f);
+    float *x = random_floats((int64_t)N * COLS, 1.0f, 0.0f);
+    x[2 * COLS + 5] = 40.0f;
+    uint8_t nibbles[ROWS * COLS / 2];
+    uint16_t pairs[ROWS * (COLS / QBLOCK) * 2];
+    uint8_t records[ROWS / GROUP * (COLS / QBLOCK) * RECORD];
+    pack_q4(w, ROWS, COLS, nibbles, pairs);
+    interleave_q4(nibbles, pairs, ROWS, COLS, records);
+    float y[N * ROWS];
+    const int code = hearth_q4_prefill(records, ROWS, COLS, x, 0, N, y, 0, 2);
+    printf("shape %d %d %d\ncode %d\nweights", ROWS, COLS, N, code);
+    for (int i = 0; i < ROWS * COLS; i++) printf(" %a", w[i]);
+    printf("\nx");
+    for (int i = 0; i < N * COLS; i++) printf(" %a", x[i]);
+    printf("\ny");
+    for (int i = 0; i < N * ROWS; i++) printf(" %a", y[i]);
+    printf("\n");
+    free(w);
+    free(x);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "pack") == 0) {
         print_packings();
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "prefill") == 0) {
+        print_prefill();
         return 0;
     }
     printf("simd %d openmp %d dotprod %d q4 %d\n", hearth_simd(), hearth_openmp(), HEARTH_DOTPROD, hearth_q4_kernel());
