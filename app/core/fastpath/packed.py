@@ -120,9 +120,9 @@ def dequantize_q4(records: torch.Tensor, cols: int, dtype: torch.dtype = torch.f
 # int8 halves, through the decode step's int8 dot products) instead of dequantizing chunks for a GEMM, per Q4_1
 # kernel (hearth_q4_kernel()). Measured per matrix against torch's GEMM (2 threads, Zen 4): AVX-512 VNNI (4) vs bf16,
 # 2-4x faster at 12-32 rows, 1.4-2.3x at 49, 1.3-2x at 64, 1.0-1.3x at 128; the AVX2 kernel (3) vs fp32 with torch
-# held to AVX2, 2x at 12 rows, 1.0-1.2x at 49, 0.85-0.98x at 96 (README "Prefill from the records"). ARM's kernels
-# (1, 2) are unmeasured: there prefill keeps the GEMM.
-RECORD_PREFILL_ROWS = {4: 96, 3: 48}
+# held to AVX2, 2.7-3.2x at 12 rows, 1.5x at 48, 1.1-1.4x at 512: every prefill chunk (README "Prefill from the
+# records"). ARM's kernels (1, 2) are unmeasured: there prefill keeps the GEMM.
+RECORD_PREFILL_ROWS = {4: 96, 3: 512}
 # hearth_q4_prefill's buffers per input row and column: the two int8 halves, and per block of 32 three floats.
 RECORD_PREFILL_BYTES_PER_VALUE = 2 + 3 * 4 / 32
 

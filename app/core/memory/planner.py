@@ -452,14 +452,14 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
                 unquantized[group] += plain
     gemm_dtype = prefill.gemm_dtype()
     gemm_bytes = torch.tensor([], dtype=gemm_dtype).element_size()
-    # A chunk of whole rows of at most SCRATCH_BYTES (or CHUNK_ROW_ALIGN rows of the widest matrix), never more than the
-    # largest matrix.
-    scratch = min(largest, chunk_rows(widest, gemm_dtype) * widest) * gemm_bytes if widest else 0
-    # Short inputs multiply the records instead (hearth_q4_prefill's activation buffers, beside the scratch it keeps;
-    # the kernel this CPU's flags name: a prebuilt AVX2 library on an AVX-512 CPU takes fewer rows, an upper bound).
-    record_rows = RECORD_PREFILL_ROWS.get(expected_q4_kernel(), 0)
-    if widest and record_rows:
-        scratch += int(record_rows * widest * RECORD_PREFILL_BYTES_PER_VALUE)
+    # Inputs of up to `record_rows` rows multiply the records (hearth_q4_prefill's activation buffers: the kernel this
+    # CPU's flags name, as the best prebuilt or a -march=native build reports it); longer ones dequantize a chunk of
+    # whole rows of at most SCRATCH_BYTES (or CHUNK_ROW_ALIGN rows of the widest matrix, never more than the largest
+    # matrix) into the scratch buffer, which stays allocated once used.
+    record_rows = min(RECORD_PREFILL_ROWS.get(expected_q4_kernel(), 0), PREFILL_CHUNK)
+    scratch = int(record_rows * widest * RECORD_PREFILL_BYTES_PER_VALUE)
+    if widest and record_rows < PREFILL_CHUNK:
+        scratch += min(largest, chunk_rows(widest, gemm_dtype) * widest) * gemm_bytes
     # Int8RowsLinear dequantizes a chunk of its rows at a time into one fp32 buffer.
     if head_width:
         scratch += min(embedding.weight.shape[0], chunk_rows(head_width, torch.float32)) * head_width * 4

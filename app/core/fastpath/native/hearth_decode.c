@@ -1281,8 +1281,9 @@ static void quantize_q16(const float *x, int n, int8_t *h, int8_t *l, float *dx,
 /* A prompt's rows through an x16 Q4_1 matrix: y [n][rows] = x [n][cols] . W^T with x in quantize_q16's int16
  * halves, each multiplied by the records as the decode step multiplies its int8 input. The groups split across the
  * threads; a group's records (6-56 KiB) come from memory once and stay in cache while every row of x passes over
- * them, so the matrix is read once per call and never dequantized. On AVX-512 four rows share each record's unpacked
- * nibbles and a block's two halves combine exactly in int32; elsewhere each half goes through group_block. A row's
+ * them, so the matrix is read once per call and never dequantized. On x86 a block's two halves combine exactly in
+ * int32, and rows share each record's unpacked nibbles (four with AVX-512, two with AVX2: the same floats on both);
+ * elsewhere each half goes through group_block. A row's
  * outputs do not depend on the other rows. x and y are fp32, or bf16 where x_bf16 / y_bf16 is set (y rounded to
  * nearest even). Returns 0, -1 for shapes it refuses, -3 when its buffers (n * cols * 2.4 bytes, a row of floats
  * per thread) can't be allocated. */
@@ -1320,6 +1321,43 @@ static inline void group_block_q16(group_acc *a, const uint8_t *rec, const int8_
         a[r].macc = _mm512_fmadd_ps(m, _mm512_set1_ps(sx[r * blocks]), a[r].macc);
     }
 }
+#elif HEARTH_AVX2
+#define Q16_TILE 2
+/* group_block_q16's operations per lane on 8 rows at a time (the same floats as the AVX-512 tile): two input rows
+ * share each chunk's unpacked nibbles; the 16 ymm registers hold no more. */
+static inline void group_block_q16(group_acc *a, const uint8_t *rec, const int8_t *xh, const int8_t *xl, int64_t cols,
+                                   const float *dx, const float *sx, int64_t blocks, int n) {
+    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) { /* rows 0-7, then 8-15: bytes 0-31 and 32-63 of each chunk */
+        __m256i hs[Q16_TILE], ls[Q16_TILE];
+        for (int r = 0; r < n; r++) hs[r] = ls[r] = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(rec + 64 * k + 32 * h));
+            const __m256i low = _mm256_and_si256(v, mask), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            for (int r = 0; r < n; r++) {
+                int32_t h0, h1, l0, l1;
+                memcpy(&h0, xh + r * cols + 4 * k, 4);
+                memcpy(&h1, xh + r * cols + 16 + 4 * k, 4);
+                memcpy(&l0, xl + r * cols + 4 * k, 4);
+                memcpy(&l1, xl + r * cols + 16 + 4 * k, 4);
+                const __m256i hp = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(h0)),
+                                                    _mm256_maddubs_epi16(high, _mm256_set1_epi32(h1)));
+                const __m256i lp = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(l0)),
+                                                    _mm256_maddubs_epi16(high, _mm256_set1_epi32(l1)));
+                /* each int16 sum: four nibble products, |4 * 15 * 128| fits */
+                hs[r] = _mm256_add_epi32(hs[r], _mm256_madd_epi16(hp, ones));
+                ls[r] = _mm256_add_epi32(ls[r], _mm256_madd_epi16(lp, ones));
+            }
+        }
+        const __m256 d = halves8(rec + RECORD_D + 16 * h), m = halves8(rec + RECORD_M + 16 * h);
+        for (int r = 0; r < n; r++) {
+            const __m256i total = _mm256_add_epi32(_mm256_slli_epi32(hs[r], 8), ls[r]);
+            const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * blocks]));
+            a[r].acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), dd, a[r].acc[h]);
+            a[r].macc[h] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[r * blocks]), a[r].macc[h]);
+        }
+    }
+}
 #else
 #define Q16_TILE 1
 #endif
@@ -1337,8 +1375,8 @@ int hearth_q4_prefill(const uint8_t *w, int64_t rows, int64_t cols, const void *
         return -3;
     }
     float *xsh = xd + n * blocks, *xsl = xsh + n * blocks, *xs = NULL;
-#if HEARTH_AVX512
-    xs = xsh; /* one offset term per block: sh + sl */
+#if HEARTH_AVX2
+    xs = xsh; /* the SIMD tiles take one offset term per block: sh + sl */
 #endif
 #pragma omp parallel num_threads(threads)
     {
@@ -1368,7 +1406,7 @@ int hearth_q4_prefill(const uint8_t *w, int64_t rows, int64_t cols, const void *
                 for (int r = 0; r < tile; r++) group_zero(&acc[r]);
                 for (int64_t b = 0; b < blocks; b++) {
                     const int64_t at = r0 * cols + b * QBLOCK, s = r0 * blocks + b;
-#if HEARTH_AVX512
+#if HEARTH_AVX2
                     group_block_q16(acc, group + b * RECORD, xh + at, xl + at, cols, xd + s, xs + s, blocks, tile);
 #else
                     group_block(&acc[0], group + b * RECORD, xh + at, 256.0f * xd[s], xsh[s]);
