@@ -48,10 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     matrices = [m for m in model.modules() if isinstance(m, packed.Q4Linear)]
     head = model.get_output_embeddings()
     library = getattr(head, "library", None)
+    record_rows = {id(matrix): matrix.record_rows for matrix in matrices}
 
     def use(variant: str) -> None:
         for matrix in matrices:
-            matrix.on_records = variant == "now" and matrix.library is not None
+            matrix.record_rows = record_rows[id(matrix)] if variant == "now" else 0
         if isinstance(head, packed.Int8RowsLinear):
             head.library = None if variant == "before" else library
 

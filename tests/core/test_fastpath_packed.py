@@ -90,7 +90,7 @@ def test_short_inputs_multiply_straight_from_the_records_closer_to_fp32_than_the
     bias = torch.randn(48, generator=generator)
     scratch = packed.Scratch()
     layer = packed.Q4Linear(records, bias, scratch, KERNEL, dtype)
-    assert layer.on_records
+    assert layer.record_rows > 0
     x = torch.randn(1, 49, 96, generator=generator)
     x[..., 7] = 40.0  # an outlier in every row's first block: int8 steps of it would lose the rest of the block
     x = x.to(dtype)
@@ -104,11 +104,11 @@ def test_short_inputs_multiply_straight_from_the_records_closer_to_fp32_than_the
     assert error(out) < (1e-4 if dtype == torch.float32 else 1e-2)  # 15-bit activations; bf16's output rounding
     for row in (0, 9, 48):  # a row's outputs do not depend on the other rows or on its place in a tile
         assert torch.equal(layer(x[:, row : row + 1]), out[:, row : row + 1])
-    if dtype == torch.bfloat16:  # the bf16 GEMM rounds the activations to 8 bits: the records' path is closer
-        layer.on_records = False
-        assert error(out) <= error(layer(x))
-    layer.on_records = True
     assert layer.record_rows == packed.RECORD_PREFILL_ROWS[KERNEL.lib.hearth_q4_kernel()]
+    if dtype == torch.bfloat16:  # the bf16 GEMM rounds the activations to 8 bits: the records' path is closer
+        gemm = packed.Q4Linear(records, bias, packed.Scratch(), KERNEL, dtype)
+        gemm.record_rows = 0
+        assert error(out) <= error(gemm(x))
     assert layer(torch.empty(0, 96, dtype=dtype)).shape == (0, 48)  # nothing to multiply: no kernel call to refuse
     longer = torch.randn(layer.record_rows + 1, 96, generator=generator).to(dtype)
     layer(longer)
@@ -128,11 +128,11 @@ def test_the_record_kernel_refuses_shapes_it_cannot_multiply_and_says_so() -> No
     assert not isinstance(KERNEL, str)
     records = packed.interleave_q4(*native.quantize_q4_blocks(torch.randn(16, 64)))
     x, y = torch.randn(2, 64), torch.empty(2, 16)
-    on_records = KERNEL.lib.hearth_q4_prefill
-    assert on_records(records.data_ptr(), 16, 64, x.data_ptr(), 0, 2, y.data_ptr(), 0, 1) == 0
-    assert on_records(records.data_ptr(), 16, 48, x.data_ptr(), 0, 2, y.data_ptr(), 0, 1) == -1  # not whole blocks
-    assert on_records(records.data_ptr(), 24, 64, x.data_ptr(), 0, 2, y.data_ptr(), 0, 1) == -1  # not whole groups
-    assert on_records(records.data_ptr(), 16, 64, x.data_ptr(), 0, 0, y.data_ptr(), 0, 1) == -1  # no rows
+    q4_prefill = KERNEL.lib.hearth_q4_prefill
+    assert q4_prefill(records.data_ptr(), 16, 64, x.data_ptr(), 0, 2, y.data_ptr(), 0, 1) == 0
+    assert q4_prefill(records.data_ptr(), 16, 48, x.data_ptr(), 0, 2, y.data_ptr(), 0, 1) == -1  # not whole blocks
+    assert q4_prefill(records.data_ptr(), 24, 64, x.data_ptr(), 0, 2, y.data_ptr(), 0, 1) == -1  # not whole groups
+    assert q4_prefill(records.data_ptr(), 16, 64, x.data_ptr(), 0, 0, y.data_ptr(), 0, 1) == -1  # no rows
 
     class Refusing:  # a library whose kernel answers with the codes hearth_q4_prefill can return
         def __init__(self, code: int) -> None:
@@ -396,7 +396,7 @@ def test_the_prefill_scratch_never_holds_more_than_its_bound() -> None:
     library = None if isinstance(KERNEL, str) else KERNEL
     bias = torch.randn(rows, generator=generator)
     layer = packed.Q4Linear(records, bias, scratch, library, torch.float32)
-    layer.on_records = False  # the dequantize + GEMM path (ARM's, or without the kernel)
+    layer.record_rows = 0  # the dequantize + GEMM path (ARM's, or without the kernel)
     x = torch.randn(2, 10, cols, generator=generator)
     out = layer(x)
     assert 0 < scratch.peak <= packed.SCRATCH_BYTES < rows * cols * 4
@@ -406,7 +406,7 @@ def test_the_prefill_scratch_never_holds_more_than_its_bound() -> None:
     # A matrix narrower than the bound is dequantized whole, once.
     small = packed.Scratch()
     narrow = packed.Q4Linear(records[:4], None, small, library, torch.float32)
-    narrow.on_records = False
+    narrow.record_rows = 0
     narrow(x)
     assert small.peak == 64 * cols * 4
 
@@ -452,8 +452,7 @@ def test_a_first_q4_load_gives_back_the_weight_files_pages_once_they_are_packed(
         return resident
 
     given_back = resident_after_a_first_load()
-    for module in (native, select):  # the same load with the pages kept
-        monkeypatch.setattr(module, "release_file_pages", lambda tensor: False)
+    monkeypatch.setattr(select, "release_file_pages", lambda tensor: False)  # the same load with the pages kept
     kept = resident_after_a_first_load()
     assert kept * 1024 > weights.stat().st_size / 2  # packing read the file
     assert given_back < kept / 4

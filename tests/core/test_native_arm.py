@@ -162,6 +162,19 @@ def test_the_harness_packs_weights_exactly_as_native_py_does(x86_harness: Path) 
     assert interleave_rows(q).flatten().tolist() == [int(v) for v in fields["head_records"]]
 
 
+def x86_build(build: str, directory: Path) -> Path:
+    """The harness built with X86_BUILDS[build]'s flags, or a skip where this CPU can't run that build."""
+    flags_needed, cpu_needs, _ = X86_BUILDS[build]
+    missing = cpu_needs - native.cpu_flags()
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} for the {build} build")
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    assert compiler is not None  # the x86_harness fixture found one
+    binary = directory / f"harness-x86_64-{build}"
+    compile_harness(compiler, flags_needed, binary)
+    return binary
+
+
 @pytest.mark.parametrize("build", list(X86_BUILDS))
 def test_each_x86_build_this_cpu_runs_computes_the_native_builds_logits(
     build: str, x86_logits: Logits, tmp_path: Path
@@ -169,16 +182,8 @@ def test_each_x86_build_this_cpu_runs_computes_the_native_builds_logits(
     """AVX-512 VNNI, AVX2 and the scalar loops on the same inputs: the Q4_1 kernels accumulate each row in its own
     lane in one order, so the SIMD builds agree bit for bit; the scalar build's int8 paths sum in another order
     (measured 3e-7), inside the same bound as ARM."""
-    flags_needed, cpu_needs, q4_kernel = X86_BUILDS[build]
-    missing = cpu_needs - native.cpu_flags()
-    if missing:
-        pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} for the {build} build")
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    assert compiler is not None  # x86_logits found one
-    binary = tmp_path / f"harness-x86_64-{build}"
-    compile_harness(compiler, flags_needed, binary)
-    flags, logits = run_harness([str(binary)])
-    assert flags["q4"] == q4_kernel and flags["simd"] == int(build != "scalar")
+    flags, logits = run_harness([str(x86_build(build, tmp_path))])
+    assert flags["q4"] == X86_BUILDS[build][2] and flags["simd"] == int(build != "scalar")
     assert logits.keys() == x86_logits.keys()
     for step, reference in x86_logits.items():
         scale = max(abs(v) for v in reference)
@@ -218,15 +223,7 @@ def test_each_x86_build_prefills_from_the_records_as_the_native_build(
 ) -> None:
     """hearth_q4_prefill: the AVX-512 and AVX2 tiles sum a block's two int8 halves exactly in int32 and round alike
     (bit for bit the same); the scalar loops run group_block once per half, within float rounding of them."""
-    flags_needed, cpu_needs, _ = X86_BUILDS[build]
-    missing = cpu_needs - native.cpu_flags()
-    if missing:
-        pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} for the {build} build")
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    assert compiler is not None  # x86_harness found one
-    binary = tmp_path / f"harness-x86_64-{build}"
-    compile_harness(compiler, flags_needed, binary)
-    _, _, y = run_prefill([str(binary)])
+    _, _, y = run_prefill([str(x86_build(build, tmp_path))])
     if build != "scalar":
         assert torch.equal(y, native_prefill)
     assert float((y - native_prefill).abs().max()) <= RELATIVE_BOUND * float(native_prefill.abs().max())

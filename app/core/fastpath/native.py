@@ -47,7 +47,7 @@ from app.core.fastpath.packed import (
     interleave_q4,
     interleave_rows,
 )
-from app.core.fastpath.rows import RowFile, byte_view, release_file_pages
+from app.core.fastpath.rows import RowFile, byte_view
 from app.core.models.attention import attention_shape
 from app.core.storage.paths import cache_dir
 
@@ -548,15 +548,14 @@ def quantize_q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 PACK_ROWS = 1024  # rows of a decoder matrix quantized to Q4_1 at a time (whole groups of 16)
-HEAD_QUANTIZE_ROWS = (
-    4096  # lm_head rows quantized at a time (whole groups): the whole 1B head took 1.4 GiB of temporaries
-)
+# lm_head rows quantized at a time (whole groups): the whole 1B head at once took 1.4 GiB of temporaries.
+HEAD_QUANTIZE_ROWS = 4096
 
 
-def quantize_head(weight: torch.Tensor, release_source: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_head(weight: torch.Tensor, release: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The lm_head as the kernel reads it: int8 rows (int8.quantize_rows) in the x16 layout (packed.interleave_rows)
     and the fp32 scale per row [vocab], made a chunk of rows at a time into the final tensors (each row's scale is its
-    own, each group of 16 rows its own records); `release_source` gives each chunk's mapped pages back once done."""
+    own, each group of 16 rows its own records); `release(tensor)`, when given, is called with each chunk once done."""
     rows, cols = int(weight.shape[0]), int(weight.shape[1])
     records = torch.empty(-(-rows // Q4_GROUP), cols // 32 * HEAD_RECORD, dtype=torch.int8)
     scales = torch.empty(rows, dtype=torch.float32)
@@ -565,8 +564,8 @@ def quantize_head(weight: torch.Tensor, release_source: bool = False) -> tuple[t
         first = start // Q4_GROUP
         records[first : first + -(-q.shape[0] // Q4_GROUP)] = interleave_rows(q)
         scales[start : start + q.shape[0]] = scale
-        if release_source:
-            release_file_pages(weight[start : start + HEAD_QUANTIZE_ROWS])
+        if release is not None:
+            release(weight[start : start + HEAD_QUANTIZE_ROWS])
     return records, scales
 
 
@@ -765,11 +764,11 @@ class FusedDecoder:
 
 
 def pack_model(
-    model: Any, dense_weight: Any, weight_format: str = "int8", packed_from: Any = None
+    model: Any, dense_weight: Any, weight_format: str = "int8", release: Any = None
 ) -> dict[str, torch.Tensor]:
     """The copies the kernel reads, by name: decoder matrices in `weight_format` (WEIGHT_FORMATS), the lm_head in
-    int8 rows; `dense_weight(module)` gives a linear layer's float weight; `packed_from(module)`, when given, is told
-    each module once its weight is packed (q4 gives the mapped file's pages back then)."""
+    int8 rows; `dense_weight(module)` gives a linear layer's float weight; `release(tensor)`, when given, is called
+    with each source weight (or chunk of the head's) once it is packed (q4 gives the mapped file's pages back)."""
     quantize: Any = quantize_q4 if weight_format == "q4" else quantize_rows
     base: Any = model.model
     packed: dict[str, torch.Tensor] = {}
@@ -803,10 +802,10 @@ def pack_model(
                 merged = torch.cat(floats, dim=0)
             packed[f"{name}.q"], scale = quantize(merged)
             del merged, floats
-        del weights  # the float copies, before the next matrix makes its own
-        if packed_from is not None:
+        del weights  # before the next matrix's are read
+        if release is not None:
             for module in modules:
-                packed_from(module)
+                release(module.weight)
         if scale is not None:
             packed[f"{name}.s"] = scale
         if any(bias is not None for bias in biases):
@@ -830,9 +829,9 @@ def pack_model(
     head_weight = dense_weight(head) if isinstance(head, nn.Linear) else None
     if head_weight is None:
         raise ValueError("the lm_head is not a linear layer the kernel can pack")
-    packed["lm.q"], packed["lm.s"] = quantize_head(head_weight, release_source=packed_from is not None)
-    if packed_from is not None:
-        packed_from(head)
+    packed["lm.q"], packed["lm.s"] = quantize_head(head_weight, release)
+    if release is not None:
+        release(head.weight)
     return packed
 
 

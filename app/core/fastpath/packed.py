@@ -150,7 +150,6 @@ class Q4Linear(nn.Module):
         self.gemm_dtype = gemm_dtype
         # Short inputs multiply the records (up to this many rows; 0: never), longer ones dequantize for a GEMM.
         self.record_rows = RECORD_PREFILL_ROWS.get(int(library.lib.hearth_q4_kernel()), 0) if library is not None else 0
-        self.on_records = self.record_rows > 0
 
     def dense(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The whole weight, dequantized into the shared scratch buffer (valid until the next layer's call)."""
@@ -178,8 +177,7 @@ class Q4Linear(nn.Module):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.numel() // self.in_features
         if (
-            self.on_records
-            and 0 < rows <= self.record_rows
+            0 < rows <= self.record_rows
             and self.records.is_contiguous()
             and input.dtype in (torch.bfloat16, torch.float32)
         ):

@@ -199,15 +199,9 @@ def _packed_copy(
         return stored[0], stored[1], "loaded from the cache"
     dense_weight = _rounded_to(packed.compute_dtype(model)) if quantization == "q4" else int8.dense_weight
     # q4 drops the 16-bit matrices once packed: their mapped pages go back as each is done (int8 keeps them).
-    packed_from = _release_weight if quantization == "q4" else None
-    tensors = native.pack_model(model, dense_weight, weight_format, packed_from)
+    release = release_file_pages if quantization == "q4" else None
+    tensors = native.pack_model(model, dense_weight, weight_format, release)
     return tensors, _write_cache(cache_file, tensors), "packed"
-
-
-def _release_weight(module: nn.Module) -> None:
-    weight = getattr(module, "weight", None)
-    if isinstance(weight, torch.Tensor):
-        release_file_pages(weight)
 
 
 def _rounded_to(dtype: torch.dtype | None) -> Any:
@@ -262,9 +256,7 @@ def hold_weights_once(model: Any, folder: Path | None, notices: list[str]) -> st
 def _prefill_description(model: Any, quantization: str) -> str:
     if quantization == "q4":
         gemm = {torch.bfloat16: "bf16", torch.float32: "fp32"}[prefill.gemm_dtype()]
-        rows = max(
-            (m.record_rows for m in model.modules() if isinstance(m, packed.Q4Linear) and m.on_records), default=0
-        )
+        rows = max((m.record_rows for m in model.modules() if isinstance(m, packed.Q4Linear)), default=0)
         if rows:
             return (
                 f"Q4_1 weights held once: up to {rows} tokens a call multiplied straight from the records, longer "

@@ -184,27 +184,34 @@ static inline void prefetch_rows(const char *ahead, int64_t bytes) {
 #define PREFETCH_BYTES 8192 /* 2048-12288 measured; 8192 best on the 2-core Zen 3 (bench/engine_speed.py) */
 #endif
 
+#if HEARTH_AVX2
+/* max |v| over a block of 32 floats held as four vectors */
+static inline float absmax32(const __m256 v[4]) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                             _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
 static void quantize_q8(const float *x, int n, int8_t *q, float *d, float *sums, int32_t *totals) {
     for (int b = 0; b < n / QBLOCK; b++) {
         const float *xb = x + b * QBLOCK;
         int8_t *qb = q + b * QBLOCK;
 #if HEARTH_AVX2
-        const __m256 sign = _mm256_set1_ps(-0.0f);
-        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8), v2 = _mm256_loadu_ps(xb + 16),
-               v3 = _mm256_loadu_ps(xb + 24);
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        const float amax = _mm_cvtss_f32(h);
+        const __m256 v[4] = {_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8), _mm256_loadu_ps(xb + 16),
+                             _mm256_loadu_ps(xb + 24)};
+        const float amax = absmax32(v);
         const float scale = amax / 127.0f;
         d[b] = scale;
         const __m256 mul = _mm256_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
-        __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), _MM_FROUND_TO_NEAREST_INT));
-        __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), _MM_FROUND_TO_NEAREST_INT));
-        __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), _MM_FROUND_TO_NEAREST_INT));
-        __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), _MM_FROUND_TO_NEAREST_INT));
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[0], mul), _MM_FROUND_TO_NEAREST_INT));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[1], mul), _MM_FROUND_TO_NEAREST_INT));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[2], mul), _MM_FROUND_TO_NEAREST_INT));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[3], mul), _MM_FROUND_TO_NEAREST_INT));
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)); /* undo the lane interleave */
         _mm256_storeu_si256((__m256i *)qb, p);
@@ -1228,15 +1235,10 @@ static void quantize_q16(const float *x, int n, int8_t *h, int8_t *l, float *dx,
     for (int b = 0; b < n / QBLOCK; b++) {
         const float *xb = x + b * QBLOCK;
 #if HEARTH_AVX2 /* the scalar loop's operations, 8 lanes at a time */
-        const __m256 sign = _mm256_set1_ps(-0.0f), top = _mm256_set1_ps(Q16_STEPS);
+        const __m256 top = _mm256_set1_ps(Q16_STEPS);
         __m256 v[4];
         for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-        __m128 q = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        q = _mm_max_ps(q, _mm_movehl_ps(q, q));
-        q = _mm_max_ss(q, _mm_movehdup_ps(q));
-        const float step = _mm_cvtss_f32(q) / Q16_STEPS;
+        const float step = absmax32(v) / Q16_STEPS;
         const __m256 mul = _mm256_set1_ps(step > 0.0f ? 1.0f / step : 0.0f);
         __m256i hi[4], lo[4], hsum = _mm256_setzero_si256(), lsum = _mm256_setzero_si256();
         for (int k = 0; k < 4; k++) {
@@ -1283,8 +1285,7 @@ static void quantize_q16(const float *x, int n, int8_t *h, int8_t *l, float *dx,
  * threads; a group's records (6-56 KiB) come from memory once and stay in cache while every row of x passes over
  * them, so the matrix is read once per call and never dequantized. On x86 a block's two halves combine exactly in
  * int32, and rows share each record's unpacked nibbles (four with AVX-512, two with AVX2: the same floats on both);
- * elsewhere each half goes through group_block. A row's
- * outputs do not depend on the other rows. x and y are fp32, or bf16 where x_bf16 / y_bf16 is set (y rounded to
+ * elsewhere each half goes through group_block. A row's outputs do not depend on the other rows. x and y are fp32, or bf16 where x_bf16 / y_bf16 is set (y rounded to
  * nearest even). Returns 0, -1 for shapes it refuses, -3 when its buffers (n * cols * 2.4 bytes, a row of floats
  * per thread) can't be allocated. */
 #if HEARTH_AVX512
@@ -1374,10 +1375,7 @@ int hearth_q4_prefill(const uint8_t *w, int64_t rows, int64_t cols, const void *
         free(xh), free(xl), free(xd), free(row_buffers);
         return -3;
     }
-    float *xsh = xd + n * blocks, *xsl = xsh + n * blocks, *xs = NULL;
-#if HEARTH_AVX2
-    xs = xsh; /* the SIMD tiles take one offset term per block: sh + sl */
-#endif
+    float *xsh = xd + n * blocks, *xsl = xsh + n * blocks;
 #pragma omp parallel num_threads(threads)
     {
         int tid, team;
@@ -1394,8 +1392,9 @@ int hearth_q4_prefill(const uint8_t *w, int64_t rows, int64_t cols, const void *
             }
             quantize_q16(row, (int)cols, xh + r * cols, xl + r * cols, xd + r * blocks, xsh + r * blocks,
                          xsl + r * blocks);
-            if (xs)
-                for (int64_t b = 0; b < blocks; b++) xs[r * blocks + b] = xsh[r * blocks + b] + xsl[r * blocks + b];
+#if HEARTH_AVX2 /* the SIMD tiles take one offset term per block, sh + sl, in xsh */
+            for (int64_t b = 0; b < blocks; b++) xsh[r * blocks + b] += xsl[r * blocks + b];
+#endif
         }
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < groups; g++) {
@@ -1407,7 +1406,7 @@ int hearth_q4_prefill(const uint8_t *w, int64_t rows, int64_t cols, const void *
                 for (int64_t b = 0; b < blocks; b++) {
                     const int64_t at = r0 * cols + b * QBLOCK, s = r0 * blocks + b;
 #if HEARTH_AVX2
-                    group_block_q16(acc, group + b * RECORD, xh + at, xl + at, cols, xd + s, xs + s, blocks, tile);
+                    group_block_q16(acc, group + b * RECORD, xh + at, xl + at, cols, xd + s, xsh + s, blocks, tile);
 #else
                     group_block(&acc[0], group + b * RECORD, xh + at, 256.0f * xd[s], xsh[s]);
                     group_block(&acc[0], group + b * RECORD, xl + at, xd[s], xsl[s]);
