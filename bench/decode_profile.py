@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.core.engines.engine import Engine, KVState
     from app.core.engines.loader import load_model
-    from app.core.fastpath import native
+    from app.core.fastpath import kernel
 
-    native.EXTRA_FLAGS = ("-DHEARTH_PROFILE", *(f"-D{define}" for define in args.define), *args.cflag)
+    kernel.EXTRA_FLAGS = ("-DHEARTH_PROFILE", *(f"-D{define}" for define in args.define), *args.cflag)
     engine = Engine(load_model(args.model, quantization=args.quant, device="cpu"))
     fused = engine.path.fused
     if fused is None:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = (time.perf_counter() - started) / args.steps
     lib.hearth_profile(ctypes.addressof(seconds))
     per_token = [s / args.steps for s in seconds[: len(PHASES)]]
-    kernel = native.Q4_KERNELS.get(int(lib.hearth_q4_kernel()), "?")
+    kernel = kernel.Q4_KERNELS.get(int(lib.hearth_q4_kernel()), "?")
     print(
         f"{engine.decode_path} ({kernel}): {1 / wall:.1f} tok/s, {wall * 1e3:.2f} ms a token (thread 0's phases sum to "
         f"{sum(per_token) * 1e3:.2f} ms)"

@@ -67,28 +67,35 @@ def _memory() -> dict[str, int]:
 # -- workers (each runs in its own fresh process) ---------------------------------------------------------------
 def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
     sys.path.insert(0, str(ROOT))
-    import torch
+    runtime = str(spec.get("runtime") or "auto")
+    if runtime == "torch":
+        import torch
 
-    # The runtime floor: torch, transformers and the code any model load imports (its weight-loading machinery pulls
-    # in torch.distributed.tensor and sympy), before a weight or a tokenizer is read.
-    import transformers.core_model_loading  # noqa: F401
+        # The runtime floor: torch, transformers and the code any model load imports (its weight-loading machinery
+        # pulls in torch.distributed.tensor and sympy), before a weight or a tokenizer is read.
+        import transformers.core_model_loading  # noqa: F401
 
+        torch.set_num_threads(int(spec["threads"]))  # type: ignore[call-overload]
     from app.core.chat.events import StatsEvent, TokenEvent
     from app.core.chat.sampling import SamplingParams
-    from app.core.engines.engine import Engine, KVState
-    from app.core.engines.loader import load_model
+    from app.core.engines.backend import LoadRequest
+    from app.core.engines.opening import open_backend
 
-    floor = _memory()["rss"]
-    torch.set_num_threads(int(spec["threads"]))  # type: ignore[call-overload]
-    loaded = load_model(spec.get("model") or None, quantization=str(spec["quant"]), device="cpu")
-    engine = Engine(loaded)
-    result: dict[str, object] = {"decode_path": engine.decode_path, "note": engine.decode_path_note}
+    floor = _memory()["rss"]  # the torch-free runtime's floor: the app's load path imported, no model yet
+    request = LoadRequest(spec.get("model") or None, quantization=str(spec["quant"]), device="cpu")  # type: ignore[arg-type]
+    backend = open_backend(request, runtime=runtime)
+    engine = backend.engine  # type: ignore[attr-defined]
+    result: dict[str, object] = {
+        "decode_path": engine.decode_path,
+        "note": engine.decode_path_note,
+    }
     # Warm-up (first-call initialisation of the kernels), not measured; llama.cpp gets the same.
-    list(engine.generate_from_ids([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=2), kv=KVState()))
+    warm = SamplingParams(temperature=0.0, max_new_tokens=2)
+    list(engine.generate_from_ids([1, 2, 3], warm, kv=engine.new_kv()))
     for name, ids, tokens in (("short", spec["short_ids"], spec["tokens"]), ("long", spec["long_ids"], 1)):
         params = SamplingParams(temperature=0.0, max_new_tokens=int(tokens))  # type: ignore[call-overload]
         cpu_first = 0.0
-        events = engine.generate_from_ids(list(ids), params, kv=KVState(), use_response_cache=False)  # type: ignore[call-overload]
+        events = engine.generate_from_ids(list(ids), params, kv=engine.new_kv(), use_response_cache=False)  # type: ignore[call-overload]
         for event in events:
             if isinstance(event, TokenEvent) and not cpu_first:
                 cpu_first = _cpu_seconds()
@@ -103,11 +110,31 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
     result["bytes_per_token"] = _hearth_bytes_per_token(engine)
     result.update(_memory())
     result["floor_rss"] = floor
+    result["torch_imported"] = "torch" in sys.modules
     return result
+
+
+def worker_prepare(spec: dict[str, object]) -> dict[str, object]:
+    """A first load through torch where the torch-free runtime can't open the model yet (it packs and caches the
+    Q4_1 copy the runtime maps), so every measured run is a warm load."""
+    sys.path.insert(0, str(ROOT))
+    from app.core.engines.backend import LoadRequest
+    from app.core.engines.lite.backend import open_lite_backend
+    from app.core.engines.opening import open_backend
+
+    request = LoadRequest(spec.get("model") or None, quantization=str(spec["quant"]), device="cpu")  # type: ignore[arg-type]
+    opened = open_lite_backend(request)
+    if isinstance(opened, str):
+        open_backend(request, runtime="torch").close()
+        return {"packed": opened}
+    opened.close()
+    return {"packed": ""}
 
 
 def _hearth_bytes_per_token(engine: object) -> int:
     """Weights a decode step reads: int8 copies where the fast path packed them, the rest at their own size."""
+    if engine.decode_path == "lite-q4":  # type: ignore[attr-defined]
+        return int(engine.model.weight_bytes)  # type: ignore[attr-defined]
     from app.core.fastpath import int8, packed
 
     fused = engine.path.fused  # type: ignore[attr-defined]
@@ -198,7 +225,12 @@ def worker_bandwidth(spec: dict[str, object]) -> dict[str, object]:
     return {"bandwidth_bytes_s": data.numel() * data.element_size() / best}
 
 
-WORKERS = {"hearth": worker_hearth, "llama": worker_llama, "bandwidth": worker_bandwidth}
+WORKERS = {
+    "hearth": worker_hearth,
+    "prepare": worker_prepare,
+    "llama": worker_llama,
+    "bandwidth": worker_bandwidth,
+}
 
 
 # -- the orchestrator ---------------------------------------------------------------------------------------------
@@ -321,6 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model", help="a GGUF file, or a Hugging Face folder (converted for llama.cpp); default: the embedded model"
     )
+    parser.add_argument(
+        "--runtime",
+        choices=("auto", "torch", "lite"),
+        default="auto",
+        help="Hearth's runtime (default auto, as the app: torch-free where it can run)",
+    )
     parser.add_argument("--peer-python", default=str(DEFAULT_PEER_PYTHON))
     args = parser.parse_args(argv)
     if args.worker:
@@ -342,11 +380,16 @@ def main(argv: list[str] | None = None) -> int:
         "tokens": args.tokens,
         "threads": args.threads,
         "quant": args.quant,
+        "runtime": args.runtime,
         "gguf": str(gguf),
         "gguf_bytes_per_token": gguf_bytes_per_token(gguf),
     }
     print(f"model: Hearth {model_path}; llama.cpp {gguf}")
     print(f"prompts: {len(short)} and {len(long)} tokens; {args.tokens} new tokens; {args.threads} threads")
+    if args.runtime != "torch":
+        prepared = run_worker(sys.executable, "prepare", spec)
+        if prepared["packed"]:
+            print(f"packed the weights through torch first ({prepared['packed']})")
     runs: dict[str, list[dict[str, object]]] = {"hearth": [], "llama": [], "bandwidth": []}
     pythons = {"hearth": sys.executable, "llama": args.peer_python, "bandwidth": sys.executable}
     for trial in range(args.trials):
@@ -383,6 +426,7 @@ def report(runs: dict[str, list[dict[str, object]]], short_len: int, long_len: i
     hearth, peer = runs["hearth"], runs["llama"]
     print(f"\nread bandwidth (1 GiB summed, median of the trials' best): {bandwidth / 1e9:.1f} GB/s")
     print(hearth[0]["decode_path"], "-", hearth[0]["note"])
+    print("torch imported in Hearth's process:", "yes" if hearth[0].get("torch_imported", True) else "no")
     header = f"{'engine':<12}{'decode tok/s':>14}{'(cpu-time)':>12}{'prefill ' + str(short_len):>14}"
     print(
         header + f"{'prefill ' + str(long_len):>16}{'roofline':>10}{'peak RSS':>12}{'RSS after':>12}"

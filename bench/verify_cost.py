@@ -18,7 +18,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from app.core.engines.loader import load_model
-from app.core.fastpath import integrity, native, select
+from app.core.fastpath import integrity, kernel, packed_cache, select
 
 
 def main() -> None:
@@ -27,9 +27,9 @@ def main() -> None:
     args = parser.parse_args()
     loaded = load_model(None, quantization="bf16", device="cpu")
     choice = select.apply_decode_path(loaded.model, "cpu", "bf16", folder=loaded.folder)  # warms both caches
-    library = native.load_library()
-    assert isinstance(library, native.NativeLibrary) and choice.fused is not None, choice.note
-    copy = select._cache_file(loaded.folder, "bf16", kind="decode-fused-q4")
+    library = kernel.load_library()
+    assert isinstance(library, kernel.NativeLibrary) and choice.fused is not None, choice.note
+    copy = packed_cache.packed_cache_file(loaded.folder, "bf16", kind="decode-fused-q4")
     assert copy is not None and copy.exists()
     rows: dict[str, list[float]] = {
         "library sha256": [],

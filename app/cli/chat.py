@@ -162,7 +162,7 @@ def open_session(settings: Settings, args: argparse.Namespace) -> Any:
         from app.core.engines.remote.session import open_remote_session
 
         return open_remote_session(settings, args, sampling_from_args(args, settings.sampling))
-    from app.core.engines.local import open_backend
+    from app.core.engines.opening import open_backend
     from app.core.engines.session import ChatSession
 
     backend = open_backend(load_request(settings, args), progress_to_stderr)

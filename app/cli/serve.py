@@ -108,11 +108,12 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     settings = settings_from_args(args)
     from app.core.engines.backend import LoadRequest
-    from app.core.engines.local import open_backend
+    from app.core.engines.opening import open_backend
 
     # No response cache: an API client asking again wants a fresh reply (seeds are honoured).
     request = LoadRequest.from_settings(settings, ignore_fit=bool(args.ignore_fit), response_cache=False)
-    backend = open_backend(request, progress_to_stderr)
+    # Through torch: response_format's JSON grammars mask torch tensors (the torch-free runtime has none).
+    backend = open_backend(request, progress_to_stderr, runtime="torch")
     handle = ServerHandle(config, on_request=print_record)
     try:
         address = handle.start(backend)

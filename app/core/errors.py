@@ -11,6 +11,11 @@ class ModelNotFoundError(HearthError):
     pass
 
 
+class LoadCancelled(HearthError):
+    def __init__(self) -> None:
+        super().__init__("Loading was cancelled.")
+
+
 class UnsafeModelError(HearthError):
     """Pickle weights or remote code, refused unless the user opts in."""
 

@@ -50,7 +50,7 @@ def default_backend_factory() -> BackendFactory:
     """The real engine, imported inside the worker thread on first load (torch is never imported before)."""
 
     def load(request: LoadRequest, progress: Any, cancel: threading.Event) -> ChatBackend:
-        from app.core.engines.local import open_backend
+        from app.core.engines.opening import open_backend
 
         return open_backend(request, progress, cancel)
 
@@ -80,7 +80,14 @@ Planner = Callable[[LoadRequest], Any]  # returns the planner's MemoryPlan; rais
 
 
 def default_planner(request: LoadRequest) -> Any:
-    """The memory issue's planner (imports torch: only ever called in the worker thread)."""
+    """The plan of the runtime the load will take: the torch-free runtime's own figures where it will take it (no
+    torch imported, so choosing a model does not cost the process torch's memory), else the memory planner's
+    (imports torch: only ever called in the worker thread)."""
+    from app.core.engines.lite.backend import lite_plan
+
+    plan = lite_plan(request)
+    if not isinstance(plan, str):
+        return plan
     from app.core.memory.planner import plan_memory
     from app.core.models.model_source import resolve_model
 

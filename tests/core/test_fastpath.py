@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import torch
 
-from app.core import fastpath
 from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
 from app.core.engines.engine import Engine, KVState
 from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
-from app.core.fastpath import int8, native, prefill
+from app.core.fastpath import int8, kernel, prefill
+from app.core.fastpath import select as fastpath
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
 AGREEMENT_BOUND = 0.90
@@ -78,7 +78,7 @@ def fast(default_loaded: Any) -> Engine:
 @pytest.fixture
 def no_fused_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a machine without a C compiler: the fused step is unavailable, the next best path runs."""
-    monkeypatch.setattr(native, "load_library", lambda: "no C compiler found (test)")
+    monkeypatch.setattr(kernel, "load_library", lambda: "no C compiler found (test)")
 
 
 def test_auto_without_the_fused_step_keeps_bf16_on_the_plain_path_and_says_why(

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 import torch
 
-from app.core import fastpath
 from app.core.chat.events import ChatMessage, DoneEvent
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
 from app.core.engines.engine import Engine, KVState, kv_cache_bytes
 from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
-from app.core.fastpath import native, packed
+from app.core.fastpath import kernel, native, packed
+from app.core.fastpath import select as fastpath
 from tests.core.test_fastpath import (
     AGREEMENT_BOUND,
     GREEDY,
@@ -34,7 +34,7 @@ from tests.core.test_fastpath import (
 )
 
 LOGIT_ERROR_BOUNDS = {"fused-int8": LOGIT_ERROR_BOUND, "fused-q4": 0.15}
-KERNEL = native.load_library()
+KERNEL = kernel.load_library()
 # Where this machine can't build the kernel (no C compiler, no AVX2), these tests say so and skip; the fallback
 # itself is tested in tests/core/test_fastpath.py with the kernel made unavailable.
 pytestmark = pytest.mark.skipif(isinstance(KERNEL, str), reason=f"no fused decode kernel here: {KERNEL}")
@@ -56,10 +56,10 @@ def fused(default_loaded: Any) -> Engine:
 def fresh_library(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Forget the process's library for one test (and again after it, so later tests rebuild cleanly); compile from
     source, as a source install without prebuilt kernels does (tests/core/test_native_integrity.py tests those)."""
-    monkeypatch.setenv(native.KERNEL_ENV, "compile")
-    native.reset_library_for_tests()
+    monkeypatch.setenv(kernel.KERNEL_ENV, "compile")
+    kernel.reset_library_for_tests()
     yield native
-    native.reset_library_for_tests()
+    kernel.reset_library_for_tests()
 
 
 def test_auto_runs_bf16_on_the_cpu_through_the_fused_step_and_says_so(fused: Engine) -> None:
@@ -70,8 +70,8 @@ def test_auto_runs_bf16_on_the_cpu_through_the_fused_step_and_says_so(fused: Eng
     assert stats.decode_path == "fused-q4" and "prefill in bf16" in stats.decode_path_note
     # The note names the Q4_1 kernel this build runs (which one depends on the CPU: any of them is right here).
     assert not isinstance(KERNEL, str)
-    kernel = native.Q4_KERNELS[int(KERNEL.lib.hearth_q4_kernel())]
-    assert f"fused Q4_1 x16, {kernel} (lm_head int8) decode step" in stats.decode_path_note
+    q4_kernel = kernel.Q4_KERNELS[int(KERNEL.lib.hearth_q4_kernel())]
+    assert f"fused Q4_1 x16, {q4_kernel} (lm_head int8) decode step" in stats.decode_path_note
     # Q4_1 decoder matrices (~106M weights at 5 bits) and an int8 lm_head (~28M): what the path adds, as planned.
     assert 85 * 2**20 < fused.path.added_bytes < 100 * 2**20
 
@@ -238,7 +238,7 @@ def test_a_failing_compile_falls_back_with_the_compilers_error(
 ) -> None:
     broken = tmp_path / "hearth_decode.c"
     broken.write_text("int hearth_abi(void) { return }\n")
-    monkeypatch.setattr(native, "SOURCE", broken)
+    monkeypatch.setattr(kernel, "SOURCE", broken)
     choice = fastpath.apply_decode_path(default_loaded.model, "cpu", "bf16")
     assert choice.name == "eager" and "compiling the fused decode kernel failed" in choice.note
     assert "error" in choice.note
@@ -248,7 +248,7 @@ def test_a_failing_compile_falls_back_with_the_compilers_error(
 def test_a_cpu_without_avx2_falls_back_with_the_reason(
     default_loaded: Any, fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
 ) -> None:
-    monkeypatch.setattr(native, "EXTRA_FLAGS", ("-mno-avx2", "-mno-fma"))  # builds the scalar kernel, as on such CPUs
+    monkeypatch.setattr(kernel, "EXTRA_FLAGS", ("-mno-avx2", "-mno-fma"))  # builds the scalar kernel, as on such CPUs
     choice = fastpath.apply_decode_path(default_loaded.model, "cpu", "bf16")
     assert choice.name == "eager" and "lacks AVX2+FMA" in choice.note
 
@@ -265,7 +265,7 @@ def test_the_kernel_and_the_packed_weights_are_cached_across_loads(
     assert len(list((isolated_cache / "native").glob("hearth_decode-*.so"))) == 1
     assert len(list((isolated_cache / "decode-fused-q4").glob("*.safetensors"))) == 1
 
-    native.reset_library_for_tests()  # as in a new process: the library file is reused, not rebuilt
+    kernel.reset_library_for_tests()  # as in a new process: the library file is reused, not rebuilt
     second = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
     assert "loaded from the cache" in second.decode_path_note and "kernel compiled in" not in second.decode_path_note
     ids = first.prepare_prompt([ChatMessage("user", "hello")]).ids
@@ -374,13 +374,13 @@ def test_long_contexts_take_the_chunked_attention_and_stay_within_the_bound(path
         assert float((got - want).abs().max() / want.abs().max()) < LOGIT_ERROR_BOUNDS[path]
 
 
-@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= native.cpu_flags(), reason="this CPU can't run the AVX2 kernel")
+@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= kernel.cpu_flags(), reason="this CPU can't run the AVX2 kernel")
 def test_the_avx2_build_prefills_from_the_records_and_prefills_head_like_the_reference(
     fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
 ) -> None:
     """The AVX2 branches of hearth_q4_prefill and hearth_lm_head, built and run here even on an AVX-512 CPU."""
-    monkeypatch.setattr(native, "EXTRA_FLAGS", ("-mno-avx512f",))
-    library = native.load_library()
+    monkeypatch.setattr(kernel, "EXTRA_FLAGS", ("-mno-avx512f",))
+    library = kernel.load_library()
     if isinstance(library, str):
         pytest.skip(library)
     assert library.lib.hearth_q4_kernel() == 3  # the AVX2 kernel

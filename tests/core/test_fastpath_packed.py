@@ -28,7 +28,7 @@ from app.core.engines.loader import load_model, stored_dtype
 from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
 from app.core.errors import QuantizationError
-from app.core.fastpath import int8, native, packed, rows, select
+from app.core.fastpath import int8, kernel, native, packed, rows, select
 from app.core.memory.accounting import measured_weights_by_device
 from app.core.memory.planner import plan_memory
 from app.core.memory.release import release_freed_memory
@@ -43,7 +43,7 @@ from tests.core.test_fastpath import (
     teacher_forced,
 )
 
-KERNEL = native.load_library()
+KERNEL = kernel.load_library()
 needs_kernel = pytest.mark.skipif(isinstance(KERNEL, str), reason=f"no fused decode kernel here: {KERNEL}")
 Q4_BOUND = 0.15  # the fused-q4 bound of tests/core/test_fastpath_native.py: 4-bit weights against 16-bit ones
 
@@ -121,7 +121,7 @@ def test_the_planner_names_the_kernel_a_build_here_reports() -> None:
     assert not isinstance(KERNEL, str)
     if not KERNEL.origin.startswith("compiled"):
         pytest.skip(f"a prebuilt kernel ({KERNEL.origin}) may target less than this CPU")
-    assert native.expected_q4_kernel() == KERNEL.lib.hearth_q4_kernel()
+    assert kernel.expected_q4_kernel() == KERNEL.lib.hearth_q4_kernel()
 
 
 @needs_kernel

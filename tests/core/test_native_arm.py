@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.core.fastpath import native
+from app.core.fastpath import kernel
 from app.core.fastpath.int8 import quantize_rows
 from app.core.fastpath.native import quantize_q4_blocks
 from app.core.fastpath.packed import dequantize_q4, interleave_q4, interleave_rows
@@ -165,7 +165,7 @@ def test_the_harness_packs_weights_exactly_as_native_py_does(x86_harness: Path) 
 def x86_build(build: str, directory: Path) -> Path:
     """The harness built with X86_BUILDS[build]'s flags, or a skip where this CPU can't run that build."""
     flags_needed, cpu_needs, _ = X86_BUILDS[build]
-    missing = cpu_needs - native.cpu_flags()
+    missing = cpu_needs - kernel.cpu_flags()
     if missing:
         pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} for the {build} build")
     compiler = shutil.which("gcc") or shutil.which("cc")

@@ -6,7 +6,7 @@ the same damage (a garbage reply, then replayed by the response cache): each is 
 in a notice, never passed to ctypes, and the reply equals a clean run's.
 
 Prebuilt kernels (issue 16): packaging/build_kernels.py builds them here into a temporary folder; the CPU's flags go
-through a seam (native.cpu_flags) so both the AVX-512 and the AVX2 choice are covered on any x86-64 machine, and the
+through a seam (kernel.cpu_flags) so both the AVX-512 and the AVX2 choice are covered on any x86-64 machine, and the
 ones this CPU can run are loaded and decode for real.
 """
 
@@ -28,19 +28,19 @@ from typing import Any
 
 import pytest
 
-from app.core import fastpath
 from app.core.chat.events import ChatMessage, DoneEvent
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
 from app.core.engines.engine import Engine
-from app.core.fastpath import integrity, native
+from app.core.fastpath import integrity, kernel
+from app.core.fastpath import select as fastpath
 from tests.helpers.damage import flipped, random_bytes, truncated
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=6)
 MESSAGES = [ChatMessage("user", "What is the capital of France?")]
 IS_X86 = platform.machine().lower() in ("x86_64", "amd64")
-HAS_CC = native._compiler() is not None
+HAS_CC = kernel._compiler() is not None
 AVX2_CPU = frozenset(("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"))
 AVX512_CPU = AVX2_CPU | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16"}
 LIBRARY_DAMAGE = {
@@ -48,7 +48,7 @@ LIBRARY_DAMAGE = {
     "random bytes": lambda data: random_bytes(len(data)),
     "same-size flip": lambda data: flipped(data, len(data) // 2),
 }
-REAL_FLAGS = native.cpu_flags()  # read before any test replaces the seam
+REAL_FLAGS = kernel.cpu_flags()  # read before any test replaces the seam
 needs_kernel = pytest.mark.skipif(not (IS_X86 and HAS_CC), reason="needs an x86-64 machine with a C compiler")
 
 
@@ -86,17 +86,17 @@ def dlopened(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, str]]:
             seen.append((Path(name), integrity.sha256_file(Path(name))))
         return real(name, *args, **kwargs)
 
-    monkeypatch.setattr(native.ctypes, "CDLL", spy)
+    monkeypatch.setattr(kernel.ctypes, "CDLL", spy)
     return seen
 
 
 @pytest.fixture
 def compiled_only(monkeypatch: pytest.MonkeyPatch, isolated_cache: Path) -> Any:
     """A fresh process's view with no prebuilt kernels: the library is compiled into the isolated cache."""
-    monkeypatch.setenv(native.KERNEL_ENV, "compile")
-    native.reset_library_for_tests()
+    monkeypatch.setenv(kernel.KERNEL_ENV, "compile")
+    kernel.reset_library_for_tests()
     yield isolated_cache
-    native.reset_library_for_tests()
+    kernel.reset_library_for_tests()
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +114,15 @@ def prebuilt(prebuilt_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     """A private copy of the prebuilt folder (tests damage it) that native.py ships with."""
     folder = tmp_path / "prebuilt"
     shutil.copytree(prebuilt_dir, folder)
-    monkeypatch.setattr(native, "PREBUILT_DIR", folder)
-    monkeypatch.delenv(native.KERNEL_ENV, raising=False)
-    native.reset_library_for_tests()
+    monkeypatch.setattr(kernel, "PREBUILT_DIR", folder)
+    monkeypatch.delenv(kernel.KERNEL_ENV, raising=False)
+    kernel.reset_library_for_tests()
     yield folder
-    native.reset_library_for_tests()
+    kernel.reset_library_for_tests()
 
 
 def with_flags(monkeypatch: pytest.MonkeyPatch, flags: frozenset[str]) -> None:
-    monkeypatch.setattr(native, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(kernel, "cpu_flags", lambda: flags)
 
 
 # -- the compiled library --------------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def test_a_damaged_compiled_library_is_moved_aside_rebuilt_and_never_loaded(
     good = library.read_bytes()
     damaged = LIBRARY_DAMAGE[case](good)
     damage(library, damaged)
-    native.reset_library_for_tests()  # as in the next run
+    kernel.reset_library_for_tests()  # as in the next run
 
     engine = Engine(default_loaded)
     assert engine.decode_path == "fused-q4" and "kernel compiled in" in engine.decode_path_note
@@ -149,15 +149,15 @@ def test_a_damaged_compiled_library_is_moved_aside_rebuilt_and_never_loaded(
     assert (library.parent / f"{library.name}.damaged").read_bytes() == damaged
     assert library.read_bytes() != damaged and integrity.verify(library) is not None
     assert hashlib.sha256(damaged).hexdigest() not in {digest for _, digest in dlopened}
-    assert native.load_library() is not None and engine.path.fused is not None
+    assert kernel.load_library() is not None and engine.path.fused is not None
     assert engine.path.fused.native.threaded  # the same OpenMP kernel again, not a silent single-threaded one
 
 
 @needs_kernel
 def test_a_cut_short_library_no_longer_crashes_the_next_process(compiled_only: Path) -> None:
     """Before: dlopen mapped the cut-short file and the process died of SIGBUS (exit 135) on every run."""
-    script = "from app.core.fastpath import native; lib = native.load_library(); print(lib.origin, lib.threaded)"
-    env = {**os.environ, native.KERNEL_ENV: "compile", "HEARTH_CACHE_DIR": str(compiled_only)}
+    script = "from app.core.fastpath import kernel; lib = kernel.load_library(); print(lib.origin, lib.threaded)"
+    env = {**os.environ, kernel.KERNEL_ENV: "compile", "HEARTH_CACHE_DIR": str(compiled_only)}
     first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     (library,) = (compiled_only / "native").glob("hearth_decode-*.so")
@@ -170,12 +170,12 @@ def test_a_cut_short_library_no_longer_crashes_the_next_process(compiled_only: P
 
 @needs_kernel
 def test_a_library_whose_checksum_file_is_gone_is_rebuilt(default_loaded: Any, compiled_only: Path) -> None:
-    assert isinstance(native.load_library(), native.NativeLibrary)
+    assert isinstance(kernel.load_library(), kernel.NativeLibrary)
     (library,) = (compiled_only / "native").glob("hearth_decode-*.so")
     integrity.sidecar(library).unlink()
-    native.reset_library_for_tests()
-    assert isinstance(native.load_library(), native.NativeLibrary)
-    (notice,) = native.take_library_notices()
+    kernel.reset_library_for_tests()
+    assert isinstance(kernel.load_library(), kernel.NativeLibrary)
+    (notice,) = kernel.take_library_notices()
     assert "its checksum file is missing" in notice and integrity.verify(library) is not None
 
 
@@ -191,7 +191,7 @@ def test_a_library_that_changes_after_it_was_written_is_not_loaded(
         return digest
 
     monkeypatch.setattr(integrity, "publish", publish_then_damage)
-    found = native.load_library()
+    found = kernel.load_library()
     assert isinstance(found, str) and "changed before it could be loaded" in found
     assert dlopened == []
 
@@ -233,7 +233,7 @@ def test_the_plain_path_names_the_dense_weights(default_loaded: Any) -> None:
 
 # -- prebuilt kernels ------------------------------------------------------------------------------------------------
 def test_cpu_flags_are_read_from_this_machine() -> None:
-    flags = native.cpu_flags()
+    flags = kernel.cpu_flags()
     if sys.platform.startswith("linux"):
         text = Path("/proc/cpuinfo").read_text()
         assert flags and all(flag in text for flag in flags)
@@ -276,10 +276,10 @@ def test_the_choice_follows_the_cpu_flags_not_the_build_machine(
     flags: frozenset[str], target: str, prebuilt: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with_flags(monkeypatch, flags)
-    monkeypatch.setattr(native, "_load", lambda path, *args: f"(test) would load {path.name}")
+    monkeypatch.setattr(kernel, "_load", lambda path, *args: f"(test) would load {path.name}")
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("CC", raising=False)
-    found = native.load_library()
+    found = kernel.load_library()
     assert isinstance(found, str)
     # The first library the flags allow is the one handed to the loader (which this test stubs out), best first.
     assert re.findall(r"would load (\S+?\.so)", found)[0] == f"hearth_decode-{target}.so"
@@ -289,8 +289,8 @@ def test_a_cpu_without_avx2_compiles_from_source_and_says_why(
     prebuilt: Path, monkeypatch: pytest.MonkeyPatch, default_loaded: Any
 ) -> None:
     with_flags(monkeypatch, frozenset({"sse2", "avx"}))
-    library = native.load_library()
-    assert isinstance(library, native.NativeLibrary) and library.origin.startswith("compiled here")
+    library = kernel.load_library()
+    assert isinstance(library, kernel.NativeLibrary) and library.origin.startswith("compiled here")
     assert "x86-64-avx512 needs " in library.fallback and "x86-64-avx2 needs abm, avx2," in library.fallback
     choice = fastpath.apply_decode_path(default_loaded.model, "cpu", "bf16")
     assert "prebuilt kernels: x86-64-avx512 needs" in choice.note
@@ -302,24 +302,24 @@ def test_a_damaged_prebuilt_library_is_never_loaded_and_the_next_target_is(
     with_flags(monkeypatch, AVX512_CPU)
     best = prebuilt / "hearth_decode-x86-64-avx512.so"
     damage(best, flipped(best.read_bytes(), 2000))
-    monkeypatch.setattr(native, "_load", lambda path, *args: f"(test) would load {path.name}")
-    found = native.load_library()
+    monkeypatch.setattr(kernel, "_load", lambda path, *args: f"(test) would load {path.name}")
+    found = kernel.load_library()
     assert isinstance(found, str) and "x86-64-avx512 is damaged" in found
     assert "x86-64-avx2: (test) would load hearth_decode-x86-64-avx2.so" in found
-    (notice,) = native.take_library_notices()
+    (notice,) = kernel.take_library_notices()
     assert f"prebuilt kernel library {best} is damaged (its sha256 does not match the manifest)" in notice
     assert "Reinstall Hearth" in notice and dlopened == []
 
 
 def test_a_cut_short_prebuilt_library_is_named_with_both_sizes(prebuilt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with_flags(monkeypatch, AVX2_CPU)
-    monkeypatch.setenv(native.KERNEL_ENV, "prebuilt")
+    monkeypatch.setenv(kernel.KERNEL_ENV, "prebuilt")
     library = prebuilt / "hearth_decode-x86-64-avx2.so"
     size = library.stat().st_size
     damage(library, library.read_bytes()[:100])
-    found = native.load_library()
+    found = kernel.load_library()
     assert isinstance(found, str) and found.startswith("no usable prebuilt kernel (prebuilt kernels: ")
-    assert f"it has 100 bytes where the manifest says {size}" in native.take_library_notices()[0]
+    assert f"it has 100 bytes where the manifest says {size}" in kernel.take_library_notices()[0]
 
 
 @pytest.mark.parametrize(
@@ -335,29 +335,29 @@ def test_a_cut_short_prebuilt_library_is_named_with_both_sizes(prebuilt: Path, m
 def test_an_unusable_manifest_falls_back_with_the_reason(
     manifest: bytes | None, reason: str, prebuilt: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(native.KERNEL_ENV, "prebuilt")
+    monkeypatch.setenv(kernel.KERNEL_ENV, "prebuilt")
     if manifest is None:
         (prebuilt / "manifest.json").unlink()
     else:
         (prebuilt / "manifest.json").write_bytes(manifest)
-    found = native.load_library()
+    found = kernel.load_library()
     assert isinstance(found, str) and reason in found
 
 
 def test_no_prebuilt_for_this_architecture_says_so(prebuilt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(native.KERNEL_ENV, "prebuilt")
-    monkeypatch.setattr(native, "machine_arch", lambda: "riscv64")
-    found = native.load_library()
+    monkeypatch.setenv(kernel.KERNEL_ENV, "prebuilt")
+    monkeypatch.setattr(kernel, "machine_arch", lambda: "riscv64")
+    found = kernel.load_library()
     assert isinstance(found, str) and f"none for riscv64 on {sys.platform}" in found
 
 
 def test_an_unknown_kernel_choice_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(native.KERNEL_ENV, "fastest")
-    native.reset_library_for_tests()
+    monkeypatch.setenv(kernel.KERNEL_ENV, "fastest")
+    kernel.reset_library_for_tests()
     try:
-        assert native.load_library() == "HEARTH_KERNEL=fastest is not one of auto, compile, prebuilt"
+        assert kernel.load_library() == "HEARTH_KERNEL=fastest is not one of auto, compile, prebuilt"
     finally:
-        native.reset_library_for_tests()
+        kernel.reset_library_for_tests()
 
 
 def test_the_build_script_builds_arm64_where_a_cross_compiler_exists(tmp_path: Path) -> None:
@@ -379,7 +379,7 @@ def test_a_compiler_without_openmp_still_builds_a_single_threaded_prebuilt_kerne
 ) -> None:
     """Apple's clang has no -fopenmp: the Mac library is then built single-threaded, and the manifest says so."""
     compiler = tmp_path / "cc-without-openmp"
-    real = native._compiler()
+    real = kernel._compiler()
     compiler.write_text(
         f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && {{ echo "error: unsupported -fopenmp" >&2; exit 1; }}; '
         f'done\nexec {real} "$@"\n'
@@ -391,15 +391,15 @@ def test_a_compiler_without_openmp_still_builds_a_single_threaded_prebuilt_kerne
     assert entry["openmp"] is False and "-fopenmp" not in entry["flags"]
     if not AVX2_CPU <= REAL_FLAGS:
         pytest.skip("built; this CPU can't run an x86-64-v3 library to load it")
-    monkeypatch.setattr(native, "PREBUILT_DIR", out)
+    monkeypatch.setattr(kernel, "PREBUILT_DIR", out)
     with_flags(monkeypatch, AVX2_CPU)
-    native.reset_library_for_tests()
+    kernel.reset_library_for_tests()
     try:
-        library = native.load_library()
-        assert isinstance(library, native.NativeLibrary) and library.origin == "prebuilt x86-64-avx2"
+        library = kernel.load_library()
+        assert isinstance(library, kernel.NativeLibrary) and library.origin == "prebuilt x86-64-avx2"
         assert not library.threaded
     finally:
-        native.reset_library_for_tests()
+        kernel.reset_library_for_tests()
 
 
 def test_a_file_is_hashed_in_pieces_and_read_as_it_is_hashed_whole(tmp_path: Path) -> None:

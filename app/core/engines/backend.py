@@ -64,7 +64,7 @@ class RemoteModel:
 @dataclass(frozen=True)
 class LoadRequest:
     """Every option of one model load: the window's worker and the command line both hand one to
-    app.core.engines.local.open_backend. The worker never re-reads the settings file behind the window's back."""
+    app.core.engines.opening.open_backend. The worker never re-reads the settings file behind the window's back."""
 
     model: str | None  # None = the embedded default
     quantization: Quantization = "auto"

@@ -53,6 +53,7 @@ class LogitsMask:
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits of tokens the grammar forbids set to -inf (in place when on the CPU)."""
+        logits = logits.float().contiguous()
         self.matcher.fill_next_token_bitmask(self.bitmask)
         if logits.device.type == "cpu":
             self._xgr.apply_token_bitmask_inplace(logits, self.bitmask, vocab_size=self.vocab_size, backend="cpu")

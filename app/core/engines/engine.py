@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -26,33 +25,18 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from app.core.chat.chat_format import FALLBACK_NOTICE, format_prompt, supports_tools
-from app.core.chat.detok import IncrementalDetokenizer
-from app.core.chat.events import (
-    ChatMessage,
-    ContextUsage,
-    DoneEvent,
-    Event,
-    FinishReason,
-    PromptEvent,
-    ReplyStats,
-    StatsEvent,
-    TokenEvent,
-)
-from app.core.chat.response_cache import CachedReply, ResponseCache, cache_key
+from app.core.chat.chat_format import FALLBACK_NOTICE
+from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
-from app.core.engines.backend import ReplyRequest
+from app.core.engines.backend import ResponseFormat
 from app.core.engines.constrained import LogitsMask, logits_mask
+from app.core.engines.generation import PreparedPrompt, ReplyEngine
 from app.core.engines.loader import LoadedModel
-from app.core.errors import ContextOverflowError, HearthError
-from app.core.fastpath import DecodePathChoice, apply_decode_path
-from app.core.fastpath.native import ABI as KERNEL_ABI
+from app.core.fastpath.kernel import ABI as KERNEL_ABI
 from app.core.fastpath.native import is_slab_cache, new_slab_cache
+from app.core.fastpath.select import DecodePathChoice, apply_decode_path
 
 log = logging.getLogger(__name__)
-
-PREFILL_CHUNK = 512  # bounds the prefill activation peak; also lets cancel act between chunks
-MEMORY_SAMPLE_EVERY = 16  # tokens between RSS samples on the CPU (a psutil call is ~10 µs)
 
 
 @dataclass
@@ -115,16 +99,7 @@ def kv_cache_bytes(cache: DynamicCache | None) -> int:
     return total
 
 
-@dataclass(frozen=True)
-class PreparedPrompt:
-    ids: list[int]
-    dropped_turns: int
-    used_fallback_template: bool
-    kept: tuple[ChatMessage, ...] = ()  # the messages the prompt holds (old turns dropped to fit are not)
-    constraint: LogitsMask | None = None  # the response format's grammar, for this one reply
-
-
-class Engine:
+class Engine(ReplyEngine):
     """Owns a loaded model; `generate` yields TokenEvent…, StatsEvent, DoneEvent.
 
     `decode_path` picks how single-token steps run (app.core.fastpath): "auto" (the fastest measured for the
@@ -147,204 +122,59 @@ class Engine:
         )
         self.decode_path = self.path.name
         self.decode_path_note = self.path.note
+        self.model_id = loaded.model_id
+        self.quantization = loaded.quantization
+        self.display_name = loaded.display_name
+        self.device_name = loaded.device
+        self.polls_memory = self.device.type != "cuda"
         self._process = psutil.Process()
         # transformers 5.2x renamed forward's `past_key_values` to `cache` (the old name warns, then goes in 5.40).
         forward_params = inspect.signature(self.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
 
-    # -- prompts ---------------------------------------------------------------------------
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+    # -- the model's steps (app.core.engines.generation runs the reply) ---------------------------------------
+    def new_kv(self) -> KVState:
+        return KVState()
 
-    def prepare_prompt(
-        self,
-        messages: list[ChatMessage],
-        *,
-        assistant_prefix: str = "",
-        context_policy: str = "error",
-        tools: list[dict[str, Any]] | None = None,
-    ) -> PreparedPrompt:
-        """Token ids for the messages; raises ContextOverflowError rather than truncate, unless the
-        policy allows dropping whole old turns (never the system prompt or the newest message)."""
-        working = list(messages)
-        dropped = 0
-        while True:
-            formatted = format_prompt(self.tokenizer, working, assistant_prefix, tools)
-            if len(formatted.ids) < self.context_window:
-                return PreparedPrompt(formatted.ids, dropped, formatted.used_fallback, tuple(working))
-            droppable = [i for i, m in enumerate(working[:-1]) if m.role != "system"]
-            if context_policy != "drop-oldest" or not droppable:
-                raise ContextOverflowError(len(formatted.ids), self.context_window)
-            first = droppable[0]
-            # Drop a whole exchange (user + its reply) so the template still alternates roles.
-            end = first + 2 if first + 1 < len(working) - 1 and working[first + 1].role == "assistant" else first + 1
-            del working[first:end]
-            dropped += end - first
+    def _prefill(self, ids: list[int], kv: KVState) -> torch.Tensor:
+        return self._forward(ids, kv)
 
-    def prepare(self, request: ReplyRequest) -> PreparedPrompt:
-        """The request's prompt as token ids, tokenized once; raises the user's errors (the prompt does not fit, a
-        feature this engine cannot honour) before any event."""
-        if request.tools and not supports_tools(self.tokenizer):
-            raise HearthError(
-                f"The chat template of {self.loaded.display_name} does not support tools: send the request without "
-                "'tools', or load a model whose template has them (e.g. Qwen2.5 or Llama 3.1 Instruct)."
-            )
-        if request.raw_prompt is not None:  # a plain completion: the text as is, with the tokenizer's own BOS
-            ids = list(self.tokenizer(request.raw_prompt)["input_ids"])
-            if len(ids) >= self.context_window:
-                raise ContextOverflowError(len(ids), self.context_window)
-            prompt = PreparedPrompt(ids, 0, False)
-        else:
-            prompt = self.prepare_prompt(
-                list(request.messages),
-                assistant_prefix=request.assistant_prefix,
-                context_policy=request.context_policy,
-                tools=list(request.tools) or None,
-            )
-        constraint = logits_mask(self.tokenizer, self.vocab_size, request.response_format)  # a bad schema raises
-        return replace(prompt, constraint=constraint) if constraint is not None else prompt
+    def _decode_step(self, token: int, kv: KVState) -> torch.Tensor:
+        with self.path.step():
+            return self._forward([token], kv, decode_step=True)
 
-    def context_usage(self, request: ReplyRequest, prompt: PreparedPrompt) -> ContextUsage:
-        """How the prepared prompt fills the window: the system prompt and the newest message counted alone, the
-        template's tokens and older turns as history."""
-        kept = prompt.kept
-        system = sum(self.count_tokens(m.content) for m in kept if m.role == "system")
-        last_user = next((m for m in reversed(kept) if m.role == "user"), None)
-        current = self.count_tokens(last_user.content) if last_user else 0
-        reply = self.count_tokens(request.assistant_prefix) if request.assistant_prefix else 0
-        history = max(len(prompt.ids) - system - current - reply, 0)
-        return ContextUsage(system, history, current, reply, self.context_window)
+    def _sampler(self, params: SamplingParams, prompt_ids: list[int]) -> TorchSampler:
+        return TorchSampler(params, prompt_ids, self.device)
 
-    # -- generation ------------------------------------------------------------------------
-    def generate(
-        self, request: ReplyRequest, *, kv: KVState | None = None, cancel: threading.Event | None = None
-    ) -> Iterator[Event]:
-        """Stream one reply: PromptEvent, TokenEvent…, StatsEvent, DoneEvent. Errors that are the user's (context
-        overflow) raise before the first event; failures during generation end the stream with DoneEvent('error')
-        and leave the engine usable."""
-        started = time.perf_counter()
-        prompt = self.prepare(request)
-        yield from self.generate_prepared(prompt, request, kv=kv, cancel=cancel, started=started)
+    def _constraint(self, response_format: ResponseFormat) -> LogitsMask | None:
+        return logits_mask(self.tokenizer, self.vocab_size, response_format)
 
-    def generate_prepared(
-        self,
-        prompt: PreparedPrompt,
-        request: ReplyRequest,
-        *,
-        kv: KVState | None = None,
-        cancel: threading.Event | None = None,
-        started: float | None = None,
-    ) -> Iterator[Event]:
-        """`generate` for a prompt already prepared (by a caller that had to raise the user's errors first)."""
-        started = started if started is not None else time.perf_counter()
-        yield PromptEvent(self.context_usage(request, prompt), prompt.dropped_turns)
-        yield from self.generate_from_ids(
-            prompt.ids,
-            request.params,
-            kv=kv,
-            cancel=cancel,
-            use_response_cache=request.use_response_cache,
-            dropped_turns=prompt.dropped_turns,
-            started=started,
-            stop=tuple(request.stop),
-            constraint=prompt.constraint,
-        )
+    def _cache_identity(self, budget: int) -> dict[str, Any]:
+        return {
+            "max_new_tokens": budget,
+            # The decode path is part of the key: the fused int8 step's greedy text can differ from eager's.
+            # So are the weights the reply comes from: files on disk and the decode path's packed copy.
+            "decode_path": self.decode_path,
+            "weights": self.loaded.weights_fingerprint,
+            "decode_weights": getattr(self.path, "weights_digest", ""),
+            # The kernel's numerics change with its ABI (e.g. ABI 5: prefill's lm_head on int8 activations).
+            "kernel_abi": KERNEL_ABI if self.path.fused is not None or self.loaded.quantization == "q4" else 0,
+        }
 
-    def generate_from_ids(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        *,
-        kv: KVState | None = None,
-        cancel: threading.Event | None = None,
-        use_response_cache: bool = True,
-        dropped_turns: int = 0,
-        started: float | None = None,
-        stop: tuple[str, ...] = (),
-        constraint: LogitsMask | None = None,
-    ) -> Iterator[Event]:
-        """`stop`: end the reply at the first of these strings (the DoneEvent's text is cut before it; token events
-        may already hold part of it). `constraint`: mask each step's logits to the response format's grammar."""
-        started = started if started is not None else time.perf_counter()
-        if len(prompt_ids) >= self.context_window:
-            raise ContextOverflowError(len(prompt_ids), self.context_window)
-        if len(prompt_ids) == 0:
-            raise ValueError("empty prompt")
-        budget = min(params.max_new_tokens, self.context_window - len(prompt_ids))
-        key = None
-        if self.response_cache is not None and params.greedy and not stop and constraint is None:
-            key = cache_key(
-                self.loaded.model_id,
-                self.loaded.quantization,
-                prompt_ids,
-                # The decode path is part of the key: the fused int8 step's greedy text can differ from eager's.
-                # So are the weights the reply comes from: files on disk and the decode path's packed copy.
-                {
-                    "max_new_tokens": budget,
-                    "repetition_penalty": params.repetition_penalty,
-                    "decode_path": self.decode_path,
-                    "weights": self.loaded.weights_fingerprint,
-                    "decode_weights": getattr(self.path, "weights_digest", ""),
-                    # The kernel's numerics change with its ABI (e.g. ABI 5: prefill's lm_head on int8 activations).
-                    "kernel_abi": KERNEL_ABI if self.path.fused is not None or self.loaded.quantization == "q4" else 0,
-                },
-            )
-            if use_response_cache and (hit := self.response_cache.get(key)) is not None:
-                yield from self._replay(hit, prompt_ids, started, dropped_turns)
-                return
-        kv = kv if kv is not None else KVState()
-        pieces: list[str] = []
-        finish: FinishReason = "error"
-        error: str | None = None
-        try:
-            decoding = self._decode(prompt_ids, params, budget, kv, cancel, started, dropped_turns, stop, constraint)
-            for event in decoding:
-                if isinstance(event, TokenEvent):
-                    pieces.append(event.text)
-                elif isinstance(event, DoneEvent):
-                    finish = event.finish_reason
-                    continue
-                yield event
-        except Exception as exc:  # keep the engine usable: the cache may be half-written, drop it
-            log.exception("generation failed")
-            kv.reset()
-            error = f"{type(exc).__name__}: {exc}"
-            finish = "error"
-        text = "".join(pieces)
-        if key is not None and self.response_cache is not None and finish in ("stop", "length"):
-            self.response_cache.put(key, CachedReply(pieces, finish, len(pieces)))
-        yield DoneEvent(finish_reason=finish, text=text, error=error, notices=self._take_notices())
+    def _begin_reply(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _inference(self) -> AbstractContextManager[Any]:
+        return torch.inference_mode()
 
     def recovery_notices(self) -> tuple[str, ...]:
         """Derived files found damaged and rebuilt while the engine started (response cache, packed copies)."""
         return tuple(getattr(self.path, "recovery_notices", ())) + self._take_notices()
-
-    def _take_notices(self) -> tuple[str, ...]:
-        return tuple(self.response_cache.take_notices()) if self.response_cache is not None else ()
-
-    def _replay(self, hit: CachedReply, prompt_ids: list[int], started: float, dropped_turns: int) -> Iterator[Event]:
-        for piece in hit.pieces:
-            yield TokenEvent(piece)
-        elapsed = time.perf_counter() - started
-        yield StatsEvent(
-            ReplyStats(
-                ttft_s=elapsed,
-                prompt_tokens=len(prompt_ids),
-                cached_tokens=len(prompt_ids),
-                prefill_tokens_per_s=0.0,
-                decode_tokens_per_s=0.0,
-                generated_tokens=hit.generated_tokens,
-                prefill_s=0.0,
-                decode_s=0.0,
-                peak_memory_bytes=self._memory_now(),
-                memory_device=self.loaded.device,
-                from_response_cache=True,
-                dropped_turns=dropped_turns,
-                decode_path="response-cache",
-                context_window=self.context_window,
-            )
-        )
-        yield DoneEvent(finish_reason=hit.finish_reason, text=hit.text)  # type: ignore[arg-type]
 
     def _memory_now(self) -> int:
         if self.device.type == "cuda":
@@ -373,116 +203,31 @@ class Engine:
         kv.ids.extend(ids)
         return out.logits[:, -1, :].float()
 
-    def _decode(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        budget: int,
-        kv: KVState,
-        cancel: threading.Event | None,
-        started: float,
-        dropped_turns: int,
-        stop: tuple[str, ...] = (),
-        constraint: LogitsMask | None = None,
-    ) -> Iterator[Event]:
-        cuda = self.device.type == "cuda"
-        stop_at: int | None = None  # where in the reply text a stop string begins
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-        peak = self._memory_now()
-        reused = kv.reuse_for(prompt_ids)
-        processors = _processors(params)
-        generator = None
+
+class TorchSampler:
+    """transformers' warpers (repetition penalty, temperature, top-k, top-p, min-p), then argmax or a seeded draw."""
+
+    def __init__(self, params: SamplingParams, prompt_ids: list[int], device: torch.device) -> None:
+        self.params = params
+        self.processors = _processors(params)
+        self.generator: torch.Generator | None = None
         if not params.greedy:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % 2**63))
-        seen = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        detok = IncrementalDetokenizer(self.tokenizer)
-        generated = 0
-        finish: FinishReason = "length"
-        first_token_at: float | None = None
-        prefill_started = time.perf_counter()
-        prefill_done = prefill_started
-        with torch.inference_mode():
-            pending = prompt_ids[reused:]
-            logits = None
-            for start in range(0, len(pending), PREFILL_CHUNK):
-                if cancel is not None and cancel.is_set():
-                    finish = "cancelled"
-                    break
-                logits = self._forward(pending[start : start + PREFILL_CHUNK], kv)
-            if cuda:
-                torch.cuda.synchronize(self.device)
-            prefill_done = time.perf_counter()
-            peak = max(peak, self._memory_now())
-            while logits is not None and finish != "cancelled":
-                if constraint is not None:  # before the warpers: top-p then picks among the allowed tokens
-                    logits = constraint.apply(logits.float().contiguous())
-                if processors:
-                    logits = processors(seen, logits)  # type: ignore[arg-type]
-                if generator is None:
-                    token = greedy_pick(logits)
-                else:
-                    probs = torch.softmax(logits, dim=-1)
-                    token = int(torch.multinomial(probs, 1, generator=generator).item())
-                generated += 1
-                if constraint is not None:
-                    constraint.accept(token)
-                if token in self.eos_ids:
-                    finish = "stop"
-                    break
-                text = detok.add(token)
-                if first_token_at is None:
-                    first_token_at = time.perf_counter()
-                if text:
-                    yield TokenEvent(text)
-                if stop and text and (stop_at := _stop_position(detok.emitted, stop, len(text))) is not None:
-                    finish = "stop"
-                    break
-                if constraint is not None and constraint.finished:
-                    finish = "stop"
-                    break
-                if generated >= budget:
-                    finish = "length"
-                    break
-                if cancel is not None and cancel.is_set():
-                    finish = "cancelled"
-                    break
-                if params.repetition_penalty != 1.0:
-                    seen = torch.cat([seen, torch.tensor([[token]], device=self.device)], dim=1)
-                with self.path.step():
-                    logits = self._forward([token], kv, decode_step=True)
-                if not cuda and generated % MEMORY_SAMPLE_EVERY == 0:
-                    peak = max(peak, self._memory_now())
-        tail = detok.flush()
-        if tail:
-            yield TokenEvent(tail)
-        finished = time.perf_counter()
-        if first_token_at is None:
-            first_token_at = finished
-        peak = max(peak, self._memory_now())
-        prefill_s = prefill_done - prefill_started
-        decode_s = finished - first_token_at
-        new_tokens = len(prompt_ids) - reused
-        yield StatsEvent(
-            ReplyStats(
-                ttft_s=first_token_at - started,
-                prompt_tokens=len(prompt_ids),
-                cached_tokens=reused,
-                prefill_tokens_per_s=new_tokens / prefill_s if prefill_s > 0 else 0.0,
-                decode_tokens_per_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
-                generated_tokens=generated,
-                prefill_s=prefill_s,
-                decode_s=decode_s,
-                peak_memory_bytes=peak,
-                memory_device=self.loaded.device,
-                dropped_turns=dropped_turns,
-                decode_path=self.decode_path,
-                decode_path_note=self.decode_path_note,
-                context_window=self.context_window,
-            )
-        )
-        yield DoneEvent(finish_reason=finish, text=detok.emitted[:stop_at] if stop_at is not None else detok.emitted)
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % 2**63))
+        self.device = device
+        self.seen = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+
+    def pick(self, logits: torch.Tensor) -> int:
+        if self.processors:
+            logits = self.processors(self.seen, logits)  # type: ignore[arg-type]
+        if self.generator is None:
+            return greedy_pick(logits)
+        probs = torch.softmax(logits, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator).item())
+
+    def accept(self, token: int) -> None:
+        if self.params.repetition_penalty != 1.0:
+            self.seen = torch.cat([self.seen, torch.tensor([[token]], device=self.device)], dim=1)
 
 
 def greedy_pick(logits: torch.Tensor) -> int:
@@ -491,16 +236,6 @@ def greedy_pick(logits: torch.Tensor) -> int:
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return int(logits.numpy().argmax())
     return int(torch.argmax(logits, dim=-1).item())
-
-
-def _stop_position(text: str, stops: tuple[str, ...], new: int) -> int | None:
-    """Where the earliest stop string that the last `new` characters completed begins, if any."""
-    found: int | None = None
-    for stop in stops:
-        at = text.find(stop, max(0, len(text) - new - len(stop) + 1))
-        if at != -1 and (found is None or at < found):
-            found = at
-    return found
 
 
 def _processors(params: SamplingParams) -> LogitsProcessorList | None:

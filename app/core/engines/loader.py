@@ -23,6 +23,7 @@ from app.core.errors import (
     CorruptModelError,
     DeviceUnavailableError,
     HearthError,
+    LoadCancelled,
     ModelNotFoundError,
     QuantizationError,
     UnsafeModelError,
@@ -30,7 +31,8 @@ from app.core.errors import (
 )
 from app.core.fastpath.packed import set_compute_dtype
 from app.core.fastpath.prefill import apply_prefill_upcast
-from app.core.memory.planner import check_fit, plan_memory, stored_dtype
+from app.core.memory.fit import check_fit
+from app.core.memory.planner import plan_memory, stored_dtype
 from app.core.memory.release import release_freed_memory
 from app.core.memory.types import format_bytes
 from app.core.models import gguf_cache
@@ -50,11 +52,6 @@ ProgressCallback = Callable[[str, float | None], None]
 
 # bnb's CPU 4-bit kernel asserts on the first forward unless each quantized layer's output size is a multiple of this.
 CPU_4BIT_BLOCK_N = 32
-
-
-class LoadCancelled(HearthError):
-    def __init__(self) -> None:
-        super().__init__("Loading was cancelled.")
 
 
 @dataclass(frozen=True)

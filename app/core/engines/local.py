@@ -16,7 +16,7 @@ import torch
 
 from app.core.chat.events import Event
 from app.core.chat.response_cache import ResponseCache
-from app.core.engines.backend import ChatBackend, LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
+from app.core.engines.backend import LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
 from app.core.engines.engine import Engine, KVState
 from app.core.engines.kv_pool import PrefixKVPool, pool_size
 from app.core.engines.loader import LoadedModel, load_model
@@ -173,16 +173,11 @@ def _reading_from_snapshot(snapshot: MemorySnapshot) -> MemoryReading:
     return MemoryReading(snapshot.devices, snapshot.kv_bytes_per_token, snapshot.forecast_kv_full_at_tokens)
 
 
-def open_backend(
+def open_engine_backend(
     request: LoadRequest, progress: ProgressCallback | None = None, cancel: threading.Event | None = None
-) -> ChatBackend:
-    """Load the request's model and wrap it with its engine: the one load path of the window's worker and the
-    command line, so that every option in the request reaches the loader the same way from both. A request for a
-    remote engine's model opens a RemoteBackend instead (its key from the keyring), behind the same interface."""
-    if request.remote is not None:
-        from app.core.engines.remote.session import open_remote_backend
-
-        return open_remote_backend(request)
+) -> EngineBackend:
+    """Load the request's (local) model through torch and wrap it with its engine (app.core.engines.opening decides
+    when)."""
     loaded = load_model(
         request.model,
         quantization=request.quantization,

@@ -13,14 +13,3 @@ Measured on the 2-core AVX2 CI machine (bench/engine_speed.py, SmolLM2-135M-Inst
 - bitsandbytes 0.50's packed CPU 4-bit path needs AVX512-BF16 (`has_avx512bf16`); without it every NF4 matmul
   dequantizes the whole weight first. NF4 on such CPUs is routed through int4 repacking (`int4` below).
 """
-
-from __future__ import annotations
-
-from app.core.fastpath.select import (
-    DECODE_PATHS,
-    DecodePathChoice,
-    apply_decode_path,
-    remove_decode_path,
-)
-
-__all__ = ["DECODE_PATHS", "DecodePathChoice", "apply_decode_path", "remove_decode_path"]

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from app.core.models.safetensors_header import FLOAT_DTYPES, StoredTensor, read_header
+from app.core.models.dtypes import FLOAT_DTYPES
+from app.core.models.safetensors_header import StoredTensor, read_header
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -19,20 +18,17 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from app.core.fastpath import int8, integrity, native, packed, prefill
+from app.core.fastpath import int8, integrity, kernel, native, packed, prefill
+from app.core.fastpath.packed_cache import packed_cache_file
 from app.core.fastpath.rows import release_file_pages
+from app.core.models.dtypes import FLOAT_DTYPES
 from app.core.models.model_source import weights_fingerprint
-from app.core.models.safetensors_header import FLOAT_DTYPES
-from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
 # "auto" picks the fastest measured path for the device and weights; the others force one (bench, tests).
 DECODE_PATHS = ("auto", "eager", "fused-int8", "fused-q4", "int8-decode")
 ENV_OVERRIDE = "HEARTH_DECODE_PATH"
-# Bump when the packed layout, the quantization recipe or the file's checks change (3: sha256; 4: Q4_1 in groups of
-# 16 rows).
-CACHE_FORMAT = 4
 # Weights "auto" runs through the fused C decode step on the CPU. Measured on SmolLM2-135M, 2-core AVX2 machine,
 # bf16 weights (bench/engine_speed.py): eager 25 tok/s, fused-int8 107 (4.25x), fused-q4 147 (5.85x); teacher-forced
 # greedy agreement with eager 93/96 (int8) and 90/96 (Q4_1), both inside the 90 % bound the tests hold. The fastest
@@ -84,7 +80,7 @@ def apply_decode_path(
     """
     notices: list[str] = []
     choice = _choose(model, device, quantization, requested, folder, notices)
-    notices[:0] = native.take_library_notices()  # the kernel library's, found while loading it
+    notices[:0] = kernel.take_library_notices()  # the kernel library's, found while loading it
     digest = choice.weights_digest or (_dense_digest(folder) if choice.fused is None and folder is not None else "")
     return dataclasses.replace(choice, weights_digest=digest, recovery_notices=(*notices, *choice.recovery_notices))
 
@@ -118,7 +114,7 @@ def _choose(
     if reason:
         return DecodePathChoice("eager", reason)
     started = time.perf_counter()
-    cache_file = _cache_file(folder, quantization) if folder is not None else None
+    cache_file = packed_cache_file(folder, quantization) if folder is not None else None
     stored = _read_cache(cache_file, notices)
     digest = stored[1] if stored is not None else ""
     try:
@@ -171,13 +167,13 @@ def _apply_fused(
     seconds = time.perf_counter() - started
     built = f", kernel compiled in {library.build_seconds:.1f} s" if library.build_seconds else ""
     threads = f"{decoder.threads} thread{'s' if decoder.threads > 1 else ''}"
-    q4_kernel = native.Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
+    q4_kernel = kernel.Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
     described = {"int8": "int8", "q4": f"Q4_1 x16, {q4_kernel} (lm_head int8)"}[weight_format]
-    kernel = library.origin or "C kernel"
+    origin = library.origin or "C kernel"
     if library.fallback:  # compiled here although kernels may ship prebuilt: say why none was used
-        kernel = f"{kernel}; {library.fallback}"
+        origin = f"{origin}; {library.fallback}"
     note = (
-        f"fused {described} decode step (C kernel {kernel}; {threads}; weights {how} in {seconds:.1f} s{built}); "
+        f"fused {described} decode step (C kernel {origin}; {threads}; weights {how} in {seconds:.1f} s{built}); "
         f"prefill in {_prefill_description(model, quantization)}"
     )
     name = f"fused-{weight_format}"
@@ -193,7 +189,7 @@ def _packed_copy(
     # q4 packs from the same values as a bf16 load does (its matrices, mapped in the file's dtype, rounded to bf16 one
     # at a time): one cache entry serves both.
     key = "bf16" if quantization == "q4" else quantization
-    cache_file = _cache_file(folder, key, kind=f"decode-fused-{weight_format}") if folder is not None else None
+    cache_file = packed_cache_file(folder, key, kind=f"decode-fused-{weight_format}") if folder is not None else None
     stored = _read_cache(cache_file, notices)
     if stored is not None and native.tensors_fit(model, stored[0], weight_format):
         return stored[0], stored[1], "loaded from the cache"
@@ -231,7 +227,7 @@ class HeldOnce:
 def _fused_library(model: Any, weight_format: str) -> Any:
     """The kernel library for the fused step on this model in `weight_format`, or why it can't run (an architecture
     it lacks, no kernel)."""
-    return native.unsupported_reason(model, weight_format) or native.load_library()
+    return native.unsupported_reason(model, weight_format) or kernel.load_library()
 
 
 def hold_weights_once(model: Any, folder: Path | None, notices: list[str]) -> str:
@@ -264,19 +260,6 @@ def _prefill_description(model: Any, quantization: str) -> str:
             )
         return f"Q4_1 weights held once, dequantized per layer for {gemm} GEMMs"
     return f"{quantization} weights, fp32 GEMMs" if prefill.uses_upcast(model) else quantization
-
-
-def _cache_file(folder: Path, quantization: str, kind: str = "decode-int8") -> Path | None:
-    try:
-        files = sorted(folder.resolve().glob("*.safetensors"))
-        stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    except OSError:
-        return None
-    if not files:
-        return None
-    identity = json.dumps([CACHE_FORMAT, kind, str(folder.resolve()), stamp, quantization, torch.__version__])
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:24]
-    return cache_dir() / kind / f"{folder.name[:40]}-{quantization}-{digest}.safetensors"
 
 
 def _read_cache(cache_file: Path | None, notices: list[str]) -> tuple[dict[str, torch.Tensor], str] | None:

@@ -24,13 +24,13 @@ from app.core.errors import (
     DeviceUnavailableError,
     HearthError,
     ModelNotFoundError,
-    ModelTooLargeError,
     UnsupportedModelError,
 )
 from app.core.memory import calibration
 from app.core.memory.types import Fit, MemoryPlan, format_bytes
 from app.core.models import bnb_cpu, gguf_cache
 from app.core.models.attention import attention_shape
+from app.core.models.dtypes import FLOAT_DTYPES
 from app.core.models.gguf_meta import config_dict_from_gguf
 from app.core.models.model_source import ModelSource, resolve_model
 from app.core.models.quant import (
@@ -41,9 +41,9 @@ from app.core.models.quant import (
     uses_double_quant,
     weights_dtype_name,
 )
-from app.core.models.safetensors_header import FLOAT_DTYPES, read_header
+from app.core.models.safetensors_header import read_header
 
-PREFILL_CHUNK = 512  # app.core.engines.engine.PREFILL_CHUNK (not imported: the engine pulls in the sampling stack)
+PREFILL_CHUNK = 512  # app.core.engines.generation.PREFILL_CHUNK (not imported: the engine pulls in the sampling stack)
 NF4_BLOCKSIZE = 64  # bitsandbytes' 4-bit blocksize: one absmax per 64 weights
 NF4_CODE_BYTES = 16 * 4  # the 16-entry fp32 NF4 code book, one per layer
 DQ_BLOCKSIZE = 256  # double quant: absmax quantized to 8 bits in blocks of 256, one fp32 absmax each
@@ -393,7 +393,8 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
     from torch import nn
 
     from app.core.fastpath import prefill
-    from app.core.fastpath.native import expected_q4_kernel, head_bytes, packed_matrix_bytes
+    from app.core.fastpath.kernel import expected_q4_kernel
+    from app.core.fastpath.native import head_bytes, packed_matrix_bytes
     from app.core.fastpath.packed import (
         MAPPABLE_EMBEDDING_DTYPES,
         RECORD_PREFILL_BYTES_PER_VALUE,
@@ -790,22 +791,3 @@ def _largest_fitting(need: Any, free: int, limit: int) -> int:
         else:
             high = middle
     return low
-
-
-def check_fit(plan: MemoryPlan) -> None:
-    """Raise ModelTooLargeError, with the numbers, unless the plan fits on its device."""
-    if plan.fits == "yes":
-        return
-    where = "the CPU (available RAM)" if plan.device == "cpu" else plan.device
-    message = (
-        f"{plan.model} ({plan.quantization}) needs {format_bytes(plan.total_bytes)} at {plan.context:,} tokens of "
-        f"context but only {format_bytes(plan.free_bytes)} is free on {where}."
-    )
-    if plan.fits == "offload":
-        message += " It would fit only by offloading layers to the CPU, which Hearth does not do."
-    if 0 < plan.max_context < plan.context:
-        message += f" Up to {plan.max_context:,} tokens of context would fit (--context {plan.max_context})."
-    else:
-        message += " Try a smaller quantization (--quant nf4)." if plan.quantization != "nf4" else ""
-    message += " To load it anyway, use --ignore-fit."
-    raise ModelTooLargeError(message, needed_bytes=plan.total_bytes, free_bytes=plan.free_bytes)

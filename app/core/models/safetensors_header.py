@@ -6,10 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 HEADER_LIMIT = 100 << 20  # safetensors' own limit on a header's size
-FLOAT_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}  # the header's names for them
 
 
 @dataclass(frozen=True)

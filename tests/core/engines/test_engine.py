@@ -70,7 +70,7 @@ def test_event_order_is_prompt_then_tokens_then_stats_then_done(engine: Engine) 
 
 
 def test_the_prompt_is_tokenized_once_per_reply(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.core.engines import engine as engine_module
+    from app.core.engines import generation as engine_module
 
     calls: list[int] = []
     real = engine_module.format_prompt

@@ -10,7 +10,8 @@ import pytest
 from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import LoadRequest, ReplyRequest
-from app.core.engines.local import EngineBackend, open_backend
+from app.core.engines.local import EngineBackend
+from app.core.engines.local import open_engine_backend as open_backend
 from app.core.errors import ContextOverflowError, ModelNotFoundError
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=6)

@@ -19,7 +19,8 @@ from app.core.errors import (
     UnsupportedModelError,
 )
 from app.core.memory.accounting import kv_bytes_by_device, measured_weights_by_device
-from app.core.memory.planner import check_fit, config_from_gguf, kv_layout, nf4_weight_bytes, plan_memory
+from app.core.memory.fit import check_fit
+from app.core.memory.planner import config_from_gguf, kv_layout, nf4_weight_bytes, plan_memory
 from app.core.memory.types import format_bytes
 from app.core.models import bnb_cpu
 from app.core.models.model_source import default_model_gguf
@@ -283,7 +284,7 @@ def test_kv_layout_of_a_config_without_sliding_window(tiny_model_dir) -> None:
 
 
 def test_planner_prefill_chunk_matches_the_engine() -> None:
-    from app.core.engines.engine import PREFILL_CHUNK as ENGINE_CHUNK
+    from app.core.engines.generation import PREFILL_CHUNK as ENGINE_CHUNK
     from app.core.memory.planner import PREFILL_CHUNK
 
     assert PREFILL_CHUNK == ENGINE_CHUNK

@@ -1,5 +1,5 @@
 """Opening a RemoteBackend from the registry: `hearth chat --engine NAME` (a ChatSession over it) and the window's
-model picker (a LoadRequest naming a RemoteModel, through app.core.engines.local.open_backend)."""
+model picker (a LoadRequest naming a RemoteModel, through app.core.engines.opening.open_backend)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def test_remote_model_labels_parse_back(text: str, expected: RemoteModel | None)
 def test_open_backend_opens_a_remote_model_with_its_key_and_no_connection(
     keys: memory_keyring.MemoryKeyring, replay: ReplayServer
 ) -> None:
-    from app.core.engines.local import open_backend
+    from app.core.engines.opening import open_backend
 
     registry.save_key(registry.key_name_for("box"), "sk-choice-test-1234567")
     registry.add_engine(registry.EngineConfig("box", base_url=replay.base_url, key_name=registry.key_name_for("box")))

@@ -1,0 +1,422 @@
+"""What every local engine shares: a prompt from messages (chat template, context policy), then a reply as a plain
+generator of typed events (PromptEvent, TokenEvent…, StatsEvent, DoneEvent) with the response cache, stop strings,
+cancel within one token and the reply's prefill and decode figures. Torch-free: the torch engine
+(app.core.engines.engine) and the torch-free one (app.core.engines.lite.engine) supply the model's steps and sampling.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from app.core.chat.chat_format import format_prompt, supports_tools
+from app.core.chat.detok import IncrementalDetokenizer
+from app.core.chat.events import (
+    ChatMessage,
+    ContextUsage,
+    DoneEvent,
+    Event,
+    FinishReason,
+    PromptEvent,
+    ReplyStats,
+    StatsEvent,
+    TokenEvent,
+)
+from app.core.chat.response_cache import CachedReply, ResponseCache, cache_key
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import ReplyRequest, ResponseFormat
+from app.core.errors import ContextOverflowError, HearthError
+
+log = logging.getLogger(__name__)
+
+PREFILL_CHUNK = 512  # bounds the prefill activation peak; also lets cancel act between chunks
+MEMORY_SAMPLE_EVERY = 16  # tokens between RSS samples on the CPU (a psutil call is ~10 µs)
+
+
+class KVCache(Protocol):
+    """A conversation's KV cache and the exact token ids it holds."""
+
+    @property
+    def ids(self) -> list[int]: ...
+
+    def reset(self) -> None: ...
+
+    def nbytes(self) -> int: ...
+
+    def reuse_for(self, prompt_ids: list[int]) -> int:
+        """Crop to the longest common prefix with the new prompt (always leaving its last token to run) and return
+        how many tokens are reused."""
+        ...
+
+
+class Constraint(Protocol):
+    """A response format's grammar for one reply: masks each step's logits, follows the picked tokens."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    def apply(self, logits: Any) -> Any: ...
+
+    def accept(self, token: int) -> None: ...
+
+
+class Sampler(Protocol):
+    """One reply's token choice: greedy or seeded sampling after the warpers (temperature, top-k/p, min-p,
+    repetition penalty over the prompt and the tokens accepted so far)."""
+
+    def pick(self, logits: Any) -> int: ...
+
+    def accept(self, token: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    ids: list[int]
+    dropped_turns: int
+    used_fallback_template: bool
+    kept: tuple[ChatMessage, ...] = ()  # the messages the prompt holds (old turns dropped to fit are not)
+    constraint: Constraint | None = None  # the response format's grammar, for this one reply
+
+
+class ReplyEngine(ABC):
+    """A loaded model's replies; subclasses set the attributes below and implement the model's steps."""
+
+    tokenizer: Any
+    response_cache: ResponseCache | None
+    context_window: int
+    eos_ids: set[int]
+    vocab_size: int
+    decode_path: str
+    decode_path_note: str
+    model_id: str  # with quantization: the response cache's key
+    quantization: str
+    display_name: str
+    device_name: str  # where memory is counted ("cpu", "cuda:0")
+    polls_memory: bool  # sample the process's memory every MEMORY_SAMPLE_EVERY tokens (the CPU's RSS)
+
+    # -- what a model supplies ---------------------------------------------------------------
+    @abstractmethod
+    def new_kv(self) -> KVCache: ...
+
+    @abstractmethod
+    def _prefill(self, ids: list[int], kv: Any) -> Any:
+        """Run prompt ids (at most PREFILL_CHUNK) on top of the cache; the last position's logits."""
+
+    @abstractmethod
+    def _decode_step(self, token: int, kv: Any) -> Any:
+        """Run one generated token on top of the cache; its logits."""
+
+    @abstractmethod
+    def _sampler(self, params: SamplingParams, prompt_ids: list[int]) -> Sampler: ...
+
+    @abstractmethod
+    def _memory_now(self) -> int: ...
+
+    @abstractmethod
+    def _cache_identity(self, budget: int) -> dict[str, Any]:
+        """What besides the prompt decides a greedy reply (response cache key): weights, decode path, kernel."""
+
+    def _constraint(self, response_format: ResponseFormat) -> Constraint | None:
+        if response_format.kind == "text":
+            return None
+        raise HearthError(f"This engine cannot enforce a {response_format.kind} response format.")
+
+    def _begin_reply(self) -> None:  # noqa: B027 (optional: most engines have nothing to do)
+        """Before a reply's first step (the GPU's peak memory counter is reset here)."""
+
+    def _synchronize(self) -> None:  # noqa: B027
+        """After prefill, before its time is read (a GPU's queued work)."""
+
+    def _inference(self) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+    # -- prompts ---------------------------------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prepare_prompt(
+        self,
+        messages: list[ChatMessage],
+        *,
+        assistant_prefix: str = "",
+        context_policy: str = "error",
+        tools: list[dict[str, Any]] | None = None,
+    ) -> PreparedPrompt:
+        """Token ids for the messages; raises ContextOverflowError rather than truncate, unless the
+        policy allows dropping whole old turns (never the system prompt or the newest message)."""
+        working = list(messages)
+        dropped = 0
+        while True:
+            formatted = format_prompt(self.tokenizer, working, assistant_prefix, tools)
+            if len(formatted.ids) < self.context_window:
+                return PreparedPrompt(formatted.ids, dropped, formatted.used_fallback, tuple(working))
+            droppable = [i for i, m in enumerate(working[:-1]) if m.role != "system"]
+            if context_policy != "drop-oldest" or not droppable:
+                raise ContextOverflowError(len(formatted.ids), self.context_window)
+            first = droppable[0]
+            # Drop a whole exchange (user + its reply) so the template still alternates roles.
+            end = first + 2 if first + 1 < len(working) - 1 and working[first + 1].role == "assistant" else first + 1
+            del working[first:end]
+            dropped += end - first
+
+    def prepare(self, request: ReplyRequest) -> PreparedPrompt:
+        """The request's prompt as token ids, tokenized once; raises the user's errors (the prompt does not fit, a
+        feature this engine cannot honour) before any event."""
+        if request.tools and not supports_tools(self.tokenizer):
+            raise HearthError(
+                f"The chat template of {self.display_name} does not support tools: send the request without "
+                "'tools', or load a model whose template has them (e.g. Qwen2.5 or Llama 3.1 Instruct)."
+            )
+        if request.raw_prompt is not None:  # a plain completion: the text as is, with the tokenizer's own BOS
+            ids = list(self.tokenizer(request.raw_prompt)["input_ids"])
+            if len(ids) >= self.context_window:
+                raise ContextOverflowError(len(ids), self.context_window)
+            prompt = PreparedPrompt(ids, 0, False)
+        else:
+            prompt = self.prepare_prompt(
+                list(request.messages),
+                assistant_prefix=request.assistant_prefix,
+                context_policy=request.context_policy,
+                tools=list(request.tools) or None,
+            )
+        constraint = self._constraint(request.response_format)  # a bad schema raises
+        return replace(prompt, constraint=constraint) if constraint is not None else prompt
+
+    def context_usage(self, request: ReplyRequest, prompt: PreparedPrompt) -> ContextUsage:
+        """How the prepared prompt fills the window: the system prompt and the newest message counted alone, the
+        template's tokens and older turns as history."""
+        kept = prompt.kept
+        system = sum(self.count_tokens(m.content) for m in kept if m.role == "system")
+        last_user = next((m for m in reversed(kept) if m.role == "user"), None)
+        current = self.count_tokens(last_user.content) if last_user else 0
+        reply = self.count_tokens(request.assistant_prefix) if request.assistant_prefix else 0
+        history = max(len(prompt.ids) - system - current - reply, 0)
+        return ContextUsage(system, history, current, reply, self.context_window)
+
+    # -- generation ------------------------------------------------------------------------
+    def generate(
+        self, request: ReplyRequest, *, kv: KVCache | None = None, cancel: threading.Event | None = None
+    ) -> Iterator[Event]:
+        """Stream one reply: PromptEvent, TokenEvent…, StatsEvent, DoneEvent. Errors that are the user's (context
+        overflow) raise before the first event; failures during generation end the stream with DoneEvent('error')
+        and leave the engine usable."""
+        started = time.perf_counter()
+        prompt = self.prepare(request)
+        yield from self.generate_prepared(prompt, request, kv=kv, cancel=cancel, started=started)
+
+    def generate_prepared(
+        self,
+        prompt: PreparedPrompt,
+        request: ReplyRequest,
+        *,
+        kv: KVCache | None = None,
+        cancel: threading.Event | None = None,
+        started: float | None = None,
+    ) -> Iterator[Event]:
+        """`generate` for a prompt already prepared (by a caller that had to raise the user's errors first)."""
+        started = started if started is not None else time.perf_counter()
+        yield PromptEvent(self.context_usage(request, prompt), prompt.dropped_turns)
+        yield from self.generate_from_ids(
+            prompt.ids,
+            request.params,
+            kv=kv,
+            cancel=cancel,
+            use_response_cache=request.use_response_cache,
+            dropped_turns=prompt.dropped_turns,
+            started=started,
+            stop=tuple(request.stop),
+            constraint=prompt.constraint,
+        )
+
+    def generate_from_ids(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        kv: KVCache | None = None,
+        cancel: threading.Event | None = None,
+        use_response_cache: bool = True,
+        dropped_turns: int = 0,
+        started: float | None = None,
+        stop: tuple[str, ...] = (),
+        constraint: Constraint | None = None,
+    ) -> Iterator[Event]:
+        """`stop`: end the reply at the first of these strings (the DoneEvent's text is cut before it; token events
+        may already hold part of it). `constraint`: mask each step's logits to the response format's grammar."""
+        started = started if started is not None else time.perf_counter()
+        if len(prompt_ids) >= self.context_window:
+            raise ContextOverflowError(len(prompt_ids), self.context_window)
+        if len(prompt_ids) == 0:
+            raise ValueError("empty prompt")
+        budget = min(params.max_new_tokens, self.context_window - len(prompt_ids))
+        key = None
+        if self.response_cache is not None and params.greedy and not stop and constraint is None:
+            key = cache_key(self.model_id, self.quantization, prompt_ids, self._cache_identity(budget))
+            if use_response_cache and (hit := self.response_cache.get(key)) is not None:
+                yield from self._replay(hit, prompt_ids, started, dropped_turns)
+                return
+        kv = kv if kv is not None else self.new_kv()
+        pieces: list[str] = []
+        finish: FinishReason = "error"
+        error: str | None = None
+        cut: str | None = None  # the reply as the decode loop ended it (before a stop string)
+        try:
+            decoding = self._decode(prompt_ids, params, budget, kv, cancel, started, dropped_turns, stop, constraint)
+            for event in decoding:
+                if isinstance(event, TokenEvent):
+                    pieces.append(event.text)
+                elif isinstance(event, DoneEvent):
+                    finish, cut = event.finish_reason, event.text
+                    continue
+                yield event
+        except Exception as exc:  # keep the engine usable: the cache may be half-written, drop it
+            log.exception("generation failed")
+            kv.reset()
+            error = f"{type(exc).__name__}: {exc}"
+            finish = "error"
+        text = cut if cut is not None else "".join(pieces)
+        if key is not None and self.response_cache is not None and finish in ("stop", "length"):
+            self.response_cache.put(key, CachedReply(pieces, finish, len(pieces)))
+        yield DoneEvent(finish_reason=finish, text=text, error=error, notices=self._take_notices())
+
+    def recovery_notices(self) -> tuple[str, ...]:
+        """Derived files found damaged and rebuilt while the engine started (response cache, packed copies)."""
+        return self._take_notices()
+
+    def _take_notices(self) -> tuple[str, ...]:
+        return tuple(self.response_cache.take_notices()) if self.response_cache is not None else ()
+
+    def _replay(self, hit: CachedReply, prompt_ids: list[int], started: float, dropped_turns: int) -> Iterator[Event]:
+        for piece in hit.pieces:
+            yield TokenEvent(piece)
+        elapsed = time.perf_counter() - started
+        yield StatsEvent(
+            ReplyStats(
+                ttft_s=elapsed,
+                prompt_tokens=len(prompt_ids),
+                cached_tokens=len(prompt_ids),
+                prefill_tokens_per_s=0.0,
+                decode_tokens_per_s=0.0,
+                generated_tokens=hit.generated_tokens,
+                prefill_s=0.0,
+                decode_s=0.0,
+                peak_memory_bytes=self._memory_now(),
+                memory_device=self.device_name,
+                from_response_cache=True,
+                dropped_turns=dropped_turns,
+                decode_path="response-cache",
+                context_window=self.context_window,
+            )
+        )
+        yield DoneEvent(finish_reason=hit.finish_reason, text=hit.text)  # type: ignore[arg-type]
+
+    def _decode(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        budget: int,
+        kv: Any,
+        cancel: threading.Event | None,
+        started: float,
+        dropped_turns: int,
+        stop: tuple[str, ...] = (),
+        constraint: Constraint | None = None,
+    ) -> Iterator[Event]:
+        stop_at: int | None = None  # where in the reply text a stop string begins
+        self._begin_reply()
+        peak = self._memory_now()
+        reused = kv.reuse_for(prompt_ids)
+        sampler = self._sampler(params, prompt_ids)
+        detok = IncrementalDetokenizer(self.tokenizer)
+        generated = 0
+        finish: FinishReason = "length"
+        first_token_at: float | None = None
+        prefill_started = time.perf_counter()
+        prefill_done = prefill_started
+        with self._inference():
+            pending = prompt_ids[reused:]
+            logits = None
+            for start in range(0, len(pending), PREFILL_CHUNK):
+                if cancel is not None and cancel.is_set():
+                    finish = "cancelled"
+                    break
+                logits = self._prefill(pending[start : start + PREFILL_CHUNK], kv)
+            self._synchronize()
+            prefill_done = time.perf_counter()
+            peak = max(peak, self._memory_now())
+            while logits is not None and finish != "cancelled":
+                if constraint is not None:  # before the warpers: top-p then picks among the allowed tokens
+                    logits = constraint.apply(logits)
+                token = sampler.pick(logits)
+                generated += 1
+                if constraint is not None:
+                    constraint.accept(token)
+                if token in self.eos_ids:
+                    finish = "stop"
+                    break
+                text = detok.add(token)
+                if first_token_at is None:
+                    first_token_at = time.perf_counter()
+                if text:
+                    yield TokenEvent(text)
+                if stop and text and (stop_at := _stop_position(detok.emitted, stop, len(text))) is not None:
+                    finish = "stop"
+                    break
+                if constraint is not None and constraint.finished:
+                    finish = "stop"
+                    break
+                if generated >= budget:
+                    finish = "length"
+                    break
+                if cancel is not None and cancel.is_set():
+                    finish = "cancelled"
+                    break
+                sampler.accept(token)
+                logits = self._decode_step(token, kv)
+                if self.polls_memory and generated % MEMORY_SAMPLE_EVERY == 0:
+                    peak = max(peak, self._memory_now())
+        tail = detok.flush()
+        if tail:
+            yield TokenEvent(tail)
+        finished = time.perf_counter()
+        if first_token_at is None:
+            first_token_at = finished
+        peak = max(peak, self._memory_now())
+        prefill_s = prefill_done - prefill_started
+        decode_s = finished - first_token_at
+        new_tokens = len(prompt_ids) - reused
+        yield StatsEvent(
+            ReplyStats(
+                ttft_s=first_token_at - started,
+                prompt_tokens=len(prompt_ids),
+                cached_tokens=reused,
+                prefill_tokens_per_s=new_tokens / prefill_s if prefill_s > 0 else 0.0,
+                decode_tokens_per_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
+                generated_tokens=generated,
+                prefill_s=prefill_s,
+                decode_s=decode_s,
+                peak_memory_bytes=peak,
+                memory_device=self.device_name,
+                dropped_turns=dropped_turns,
+                decode_path=self.decode_path,
+                decode_path_note=self.decode_path_note,
+                context_window=self.context_window,
+            )
+        )
+        yield DoneEvent(finish_reason=finish, text=detok.emitted[:stop_at] if stop_at is not None else detok.emitted)
+
+
+def _stop_position(text: str, stops: tuple[str, ...], new: int) -> int | None:
+    """Where the earliest stop string that the last `new` characters completed begins, if any."""
+    found: int | None = None
+    for stop in stops:
+        at = text.find(stop, max(0, len(text) - new - len(stop) + 1))
+        if at != -1 and (found is None or at < found):
+            found = at
+    return found

@@ -1,0 +1,230 @@
+"""The torch-free engine: app.core.engines.generation's replies over a LiteModel, with numpy sampling and the
+model's own tokenizer class (transformers' tokenizers import no torch; its auto classes do)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import psutil
+
+from app.core.chat.response_cache import ResponseCache
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import ResponseFormat
+from app.core.engines.generation import ReplyEngine
+from app.core.engines.lite.runtime import PREFILL_CHUNK, LiteCache, LiteModel, LiteUnavailable
+from app.core.errors import HearthError
+from app.core.fastpath.kernel import ABI as KERNEL_ABI
+from app.core.fastpath.kernel import Q4_KERNELS
+
+log = logging.getLogger(__name__)
+
+DECODE_PATH = "lite-q4"  # the stats' and the response cache's name for this engine's steps
+Floats = npt.NDArray[np.float32]
+
+
+def load_tokenizer(folder: Path) -> Any:
+    """The folder's tokenizer through the class its tokenizer_config.json names (what AutoTokenizer loads for these
+    models), imported by name: AutoTokenizer's lookup tables import torch."""
+    import transformers
+
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LiteUnavailable(f"its tokenizer_config.json could not be read ({exc})") from exc
+    name = str(config.get("tokenizer_class") or "") if isinstance(config, dict) else ""
+    if not name:
+        raise LiteUnavailable("its tokenizer_config.json names no tokenizer class")
+    try:
+        tokenizer_class = getattr(transformers, name)
+        base = transformers.TokenizersBackend
+    except AttributeError as exc:
+        raise LiteUnavailable(f"tokenizer class {name} is not in this transformers") from exc
+    if not (isinstance(tokenizer_class, type) and issubclass(tokenizer_class, base)):
+        raise LiteUnavailable(f"tokenizer class {name} is not a tokenizers-backed one")
+    try:
+        return tokenizer_class.from_pretrained(folder)
+    except (OSError, ValueError) as exc:
+        raise LiteUnavailable(f"its tokenizer could not be loaded ({exc})") from exc
+
+
+def eos_ids(folder: Path, tokenizer: Any) -> set[int]:
+    """End-of-reply ids: generation_config.json's, config.json's and the tokenizer's (as the torch engine reads
+    them from the model's generation config, its config and the tokenizer)."""
+    found: set[int] = set()
+    values: list[Any] = [getattr(tokenizer, "eos_token_id", None)]
+    for name in ("generation_config.json", "config.json"):
+        try:
+            data = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            values.append(data.get("eos_token_id"))
+            text = data.get("text_config")
+            if isinstance(text, dict):
+                values.append(text.get("eos_token_id"))
+    for value in values:
+        if isinstance(value, int):
+            found.add(value)
+        elif isinstance(value, list | tuple):
+            found.update(int(v) for v in value if isinstance(v, int))
+    return found
+
+
+class LiteKV:
+    """A conversation's cache for the torch-free engine (app.core.engines.generation.KVCache)."""
+
+    def __init__(self, model: LiteModel) -> None:
+        self.model = model
+        self.cache: LiteCache | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        return self.cache.ids if self.cache is not None else []
+
+    def reset(self) -> None:
+        self.cache = None  # its slabs go back to the allocator
+
+    def nbytes(self) -> int:
+        return self.cache.nbytes if self.cache is not None else 0
+
+    def reuse_for(self, prompt_ids: list[int]) -> int:
+        if self.cache is None:
+            return 0
+        common = self.cache.reuse_for(prompt_ids)
+        if common == 0:
+            self.reset()
+        return common
+
+    def current(self) -> LiteCache:
+        if self.cache is None:
+            self.cache = self.model.new_cache()
+        return self.cache
+
+
+class NumpySampler:
+    """The torch engine's warpers in numpy, in its order (repetition penalty, temperature, top-k, top-p, min-p),
+    then argmax or a draw from a seeded generator. Greedy replies are the same tokens; a seed gives the same
+    reply every time here (not the torch engine's draw)."""
+
+    def __init__(self, params: SamplingParams, prompt_ids: list[int]) -> None:
+        self.params = params
+        seed = params.seed if params.seed is not None else time.time_ns() % 2**63
+        self.rng = np.random.default_rng(seed) if not params.greedy else None
+        self.seen = np.array(prompt_ids, dtype=np.int64)
+
+    def pick(self, logits: Floats) -> int:
+        params = self.params
+        if params.repetition_penalty != 1.0:
+            logits = logits.copy()
+            seen = np.unique(self.seen[(self.seen >= 0) & (self.seen < logits.shape[0])])
+            scores = logits[seen]
+            logits[seen] = np.where(scores < 0, scores * params.repetition_penalty, scores / params.repetition_penalty)
+        if self.rng is None:
+            return int(logits.argmax())
+        warped = logits.astype(np.float64) / params.temperature
+        if 0 < params.top_k < warped.shape[0]:
+            kth = np.partition(warped, -params.top_k)[-params.top_k]
+            warped[warped < kth] = -np.inf
+        if params.top_p < 1.0:
+            order = np.argsort(warped, kind="stable")  # ascending, as transformers' TopPLogitsWarper
+            drop = np.cumsum(_softmax(warped[order])) <= 1 - params.top_p
+            drop[-1] = False  # the most likely token always stays
+            warped[order[drop]] = -np.inf
+        if params.min_p > 0:
+            probs = _softmax(warped)
+            warped[probs < params.min_p * probs.max()] = -np.inf
+        probs = _softmax(warped)
+        return int(self.rng.choice(probs.shape[0], p=probs))
+
+    def accept(self, token: int) -> None:
+        if self.params.repetition_penalty != 1.0:
+            self.seen = np.append(self.seen, token)
+
+
+def _softmax(logits: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.float64]:
+    shifted = np.exp(logits.astype(np.float64) - logits.max())
+    return shifted / shifted.sum()
+
+
+class LiteEngine(ReplyEngine):
+    """A LiteModel's replies: prefill and decode in the kernel library, nothing from torch."""
+
+    def __init__(
+        self,
+        model: LiteModel,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        display_name: str,
+        context_window: int,
+        weights_fingerprint: str,
+        packed_digest: str,
+        response_cache: ResponseCache | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.response_cache = response_cache
+        self.context_window = context_window
+        self.eos_ids = eos_ids(model.folder, tokenizer)
+        self.vocab_size = model.config.vocab
+        self.model_id = model_id
+        self.display_name = display_name
+        self.quantization = "q4"
+        self.device_name = "cpu"
+        self.polls_memory = True
+        self.weights_fingerprint = weights_fingerprint
+        self.packed_digest = packed_digest
+        self.decode_path = DECODE_PATH
+        library = model.library
+        kernel = Q4_KERNELS.get(int(model.lib.hearth_q4_kernel()), "?")
+        origin = library.origin or "C kernel"
+        threads = f"{model.threads} thread{'s' if model.threads > 1 else ''}"
+        self.decode_path_note = (
+            f"torch-free runtime: fused Q4_1 x16, {kernel} (lm_head int8) decode step (C kernel {origin}; {threads}); "
+            f"prefill from the records in chunks of up to {PREFILL_CHUNK} tokens, fp32 activations"
+        )
+        self._process = psutil.Process(os.getpid())
+
+    def new_kv(self) -> LiteKV:
+        return LiteKV(self.model)
+
+    def _prefill(self, ids: list[int], kv: LiteKV) -> Floats:
+        return self.model.prefill(ids, kv.current())
+
+    def _decode_step(self, token: int, kv: LiteKV) -> Floats:
+        return self.model.step(token, kv.current())
+
+    def _sampler(self, params: SamplingParams, prompt_ids: list[int]) -> NumpySampler:
+        return NumpySampler(params, prompt_ids)
+
+    def _memory_now(self) -> int:
+        return int(self._process.memory_info().rss)
+
+    def _cache_identity(self, budget: int) -> dict[str, Any]:
+        return {
+            "max_new_tokens": budget,
+            "decode_path": self.decode_path,
+            "weights": self.weights_fingerprint,
+            "decode_weights": f"sha256:{self.packed_digest}",
+            "kernel_abi": KERNEL_ABI,
+        }
+
+    def _constraint(self, response_format: ResponseFormat) -> None:
+        if response_format.kind != "text":
+            raise HearthError(
+                f"The torch-free runtime cannot enforce a {response_format.kind} response format (its grammar masks "
+                "torch tensors): load the model with HEARTH_RUNTIME=torch, as `hearth serve` does."
+            )
+
+    def recovery_notices(self) -> tuple[str, ...]:
+        return self._take_notices()
+
+    def close(self) -> None:
+        self.model.close()

@@ -1,0 +1,649 @@
+"""A Llama-family decoder run from its packed Q4_1 copy without torch: prefill in numpy and the kernel library's
+`hearth_q4_prefill` / `hearth_lm_head`, each decode token in one `hearth_step` call (the torch path's own step).
+
+What it reads: the folder's config.json, its norms and one embedding row per token (positioned reads: the table
+never becomes resident) from its safetensors files, and the packed copy the torch path cached on the model's first
+q4 load (app.core.fastpath.packed_cache; checked against its sha256 before use). Nothing here packs: without a
+packed copy, `open_model` says so and the caller loads through torch, which writes one.
+
+Numerics: activations in fp32 throughout (the torch path runs bf16 where the CPU has it); the KV cache in bf16 (as
+the torch path keeps it on such CPUs, and as half the memory of fp32); the matrices' products are the kernel's, so a
+decode step is bit for bit the torch path's given the same cache.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import math
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from threadpoolctl import ThreadpoolController
+
+from app.core.fastpath import integrity
+from app.core.fastpath.kernel import CFG_FIELDS, GLOBAL_FIELDS, LAYER_FIELDS, NativeLibrary, load_library
+from app.core.fastpath.packed_cache import packed_cache_file
+from app.core.models.attention import attention_shape
+from app.core.models.safetensors_header import StoredTensor, read_header
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")  # the fused step's (app.core.fastpath.native)
+PREFILL_CHUNK = 256  # rows a prefill call takes at most: bounds the activations' peak (the kernel is as fast at 64)
+ATTENTION_SCORE_BYTES = 1 << 20  # one attention block's scores (per thread)
+PARALLEL_ATTENTION_MIN = 64 * 256  # query rows x positions below which attention runs on the calling thread
+SLAB_STEP = 256  # KV capacity grows in whole multiples of this many positions
+Q4_GROUP = 16
+Q4_RECORD = 320  # bytes per group of 16 rows per block of 32 columns
+HEAD_RECORD = 512
+FLOAT_SIZES = {"F32": 4, "BF16": 2, "F16": 2}
+PACKED_DTYPES = {"U8": np.uint8, "I8": np.int8, "F32": np.float32}
+
+Floats = npt.NDArray[np.float32]
+
+
+class LiteUnavailable(Exception):
+    """Why this model can't run without torch (the caller loads it through torch instead); the text says why."""
+
+
+# -- bf16 in numpy (which has no bf16 dtype): the cache's storage --------------------------------------------------
+def to_bf16(values: Floats) -> npt.NDArray[np.uint16]:
+    """Round to nearest even, as torch's fp32 -> bf16 conversion does (NaN aside: activations here never are)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
+
+
+def from_bf16(values: npt.NDArray[np.uint16]) -> Floats:
+    return (values.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _as_float32(raw: npt.NDArray[np.uint8], dtype: str) -> Floats:
+    if dtype == "F32":
+        return raw.view(np.float32).astype(np.float32)
+    if dtype == "BF16":
+        return from_bf16(raw.view(np.uint16))
+    if dtype == "F16":
+        return raw.view(np.float16).astype(np.float32)
+    raise LiteUnavailable(f"a weight stored as {dtype} (the runtime reads F32, BF16 and F16)")
+
+
+# -- the model's description -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LiteConfig:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    vocab: int
+    eps: float
+    inv_freq: Floats  # [head_dim / 2]
+    context_window: int
+
+    @classmethod
+    def read(cls, folder: Path) -> LiteConfig:
+        try:
+            raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise LiteUnavailable(f"its config.json could not be read ({exc})") from exc
+        config = raw.get("text_config", raw) if isinstance(raw, dict) else {}
+        if not isinstance(config, dict):
+            raise LiteUnavailable("its config.json is not a JSON object")
+        model_type = str(config.get("model_type", ""))
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise LiteUnavailable(f"the runtime implements {', '.join(SUPPORTED_MODEL_TYPES)}, not {model_type!r}")
+        if str(config.get("hidden_act", "silu")) != "silu":
+            raise LiteUnavailable(f"activation {config.get('hidden_act')} is not in the kernel")
+        layer_types = config.get("layer_types") or []
+        window = config.get("sliding_window")
+        if any(kind != "full_attention" for kind in layer_types) or (
+            window and config.get("use_sliding_window", True) and not layer_types
+        ):
+            raise LiteUnavailable("sliding-window attention is not in the kernel")
+        try:
+            heads, kv_heads, head_dim = attention_shape(_Attributes(config))
+            hidden, inter = int(config["hidden_size"]), int(config["intermediate_size"])
+            layers, vocab = int(config["num_hidden_layers"]), int(config["vocab_size"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LiteUnavailable(f"its config.json lacks a size ({exc})") from exc
+        if any(width % 32 for width in (hidden, inter, heads * head_dim)) or head_dim % Q4_GROUP:
+            raise LiteUnavailable("the kernel needs sizes in multiples of 32 and head sizes in multiples of 16")
+        return cls(
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            inter=inter,
+            vocab=vocab,
+            eps=float(config.get("rms_norm_eps", 1e-6)),
+            inv_freq=rope_inv_freq(config, head_dim),
+            context_window=int(config.get("max_position_embeddings") or 2048),
+        )
+
+
+class _Attributes:
+    """A config dict read as attributes (attention_shape reads configs that way)."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+    def __getattr__(self, name: str) -> Any:
+        return None
+
+
+def rope_inv_freq(config: dict[str, Any], head_dim: int) -> Floats:
+    """RoPE's inverse frequencies for the static types the kernel implements (default, linear, llama3), computed as
+    transformers computes them (in fp32)."""
+    params = config.get("rope_parameters") or {**(config.get("rope_scaling") or {})}
+    if "rope_theta" not in params:
+        params = {**params, "rope_theta": config.get("rope_theta", 10000.0)}
+    rope_type = str(params.get("rope_type") or params.get("type") or "default")
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise LiteUnavailable("partial rotary embeddings are not in the kernel")
+    steps = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq = (np.float32(1.0) / (np.float32(params["rope_theta"]) ** steps)).astype(np.float32)
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return (inv_freq / np.float32(params["factor"])).astype(np.float32)
+    if rope_type == "llama3":
+        factor = float(params["factor"])
+        low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+        old_context = float(params["original_max_position_embeddings"])
+        wavelen = np.float32(2 * math.pi) / inv_freq
+        scaled = np.where(wavelen > old_context / low, inv_freq / np.float32(factor), inv_freq).astype(np.float32)
+        smooth = ((old_context / wavelen - low) / (high - low)).astype(np.float32)
+        smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
+        medium = ~(wavelen < old_context / high) & ~(wavelen > old_context / low)
+        return np.where(medium, smoothed, scaled).astype(np.float32)
+    raise LiteUnavailable(f"RoPE type {rope_type} is not in the kernel")
+
+
+# -- the weight files -------------------------------------------------------------------------------------------------
+@dataclass
+class EmbeddingRows:
+    """The input embedding in its safetensors file, read a row at a time (never mapped)."""
+
+    path: Path
+    offset: int
+    rows: int
+    cols: int
+    dtype: str
+    handle: io.BufferedReader = field(repr=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.cols * FLOAT_SIZES[self.dtype]
+
+    def read(self, ids: Sequence[int]) -> Floats:
+        """The rows of `ids` as fp32 [len(ids), cols]."""
+        raw = np.empty((len(ids), self.row_bytes), dtype=np.uint8)
+        for slot, token in enumerate(ids):
+            self.read_into(int(token), raw[slot])
+        return _as_float32(raw, self.dtype).reshape(len(ids), self.cols)
+
+    def read_into(self, token: int, out: npt.NDArray[np.uint8]) -> None:
+        if not 0 <= token < self.rows:
+            raise ValueError(f"token id {token} is outside the model's {self.rows}-token vocabulary")
+        view = memoryview(out.data)[: self.row_bytes]
+        offset = self.offset + token * self.row_bytes
+        try:
+            if hasattr(os, "preadv"):
+                count = os.preadv(self.handle.fileno(), [view], offset)
+            else:  # Windows: no positioned read in os
+                with self.lock:
+                    self.handle.seek(offset)
+                    count = self.handle.readinto(view)
+        except OSError as exc:
+            raise RuntimeError(f"{self.path} could not be read while the model was loaded ({exc})") from exc
+        if count != self.row_bytes:
+            raise RuntimeError(f"{self.path} was cut short while the model was loaded")
+
+
+def _folder_tensors(folder: Path) -> dict[str, tuple[Path, StoredTensor]]:
+    found: dict[str, tuple[Path, StoredTensor]] = {}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise LiteUnavailable(f"{folder} holds no safetensors weights")
+    for path in files:
+        try:
+            for tensor in read_header(path):
+                found[tensor.name] = (path, tensor)
+        except (OSError, ValueError) as exc:
+            raise LiteUnavailable(f"{path.name} could not be read ({exc})") from exc
+    return found
+
+
+def _read_vector(entry: tuple[Path, StoredTensor], size: int) -> Floats:
+    path, tensor = entry
+    if tensor.shape != (size,):
+        raise LiteUnavailable(f"{tensor.name} has shape {tensor.shape}, not ({size},)")
+    with path.open("rb") as handle:
+        handle.seek(tensor.start)
+        raw = np.frombuffer(handle.read(tensor.end - tensor.start), dtype=np.uint8)
+    return np.ascontiguousarray(_as_float32(raw, tensor.dtype))
+
+
+class PackedFile:
+    """The packed copy, memory-mapped (its pages are what every decode step reads) and viewed tensor by tensor."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.map = np.memmap(path, dtype=np.uint8, mode="r")
+        self.tensors = {tensor.name: tensor for tensor in read_header(path)}
+
+    def get(self, name: str, shape: tuple[int, ...] | None = None) -> npt.NDArray[Any]:
+        tensor = self.tensors.get(name)
+        if tensor is None:
+            raise LiteUnavailable(f"the packed copy has no {name}")
+        dtype = PACKED_DTYPES.get(tensor.dtype)
+        if dtype is None:
+            raise LiteUnavailable(f"the packed copy's {name} is stored as {tensor.dtype}")
+        if shape is not None and tensor.shape != shape:
+            raise LiteUnavailable(f"the packed copy's {name} has shape {tensor.shape}, not {shape}")
+        return self.map[tensor.start : tensor.end].view(dtype).reshape(tensor.shape)
+
+
+# -- the KV cache --------------------------------------------------------------------------------------------------
+class LiteCache:
+    """A conversation's keys and values: per layer [kv_heads, capacity, head_dim] bf16 slabs (the layout hearth_step
+    writes), the first `length` positions valid; `ids` are the tokens they hold (for prefix reuse)."""
+
+    def __init__(self, config: LiteConfig) -> None:
+        self.config = config
+        self.length = 0
+        self.ids: list[int] = []
+        self.keys: list[npt.NDArray[np.uint16]] = []
+        self.values: list[npt.NDArray[np.uint16]] = []
+        self.version = 0  # bumped on every reallocation (the step's pointers are then stale)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.keys[0].shape[1]) if self.keys else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+
+    def reserve(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        if needed > self.config.context_window:
+            raise ValueError(f"{needed} positions exceed the model's context window ({self.config.context_window})")
+        grown = max(needed, self.capacity + max(2 * SLAB_STEP, self.capacity // 4))
+        capacity = min(-(-grown // SLAB_STEP) * SLAB_STEP, max(needed, self.config.context_window))
+        shape = (self.config.kv_heads, capacity, self.config.head_dim)
+        for slabs in (self.keys, self.values):
+            for index in range(self.config.layers):
+                new = np.empty(shape, dtype=np.uint16)
+                if index < len(slabs):
+                    new[:, : self.length] = slabs[index][:, : self.length]
+                    slabs[index] = new
+                else:
+                    slabs.append(new)
+        self.version += 1
+
+    def reuse_for(self, prompt: Sequence[int]) -> int:
+        """Keep the longest common prefix with `prompt` (always leaving its last token to run) and return its
+        length."""
+        common = 0
+        limit = min(self.length, len(prompt) - 1)
+        while common < limit and self.ids[common] == prompt[common]:
+            common += 1
+        self.length = common
+        del self.ids[common:]
+        return common
+
+
+# -- the model -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LiteLayer:
+    attn_norm: Floats
+    mlp_norm: Floats
+    qkv: npt.NDArray[np.uint8]
+    qkv_bias: Floats | None
+    o: npt.NDArray[np.uint8]
+    gate_up: npt.NDArray[np.uint8]
+    down: npt.NDArray[np.uint8]
+
+
+@cache
+def _blas_controller() -> ThreadpoolController:
+    return ThreadpoolController()
+
+
+def _threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return max(1, os.cpu_count() or 1)
+
+
+class LiteModel:
+    """One loaded model: `prefill(ids, cache)` and `step(token, cache)` each return the next token's logits."""
+
+    def __init__(self, folder: Path, packed_path: Path, library: NativeLibrary, threads: int | None = None) -> None:
+        self.folder = folder
+        self.packed_sha256 = ""  # of the packed copy, as checked when it was opened
+        self.library = library
+        self.lib: Any = library.lib
+        self.config = config = LiteConfig.read(folder)
+        self.threads = threads or (_threads() if library.threaded else 1)
+        self.packed = PackedFile(packed_path)
+        stored = _folder_tensors(folder)
+        embed = stored.get("model.embed_tokens.weight")
+        if embed is None or embed[1].dtype not in FLOAT_SIZES or embed[1].shape[1:] != (config.hidden,):
+            raise LiteUnavailable("its input embedding is not a float table in the folder's safetensors files")
+        path, tensor = embed
+        self.embedding = EmbeddingRows(
+            path, tensor.start, tensor.shape[0], config.hidden, tensor.dtype, path.open("rb")
+        )
+        width = config.hidden // 32 * Q4_RECORD
+        qkv_rows = (config.heads + 2 * config.kv_heads) * config.head_dim
+        self.layers: list[LiteLayer] = []
+        for index in range(config.layers):
+            prefix = f"model.layers.{index}."
+            norms = [
+                stored.get(prefix + name) for name in ("input_layernorm.weight", "post_attention_layernorm.weight")
+            ]
+            if norms[0] is None or norms[1] is None:
+                raise LiteUnavailable(f"layer {index}'s norms are not in the folder's safetensors files")
+            bias = self.packed.get(f"{index}.qkv.b", (qkv_rows,)) if f"{index}.qkv.b" in self.packed.tensors else None
+            self.layers.append(
+                LiteLayer(
+                    attn_norm=_read_vector(norms[0], config.hidden),
+                    mlp_norm=_read_vector(norms[1], config.hidden),
+                    qkv=self.packed.get(f"{index}.qkv.q", (qkv_rows // Q4_GROUP, width)),
+                    qkv_bias=bias,
+                    o=self.packed.get(
+                        f"{index}.o.q", (config.hidden // Q4_GROUP, config.heads * config.head_dim // 32 * Q4_RECORD)
+                    ),
+                    gate_up=self.packed.get(f"{index}.gu.q", (2 * config.inter // Q4_GROUP, width)),
+                    down=self.packed.get(
+                        f"{index}.down.q", (config.hidden // Q4_GROUP, config.inter // 32 * Q4_RECORD)
+                    ),
+                )
+            )
+        final = stored.get("model.norm.weight")
+        if final is None:
+            raise LiteUnavailable("the final norm is not in the folder's safetensors files")
+        self.final_norm = _read_vector(final, config.hidden)
+        self.lm_scale = self.packed.get("lm.s", (config.vocab,))
+        self.lm_rows = self.packed.get("lm.q")
+        if self.lm_rows.shape != (-(-config.vocab // Q4_GROUP), config.hidden // 32 * HEAD_RECORD):
+            raise LiteUnavailable(f"the packed copy's lm.q has shape {self.lm_rows.shape}")
+        self._bind_step()
+
+    # -- the step's arguments (pointers into the arrays above, kept alive by self)
+    def _bind_step(self) -> None:
+        config = self.config
+        self._row = np.zeros(self.embedding.row_bytes, dtype=np.uint8)  # the token's embedding row, read per step
+        if self.embedding.dtype == "F16":  # the step reads bf16 or fp32 rows: an fp16 row is converted first
+            self._row_f32: Floats | None = np.zeros(config.hidden, dtype=np.float32)
+        else:
+            self._row_f32 = None
+        values = {
+            "layers": config.layers,
+            "hidden": config.hidden,
+            "heads": config.heads,
+            "kv_heads": config.kv_heads,
+            "head_dim": config.head_dim,
+            "inter": config.inter,
+            "vocab": config.vocab,
+            "embed_bf16": int(self.embedding.dtype == "BF16"),
+            "kv_bf16": 1,
+            "threads": self.threads,
+            "q4": 1,
+        }
+        self.cfg = (ctypes.c_int64 * len(CFG_FIELDS))(*(values[name] for name in CFG_FIELDS))
+        self.cfgf = (ctypes.c_float * 3)(config.eps, config.head_dim**-0.5, 1.0)
+        row = self._row_f32 if self._row_f32 is not None else self._row
+        glob = {
+            "embed": row.ctypes.data,
+            "final_norm": self.final_norm.ctypes.data,
+            "lm_q": self.lm_rows.ctypes.data,
+            "lm_s": self.lm_scale.ctypes.data,
+            "inv_freq": config.inv_freq.ctypes.data,
+        }
+        self.glob = (ctypes.c_void_p * len(GLOBAL_FIELDS))(*(glob[name] for name in GLOBAL_FIELDS))
+        self.layer_args = (ctypes.c_void_p * (len(LAYER_FIELDS) * config.layers))()
+        for index, layer in enumerate(self.layers):
+            fields: dict[str, npt.NDArray[Any] | None] = {
+                "attn_norm": layer.attn_norm,
+                "mlp_norm": layer.mlp_norm,
+                "qkv_q": layer.qkv,
+                "qkv_b": layer.qkv_bias,
+                "o_q": layer.o,
+                "gu_q": layer.gate_up,
+                "down_q": layer.down,
+            }
+            for offset, name in enumerate(LAYER_FIELDS[:-2]):
+                array = fields.get(name)
+                self.layer_args[index * len(LAYER_FIELDS) + offset] = array.ctypes.data if array is not None else None
+        self._scratch = np.empty(0, dtype=np.float32)
+        self._bound: tuple[int, int, int] | None = None  # (id of the cache, its version, capacity) last bound
+        self._executor: ThreadPoolExecutor | None = None
+
+    def new_cache(self) -> LiteCache:
+        return LiteCache(self.config)
+
+    @property
+    def weight_bytes(self) -> int:
+        """The packed copy (every decode step reads all of it) and the norms."""
+        return int(self.packed.map.nbytes) + sum(layer.attn_norm.nbytes * 2 for layer in self.layers)
+
+    # -- decode
+    def step(self, token: int, cache: LiteCache) -> Floats:
+        """Run `token` at the cache's next position; the next token's logits [vocab] (fp32)."""
+        position = cache.length
+        bound = self._bound
+        if bound is None or bound[0] != id(cache) or bound[1] != cache.version or position >= bound[2]:
+            cache.reserve(position + 1)
+            stride = len(LAYER_FIELDS)
+            for index in range(self.config.layers):
+                self.layer_args[index * stride + stride - 2] = cache.keys[index].ctypes.data
+                self.layer_args[index * stride + stride - 1] = cache.values[index].ctypes.data
+            needed = int(self.lib.hearth_scratch_floats(ctypes.addressof(self.cfg), cache.capacity))
+            if self._scratch.size < needed:
+                self._scratch = np.empty(needed, dtype=np.float32)
+            bound = self._bound = (id(cache), cache.version, cache.capacity)
+        self.embedding.read_into(token, self._row)
+        if self._row_f32 is not None:
+            self._row_f32[:] = self._row.view(np.float16)
+        logits = np.empty(self.config.vocab, dtype=np.float32)
+        code = self.lib.hearth_step(
+            ctypes.addressof(self.cfg),
+            ctypes.addressof(self.cfgf),
+            ctypes.addressof(self.glob),
+            ctypes.addressof(self.layer_args),
+            0,
+            position,
+            bound[2],
+            logits.ctypes.data,
+            self._scratch.ctypes.data,
+        )
+        if code != 0:
+            raise RuntimeError(f"the decode step refused token {token} at position {position} (code {code})")
+        cache.length = position + 1
+        cache.ids.append(int(token))
+        return logits
+
+    # -- prefill
+    def prefill(self, ids: Sequence[int], cache: LiteCache) -> Floats:
+        """Run `ids` after the cache's positions, PREFILL_CHUNK at a time; the logits after the last [vocab]."""
+        if not ids:
+            raise ValueError("prefill needs at least one token")
+        cache.reserve(cache.length + len(ids))
+        hidden: Floats | None = None
+        # numpy's BLAS (attention's products) one thread per call, the calls spread over our own threads: its spinning
+        # worker threads would otherwise take the cores from the kernel's OpenMP team (measured: 2.4x slower at 135M).
+        with _blas_controller().limit(limits=1, user_api="blas"):
+            for start in range(0, len(ids), PREFILL_CHUNK):
+                hidden = self._prefill_chunk(ids[start : start + PREFILL_CHUNK], cache)
+        assert hidden is not None
+        last = np.ascontiguousarray(self._norm(hidden[-1:], self.final_norm))
+        return self._lm_head(last)[0]
+
+    def _prefill_chunk(self, ids: Sequence[int], cache: LiteCache) -> Floats:
+        config = self.config
+        start, count = cache.length, len(ids)
+        x = self.embedding.read(ids)
+        angles = np.arange(start, start + count, dtype=np.float32)[:, None] * config.inv_freq[None, :]
+        cos = np.cos(np.concatenate([angles, angles], axis=1))
+        sin = np.sin(np.concatenate([angles, angles], axis=1))
+        q_width, kv_width = config.heads * config.head_dim, config.kv_heads * config.head_dim
+        for index, layer in enumerate(self.layers):
+            qkv = self._q4(self._norm(x, layer.attn_norm), layer.qkv, q_width + 2 * kv_width)
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            q = _rope(qkv[:, :q_width].reshape(count, config.heads, config.head_dim), cos, sin)
+            k = _rope(qkv[:, q_width : q_width + kv_width].reshape(count, config.kv_heads, config.head_dim), cos, sin)
+            v = qkv[:, q_width + kv_width :].reshape(count, config.kv_heads, config.head_dim)
+            cache.keys[index][:, start : start + count] = to_bf16(k).transpose(1, 0, 2)
+            cache.values[index][:, start : start + count] = to_bf16(v).transpose(1, 0, 2)
+            del qkv, k, v
+            self.lib.hearth_release_threads()  # the kernel's spinning threads would take the cores attention needs
+            x += self._q4(self._attention(q, index, cache, start, count), layer.o, config.hidden)
+            gate_up = self._q4(self._norm(x, layer.mlp_norm), layer.gate_up, 2 * config.inter)
+            x += self._q4(_silu_times(gate_up, config.inter), layer.down, config.hidden)
+        cache.length = start + count
+        cache.ids.extend(int(token) for token in ids)
+        return x
+
+    def _attention(self, q: Floats, index: int, cache: LiteCache, start: int, count: int) -> Floats:
+        """Causal attention of the chunk's queries over every cached position: per KV head, its group's query heads
+        in one product with the keys, in blocks of rows that keep the scores to ATTENTION_SCORE_BYTES; the blocks
+        spread over the threads (numpy releases the GIL in its products and ufuncs)."""
+        config = self.config
+        total, group, dim = start + count, config.heads // config.kv_heads, config.head_dim
+        out = np.empty((count, config.heads * dim), dtype=np.float32)
+        block = max(16, ATTENTION_SCORE_BYTES // (4 * group * total))
+        # Every KV head's keys and values as fp32, once a call (not once a block), and the queries pre-scaled.
+        keys = from_bf16(cache.keys[index][:, :total])
+        values = from_bf16(cache.values[index][:, :total])
+        q = q * np.float32(dim**-0.5)
+
+        def attend(kv_head: int, first: int) -> None:
+            last = min(first + block, count)
+            rows, seen = last - first, start + last  # no row of the block sees past its last row's position
+            heads = slice(kv_head * group, (kv_head + 1) * group)
+            queries = q[first:last, heads].transpose(1, 0, 2).reshape(group * rows, dim)
+            scores = (queries @ keys[kv_head, :seen].T).reshape(group, rows, seen)
+            scores[:, :, seen - rows :] += _causal_mask(rows)  # row r sees the block's positions up to its own
+            scores -= scores.max(axis=2, keepdims=True)
+            np.exp(scores, out=scores)
+            sums = scores.sum(axis=2, keepdims=True)
+            mixed = (scores.reshape(group * rows, seen) @ values[kv_head, :seen]).reshape(group, rows, dim)
+            mixed /= sums
+            out[first:last, kv_head * group * dim : (kv_head + 1) * group * dim] = mixed.transpose(1, 0, 2).reshape(
+                rows, group * dim
+            )
+
+        tasks = [(kv_head, first) for kv_head in range(config.kv_heads) for first in range(0, count, block)]
+        # A short input's attention is less work than handing it to the threads.
+        if self.threads > 1 and len(tasks) > 1 and count * total >= PARALLEL_ATTENTION_MIN:
+            list(self._pool().map(lambda task: attend(*task), tasks))
+        else:
+            for task in tasks:
+                attend(*task)
+        return out
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="hearth-attention")
+        return self._executor
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
+        self.embedding.handle.close()
+
+    def _norm(self, x: Floats, weight: Floats) -> Floats:
+        variance = np.mean(np.square(x), axis=-1, keepdims=True)
+        return (x / np.sqrt(variance + np.float32(self.config.eps))).astype(np.float32) * weight
+
+    def _q4(self, x: Floats, records: npt.NDArray[np.uint8], rows: int) -> Floats:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], rows), dtype=np.float32)
+        code = self.lib.hearth_q4_prefill(
+            records.ctypes.data, rows, x.shape[1], x.ctypes.data, 0, x.shape[0], out.ctypes.data, 0, self.threads
+        )
+        if code == -3:
+            raise MemoryError(f"the Q4_1 kernel could not allocate its buffers for a {x.shape[0]}-row input")
+        if code != 0:
+            raise RuntimeError(f"the Q4_1 kernel refused a {x.shape[0]}-row input (code {code})")
+        return out
+
+    def _lm_head(self, x: Floats) -> Floats:
+        out = np.empty((x.shape[0], self.config.vocab), dtype=np.float32)
+        code = self.lib.hearth_lm_head(
+            self.lm_rows.ctypes.data,
+            self.lm_scale.ctypes.data,
+            self.config.vocab,
+            self.config.hidden,
+            x.ctypes.data,
+            x.shape[0],
+            out.ctypes.data,
+            self.threads,
+        )
+        if code != 0:
+            raise MemoryError("the lm_head kernel could not allocate its activation buffers")
+        return out
+
+
+@cache
+def _causal_mask(rows: int) -> Floats:
+    """[rows, rows]: 0 on and below the diagonal, -inf above (read-only: shared by every call)."""
+    mask = np.triu(np.full((rows, rows), -np.inf, dtype=np.float32), k=1)
+    mask.flags.writeable = False
+    return mask
+
+
+def _silu_times(gate_up: Floats, inter: int) -> Floats:
+    """SiLU(gate) * up for gate_up = [gate | up] rows, in place in gate_up's gate half (no temporaries of its size
+    beyond one: at 1B and 512 rows each is 11 MiB)."""
+    gate, up = gate_up[:, :inter], gate_up[:, inter:]
+    activated = np.negative(gate)
+    np.exp(activated, out=activated)
+    activated += 1.0
+    np.divide(gate, activated, out=activated)
+    activated *= up
+    return activated
+
+
+def _rope(x: Floats, cos: Floats, sin: Floats) -> Floats:
+    """x [count, heads, head_dim] rotated as transformers' rotate_half does (the halves, not interleaved pairs)."""
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * cos[:, None, :] + rotated * sin[:, None, :]).astype(np.float32)
+
+
+def open_model(folder: Path, notices: list[str] | None = None, threads: int | None = None) -> LiteModel:
+    """The model in `folder` from its cached packed copy, checked against its sha256; LiteUnavailable says why not
+    (no packed copy yet, a damaged one: moved aside with a line in `notices`, no kernel for this CPU)."""
+    library = load_library()
+    if isinstance(library, str):
+        raise LiteUnavailable(library)
+    path = packed_cache_file(folder, "bf16", kind="decode-fused-q4")
+    if path is None or not path.exists():
+        raise LiteUnavailable("no packed Q4_1 copy yet (the first q4 load through torch writes it)")
+    found = notices if notices is not None else []
+    checked = integrity.check_or_quarantine(path, "packed decode copy", "packed again", found)
+    if checked is None:
+        raise LiteUnavailable("the packed Q4_1 copy failed its check")
+    model = LiteModel(folder, path, library, threads)
+    model.packed_sha256 = checked.sha256
+    return model

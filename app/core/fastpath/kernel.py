@@ -1,0 +1,398 @@
+"""The kernel library (native/hearth_decode.c): prebuilt per CPU target at package time
+(packaging/build_kernels.py) or compiled on first use and cached; either way checked against its sha256 before it is
+loaded. Torch-free, so that the torch-free runtime (app.core.engines.lite) loads the same library the same way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.core.fastpath import integrity
+from app.core.storage.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native") / "hearth_decode.c"
+ABI = 6
+COMPILE_TIMEOUT_S = 180
+EXTRA_FLAGS: tuple[str, ...] = ()  # appended to the compiler flags (tests build a scalar-only kernel with it)
+# Order of the C side's enums (checked against hearth_layout at load).
+CFG_FIELDS = (
+    "layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "embed_bf16", "kv_bf16", "threads", "q4",
+)  # fmt: skip
+WEIGHT_FORMATS = ("int8", "q4")  # decoder matrices: int8 rows (fp32 scale per row), or Q4_1 in groups of 16 rows
+# hearth_q4_kernel's answer: which code runs the Q4_1 matrices in this build.
+Q4_KERNELS = {0: "scalar", 1: "NEON", 2: "NEON DotProd", 3: "AVX2", 4: "AVX-512 VNNI"}
+LAYER_FIELDS = (
+    "attn_norm", "mlp_norm", "qkv_q", "qkv_s", "qkv_b", "o_q", "o_s", "o_b",
+    "gu_q", "gu_s", "gu_b", "down_q", "down_s", "down_b", "k", "v",
+)  # fmt: skip
+GLOBAL_FIELDS = ("embed", "final_norm", "lm_q", "lm_s", "inv_freq")
+
+
+# -- the library ----------------------------------------------------------------------------------------------------
+# Libraries built at package time (packaging/build_kernels.py), one per CPU target, with a manifest of their sha256s.
+PREBUILT_DIR = SOURCE.parent / "prebuilt"
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = 1
+# "auto": a prebuilt library for this CPU, else compile from source; "compile": always compile (development, bench);
+# "prebuilt": never compile (the packaging test proves the bundle needs no compiler).
+KERNEL_ENV = "HEARTH_KERNEL"
+KERNEL_CHOICES = ("auto", "compile", "prebuilt")
+CACHE_TAG = "hashed-1"  # part of the compiled library's cache name: files from before sidecars are never looked at
+
+
+@dataclass(frozen=True)
+class NativeLibrary:
+    lib: ctypes.CDLL
+    path: Path
+    threaded: bool  # built with OpenMP
+    build_seconds: float  # 0.0 when it came from the cache or was prebuilt
+    compiler: str  # "" for a prebuilt library
+    sha256: str = ""  # of the file that was loaded, checked before loading it
+    origin: str = ""  # "prebuilt x86-64-avx512", "compiled here (-march=native)"
+    fallback: str = ""  # why no prebuilt library was used (empty when one was)
+
+
+_library_lock = threading.Lock()
+_library: NativeLibrary | str | None = None  # the loaded library, or why there is none; per process
+_notices: list[str] = []  # damaged files found while getting the library, until someone shows them
+
+
+def load_library() -> NativeLibrary | str:
+    """The kernel library: prebuilt for this CPU, or compiled once per source/compiler/CPU; a string says why there
+    is none. Every file is checked against its sha256 before it is loaded."""
+    global _library
+    with _library_lock:
+        if _library is None:
+            _library = _build_and_load()
+        return _library
+
+
+def take_library_notices() -> list[str]:
+    """Lines for the user about damaged kernel files moved aside and rebuilt (given once, then forgotten)."""
+    with _library_lock:
+        taken = list(_notices)
+        _notices.clear()
+        return taken
+
+
+def reset_library_for_tests() -> None:
+    global _library
+    with _library_lock:
+        _library = None
+        _notices.clear()
+
+
+def _compiler() -> str | None:
+    for candidate in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
+        if candidate and (found := shutil.which(candidate)):
+            return found
+    return None
+
+
+def machine_arch() -> str:
+    """x86_64 or aarch64 (the names the manifest uses), or the platform's own name for anything else."""
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+# macOS sysctl names -> /proc/cpuinfo names (the manifest's vocabulary)
+_DARWIN_FLAGS = {
+    "avx1.0": "avx", "avx2": "avx2", "fma": "fma", "f16c": "f16c", "bmi1": "bmi1", "bmi2": "bmi2", "movbe": "movbe",
+    "lzcnt": "abm", "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512vl": "avx512vl", "avx512dq": "avx512dq",
+    "avx512cd": "avx512cd", "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16",
+}  # fmt: skip
+# torch's own CPU probe, for systems without /proc/cpuinfo or sysctl (Windows). Every AVX2 CPU also has FMA, F16C,
+# BMI1/2, LZCNT and MOVBE (Haswell and Zen onwards); torch's AVX512 level means F/BW/VL/DQ, not VNNI or BF16.
+_TORCH_LEVELS = {
+    "AVX2": ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"),
+    "AVX512": ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe", "avx512f", "avx512bw", "avx512vl",
+               "avx512dq", "avx512cd"),
+}  # fmt: skip
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags, read at run time (never the build machine's): /proc/cpuinfo's `flags` (x86) or
+    `Features` (ARM) names."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    key, _, value = line.partition(":")
+                    if key.strip() in ("flags", "Features"):
+                        return frozenset(value.split())
+        except OSError:
+            pass
+    elif sys.platform == "darwin":
+        return _darwin_flags()
+    if machine_arch() == "x86_64":
+        try:
+            import torch  # only where the OS has no flag list (Windows); the torch-free runtime has none there
+
+            level = str(torch.backends.cpu.get_cpu_capability())
+        except (AttributeError, RuntimeError):
+            level = ""
+        return frozenset(_TORCH_LEVELS.get(level, ()))
+    return frozenset()
+
+
+def expected_q4_kernel() -> int:
+    """The Q4_1 kernel a build here reports (hearth_q4_kernel: 4 AVX-512 VNNI, 3 AVX2, 2 NEON dot product, 1 NEON,
+    0 scalar), read from this CPU's flags without building it (the memory planner asks)."""
+    flags = cpu_flags()
+    if machine_arch() == "x86_64":
+        if {"avx2", "fma"} <= flags:
+            return 4 if {"avx512f", "avx512bw", "avx512_vnni", "f16c"} <= flags else 3
+        return 0
+    if machine_arch() == "aarch64":
+        return 2 if "asimddp" in flags else 1
+    return 0
+
+
+def _darwin_flags() -> frozenset[str]:
+    if machine_arch() == "aarch64":  # NEON is always there; DotProd from M1 on
+        flags = {"asimd"}
+        names = ["hw.optional.arm.FEAT_DotProd"]
+    else:
+        flags, names = set(), ["machdep.cpu.features", "machdep.cpu.leaf7_features"]
+    try:
+        output = subprocess.run(["sysctl", *names], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return frozenset(flags)
+    for line in output.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "hw.optional.arm.FEAT_DotProd" and value.strip() == "1":
+            flags.add("asimddp")
+        elif name.strip().startswith("machdep.cpu"):
+            flags.update(_DARWIN_FLAGS[word] for word in value.lower().split() if word in _DARWIN_FLAGS)
+    return frozenset(flags)
+
+
+def _machine_identity() -> str:
+    """What -march=native depends on: the CPU model and its feature flags."""
+    text = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith(("model name", "flags", "Features")):
+                    text += line
+                if line.strip() == "":
+                    break
+    except OSError:
+        pass
+    return f"{platform.machine()}|{platform.processor()}|{text}"
+
+
+def _build_and_load() -> NativeLibrary | str:
+    mode = os.environ.get(KERNEL_ENV, "") or "auto"
+    if mode not in KERNEL_CHOICES:
+        return f"{KERNEL_ENV}={mode} is not one of {', '.join(KERNEL_CHOICES)}"
+    fallback = f"{KERNEL_ENV}=compile" if mode == "compile" else ""
+    if mode != "compile":
+        found = _load_prebuilt()
+        if isinstance(found, NativeLibrary):
+            return found
+        fallback = found
+        if mode == "prebuilt":
+            return f"no usable prebuilt kernel ({fallback})"
+    compiled = _compile_and_load()
+    if isinstance(compiled, str):
+        return f"{compiled}; no prebuilt kernel either ({fallback})"
+    return dataclasses.replace(compiled, fallback=fallback)
+
+
+def read_manifest(folder: Path | None = None) -> dict[str, Any] | str:
+    """The prebuilt libraries' manifest, or why there is none to use."""
+    path = (folder or PREBUILT_DIR) / MANIFEST_NAME
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "none shipped with this install"
+    except (OSError, ValueError) as exc:
+        return f"its manifest {path} is unreadable ({type(exc).__name__})"
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return f"its manifest {path} is not in format {MANIFEST_FORMAT}"
+    return manifest
+
+
+def _load_prebuilt() -> NativeLibrary | str:
+    """The best prebuilt library this CPU runs, verified against the manifest before ctypes sees it; else why not."""
+    folder = PREBUILT_DIR
+    manifest = read_manifest(folder)
+    if isinstance(manifest, str):
+        return f"prebuilt kernels: {manifest}"
+    try:
+        source_digest = integrity.sha256_file(SOURCE)
+    except OSError as exc:
+        return f"prebuilt kernels: the kernel source is unreadable ({exc})"
+    if manifest.get("source_sha256") != source_digest or manifest.get("abi") != ABI:
+        return "prebuilt kernels: built from another version of hearth_decode.c"
+    arch, flags = machine_arch(), cpu_flags()
+    reasons: list[str] = []
+    entries = [e for e in manifest.get("libraries", []) if isinstance(e, dict)]
+    mine = [e for e in entries if e.get("arch") == arch and e.get("platform") == sys.platform]
+    if not mine:
+        return f"prebuilt kernels: none for {arch} on {sys.platform}"
+    for entry in mine:  # best first, as the build script wrote them
+        target = str(entry.get("target", "?"))
+        missing = sorted(set(entry.get("requires", [])) - flags)
+        if missing:
+            reasons.append(f"{target} needs {', '.join(missing)}")
+            continue
+        path = folder / str(entry.get("file", ""))
+        checked, damage = _verify_prebuilt(path, entry)
+        if damage:
+            message = f"The prebuilt kernel library {path} is damaged ({damage}); it was not loaded. Reinstall Hearth."
+            log.info(message)  # shown once as a notice; the log keeps it for reports
+            _notices.append(message)
+            reasons.append(f"{target} is damaged")
+            continue
+        loaded = _load(path, bool(entry.get("openmp")), 0.0, "", checked, f"prebuilt {target}")
+        if isinstance(loaded, str):
+            reasons.append(f"{target}: {loaded}")
+            continue
+        return loaded
+    return f"prebuilt kernels: {'; '.join(reasons)}"
+
+
+def _verify_prebuilt(path: Path, entry: Mapping[str, Any]) -> tuple[str, str]:
+    """(the file's sha256, "") when it matches the manifest, else ("", what is wrong): never loaded unchecked."""
+    try:
+        if path.stat().st_size != entry.get("bytes"):
+            return "", f"it has {path.stat().st_size} bytes where the manifest says {entry.get('bytes')}"
+        digest = integrity.sha256_file(path)
+    except OSError as exc:
+        return "", f"it could not be read ({exc.strerror or exc})"
+    if digest != entry.get("sha256"):
+        return "", "its sha256 does not match the manifest"
+    return digest, ""
+
+
+def _compile_and_load() -> NativeLibrary | str:
+    if machine_arch() not in ("x86_64", "aarch64"):
+        return f"the fused decode kernel is for x86-64 (AVX2) and AArch64 (NEON); this CPU is {platform.machine()}"
+    compiler = _compiler()
+    if compiler is None:
+        return "no C compiler found (cc, gcc or clang; set CC) to build the fused decode kernel"
+    try:
+        version = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"the C compiler {compiler} does not run ({exc})"
+    source = SOURCE.read_bytes()
+    failures: list[str] = []
+    # AArch64 compilers spell "this CPU" -mcpu=native (Apple's clang may refuse it: plain Armv8-A still has NEON).
+    cpu_choices = [["-march=native"]] if machine_arch() == "x86_64" else [["-mcpu=native"], []]
+    attempts = [(cpu, threaded) for cpu in cpu_choices for threaded in (True, False)]
+    for cpu_flags, threaded in attempts:  # OpenMP first; a compiler without it still gets a single-threaded kernel
+        flags = [
+            "-O3",
+            *cpu_flags,
+            "-shared",
+            "-fPIC",
+            "-std=c11",
+            "-ffp-contract=off",  # the float order the qemu-checked builds use (clang would fuse a*b+c)
+            *(["-fopenmp"] if threaded else []),
+            *EXTRA_FLAGS,
+        ]
+        identity = "\n".join(
+            [str(ABI), CACHE_TAG, compiler, *version, " ".join(flags), _machine_identity(), sys.platform]
+        )
+        digest = hashlib.sha256(source + identity.encode()).hexdigest()[:20]
+        target = cache_dir() / "native" / f"hearth_decode-{digest}{_suffix()}"
+        built = 0.0
+        # Checked before ctypes ever sees it: a cut-short or overwritten library is moved aside and compiled again.
+        checked = integrity.check_or_quarantine(target, "compiled kernel library", "compiled again", _notices)
+        if checked is None:
+            started = time.perf_counter()
+            error = _compile(compiler, flags, target)
+            if error:
+                failures.append(error)
+                continue
+            built = time.perf_counter() - started
+            checked = integrity.check_or_quarantine(target, "compiled kernel library", "compiled again", _notices)
+            if checked is None:  # changed between writing and loading: never load it
+                failures.append(f"the compiled kernel library {target} changed before it could be loaded")
+                continue
+        loaded = _load(target, threaded, built, compiler, checked.sha256, "compiled here (-march=native)")
+        if isinstance(loaded, str):
+            failures.append(loaded)
+            continue
+        return loaded
+    return failures[0] if failures else "the fused decode kernel could not be built"
+
+
+def _suffix() -> str:
+    return ".dll" if sys.platform == "win32" else ".dylib" if sys.platform == "darwin" else ".so"
+
+
+def _compile(compiler: str, flags: list[str], target: Path) -> str:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    command = [compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"compiling the fused decode kernel took over {COMPILE_TIMEOUT_S} s"
+    except OSError as exc:
+        return f"the C compiler could not run ({exc})"
+    if result.returncode != 0:
+        first = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip()[:200])
+        partial.unlink(missing_ok=True)
+        return f"compiling the fused decode kernel failed: {first.strip()}"
+    # Hash, sidecar, then an atomic move: another process never loads a half-written or unrecorded library.
+    integrity.publish(partial, target)
+    return ""
+
+
+def _load(path: Path, threaded: bool, built: float, compiler: str, sha256: str, origin: str) -> NativeLibrary | str:
+    """ctypes-load a file whose sha256 was just checked (the only place a library enters the process)."""
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        return f"the fused decode kernel did not load ({exc})"
+    lib.hearth_abi.restype = ctypes.c_int
+    if lib.hearth_abi() != ABI:  # before any symbol another version may lack
+        return f"the fused decode kernel at {path} is from another version"
+    lib.hearth_simd.restype = ctypes.c_int
+    lib.hearth_openmp.restype = ctypes.c_int
+    lib.hearth_release_threads.restype = ctypes.c_int
+    lib.hearth_layout.restype = ctypes.c_int
+    lib.hearth_layout.argtypes = [ctypes.c_int]
+    lib.hearth_scratch_floats.restype = ctypes.c_int64
+    lib.hearth_scratch_floats.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.hearth_step.restype = ctypes.c_int
+    lib.hearth_step.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2
+    pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.hearth_dequant_q4.restype = None  # prefill from the one packed copy (app.core.fastpath.packed)
+    lib.hearth_dequant_q4.argtypes = [pointer, size, size, pointer, flag, flag]
+    lib.hearth_lm_head.restype = ctypes.c_int  # prefill's lm_head from the step's int8 rows
+    lib.hearth_lm_head.argtypes = [pointer, pointer, size, size, pointer, size, pointer, flag]
+    lib.hearth_q4_kernel.restype = ctypes.c_int
+    lib.hearth_q4_prefill.restype = ctypes.c_int  # prompts' rows with the step's int8 activations
+    lib.hearth_q4_prefill.argtypes = [pointer, size, size, pointer, flag, size, pointer, flag, flag]
+    layout = tuple(lib.hearth_layout(i) for i in range(4))
+    if layout != (len(CFG_FIELDS), 3, len(GLOBAL_FIELDS), len(LAYER_FIELDS)):
+        return f"the fused decode kernel's layout {layout} does not match this Hearth"
+    if not lib.hearth_simd():
+        return "this CPU lacks AVX2+FMA: the fused decode kernel would be slower than the plain path"
+    return NativeLibrary(
+        lib, path, threaded and bool(lib.hearth_openmp()), built, compiler, sha256=sha256, origin=origin
+    )

@@ -1,0 +1,120 @@
+"""When a load takes the torch-free runtime (app/core/engines/lite/backend.py and app/core/engines/opening.py), and
+what it says when it can't: the reasons, HEARTH_RUNTIME, the memory check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.core.engines.backend import LoadRequest, RemoteModel
+from app.core.engines.lite import backend as lite_backend
+from app.core.engines.lite.backend import LiteBackend, LiteRefused, open_lite_backend
+from app.core.engines.opening import open_backend
+from app.core.errors import HearthError, ModelTooLargeError
+from app.core.fastpath import kernel
+
+KERNEL = kernel.load_library()
+pytestmark = pytest.mark.skipif(isinstance(KERNEL, str), reason=f"no kernel library here: {KERNEL}")
+
+
+@pytest.fixture(scope="module")
+def packed_default() -> None:
+    """The default model's packed copy, written by a q4 load through torch."""
+    from app.core.engines.loader import load_model
+
+    load_model(None, quantization="q4", device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (LoadRequest(None, quantization="bf16", device="cpu"), "bf16 weights run through torch"),
+        (LoadRequest(None, device="cuda"), "device cuda runs through torch"),
+        (LoadRequest(None, device="cpu", trust_remote_code=True), "run their own code or pickled weights"),
+        (LoadRequest(None, remote=RemoteModel("box", "m")), "a remote model"),
+    ],
+)
+def test_loads_it_does_not_take_say_why(request_: LoadRequest, reason: str) -> None:
+    assert reason in str(open_lite_backend(request_))
+
+
+def test_a_model_without_a_packed_copy_goes_through_torch_which_writes_one(
+    isolated_cache: Path, tiny_model_dir: Any
+) -> None:
+    request = LoadRequest(str(tiny_model_dir("llama")), device="cpu", response_cache=False)
+    assert "no packed Q4_1 copy yet" in str(open_lite_backend(request))
+    first = open_backend(request)
+    assert type(first).__name__ == "EngineBackend" and first.info.quantization == "q4"
+    first.close()
+    second = open_backend(request)
+    assert isinstance(second, LiteBackend)
+    second.close()
+
+
+def test_hearth_runtime_chooses_and_refuses_clearly(packed_default: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEARTH_RUNTIME", "lite")
+    with pytest.raises(
+        LiteRefused, match="The torch-free runtime can't run this model: bf16 weights run through torch"
+    ):
+        open_backend(LoadRequest(None, quantization="bf16", device="cpu"))
+    monkeypatch.setenv("HEARTH_RUNTIME", "fast")
+    with pytest.raises(HearthError, match="HEARTH_RUNTIME=fast is not one of auto, torch, lite"):
+        open_backend(LoadRequest(None, device="cpu"))
+    monkeypatch.setenv("HEARTH_RUNTIME", "torch")
+    backend = open_backend(LoadRequest(None, device="cpu", response_cache=False))
+    assert type(backend).__name__ == "EngineBackend"
+    backend.close()
+
+
+def test_auto_on_a_machine_without_a_gpu_says_so_as_the_torch_loader_does(
+    packed_default: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lite_backend, "gpu_reason", lambda: "no CUDA GPU was found")
+    backend = open_lite_backend(LoadRequest(None, response_cache=False))
+    assert isinstance(backend, LiteBackend)
+    assert backend.info.notices == (
+        "Running on the CPU: no CUDA GPU was found. Replies will be much slower than on a GPU.",
+    )
+    backend.close()
+    monkeypatch.setattr(lite_backend, "gpu_reason", lambda: "")
+    assert open_lite_backend(LoadRequest(None)) == "a GPU may be present"
+
+
+class FakeMemory:
+    def __init__(self, available: int) -> None:
+        self.available = available
+        self.total = 2 * available
+
+
+def test_a_model_that_does_not_fit_is_refused_with_the_numbers(
+    packed_default: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lite_backend.psutil, "virtual_memory", lambda: FakeMemory(120 << 20))
+    with pytest.raises(ModelTooLargeError, match=r"\(q4\) needs .* but only 120.0 MiB is free on the CPU"):
+        open_lite_backend(LoadRequest(None, device="cpu", context_length=8192))
+    # without --context: the window shrinks to what fits, and says so
+    monkeypatch.setattr(lite_backend.psutil, "virtual_memory", lambda: FakeMemory(300 << 20))
+    backend = open_lite_backend(LoadRequest(None, device="cpu", response_cache=False))
+    assert isinstance(backend, LiteBackend)
+    assert 2048 <= backend.info.context_window < 8192
+    assert any("The context window is limited to" in notice for notice in backend.info.notices)
+    backend.close()
+    # --ignore-fit loads anyway
+    monkeypatch.setattr(lite_backend.psutil, "virtual_memory", lambda: FakeMemory(10 << 20))
+    forced = open_lite_backend(LoadRequest(None, device="cpu", ignore_fit=True, response_cache=False))
+    assert isinstance(forced, LiteBackend) and forced.info.context_window == 8192
+    forced.close()
+
+
+def test_the_plan_before_loading_is_the_runtime_s_own(packed_default: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.core.engines.lite.backend import lite_plan
+
+    plan = lite_plan(LoadRequest(None, device="cpu", context_length=4096))
+    assert not isinstance(plan, str)
+    assert plan.quantization == "q4" and plan.context == 4096 and plan.kv_dtype == "bf16"
+    assert 94e6 < plan.weights_bytes < 96e6  # the packed copy (Q4_1 matrices, int8 lm_head) and the norms
+    assert plan.kv_bytes == 4096 * 30 * 2 * 3 * 64 * 2 and plan.fits == "yes"
+    monkeypatch.setenv("HEARTH_RUNTIME", "torch")
+    assert lite_plan(LoadRequest(None, device="cpu")) == "HEARTH_RUNTIME=torch"

@@ -1,0 +1,163 @@
+"""The torch-free engine (app/core/engines/lite/engine.py): its numpy sampling against transformers' warpers, its
+tokenizer against AutoTokenizer's, and a reply's behaviour (stop, cancel, stats, refusals)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import LoadRequest, ReplyRequest, ResponseFormat
+from app.core.engines.lite.backend import LiteBackend, open_lite_backend
+from app.core.engines.lite.engine import NumpySampler, load_tokenizer
+from app.core.engines.lite.runtime import LiteUnavailable
+from app.core.errors import HearthError
+from app.core.fastpath import kernel
+
+KERNEL = kernel.load_library()
+needs_kernel = pytest.mark.skipif(isinstance(KERNEL, str), reason=f"no kernel library here: {KERNEL}")
+GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def lite_backend() -> Iterator[LiteBackend]:
+    """The default model on the torch-free runtime (its packed copy written by a q4 load through torch first)."""
+    from app.core.engines.loader import load_model
+
+    load_model(None, quantization="q4", device="cpu")
+    opened = open_lite_backend(LoadRequest(None, device="cpu", response_cache=False))
+    assert isinstance(opened, LiteBackend), opened
+    yield opened
+    opened.close()
+
+
+def kept_tokens(params: SamplingParams, logits: np.ndarray, seen: list[int]) -> set[int]:
+    """The tokens transformers' warpers leave a chance (the torch engine's processors, in its order)."""
+    processors = LogitsProcessorList()
+    if params.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    processors.append(TemperatureLogitsWarper(params.temperature))
+    if params.top_k:
+        processors.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1:
+        processors.append(TopPLogitsWarper(params.top_p))
+    if params.min_p:
+        processors.append(MinPLogitsWarper(params.min_p))
+    warped = processors(torch.tensor([seen]), torch.from_numpy(logits.copy())[None])
+    return set(np.flatnonzero(np.isfinite(warped[0].numpy())).tolist())
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=40),
+        SamplingParams(temperature=1.3, top_p=0.5, top_k=0, min_p=0.05),
+        SamplingParams(temperature=0.8, top_p=1.0, top_k=5, repetition_penalty=1.3),
+    ],
+)
+def test_sampling_draws_only_what_transformers_warpers_keep(params: SamplingParams) -> None:
+    rng = np.random.default_rng(1)
+    logits = (rng.standard_normal(500) * 3).astype(np.float32)
+    seen = [3, 7, 7, 11]
+    allowed = kept_tokens(params, logits, seen)
+    sampler = NumpySampler(SamplingParams(**{**params.to_dict(), "seed": 5}), seen)
+    drawn = {sampler.pick(logits) for _ in range(400)}
+    assert drawn <= allowed and len(drawn) > 1
+    again = NumpySampler(SamplingParams(**{**params.to_dict(), "seed": 5}), seen)
+    first = NumpySampler(SamplingParams(**{**params.to_dict(), "seed": 5}), seen)
+    assert [again.pick(logits) for _ in range(20)] == [first.pick(logits) for _ in range(20)]  # a seed repeats
+
+
+def test_greedy_is_the_argmax_and_the_repetition_penalty_counts_accepted_tokens() -> None:
+    logits = np.array([1.0, 3.0, 2.9, -1.0], dtype=np.float32)
+    assert NumpySampler(SamplingParams(temperature=0), []).pick(logits) == 1
+    penalized = NumpySampler(SamplingParams(temperature=0, repetition_penalty=1.5), [])
+    assert penalized.pick(logits) == 1
+    penalized.accept(1)  # 3.0 / 1.5 = 2.0 < 2.9
+    assert penalized.pick(logits) == 2
+
+
+def test_the_tokenizer_is_the_one_auto_tokenizer_loads(default_folder: Any) -> None:
+    ours, theirs = load_tokenizer(default_folder), AutoTokenizer.from_pretrained(default_folder)
+    assert type(ours) is type(theirs)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Héllo, wörld! 12345"}]
+    assert ours.apply_chat_template(messages, add_generation_prompt=True) == theirs.apply_chat_template(
+        messages, add_generation_prompt=True
+    )
+
+
+def test_a_tokenizer_class_it_cannot_load_without_torch_is_a_reason(tmp_path: Any, default_folder: Any) -> None:
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "NoSuchTokenizer"}')
+    with pytest.raises(LiteUnavailable, match="tokenizer class NoSuchTokenizer is not in this transformers"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(LiteUnavailable, match="names no tokenizer class"):
+        load_tokenizer(tmp_path)
+
+
+def run(backend: LiteBackend, request: ReplyRequest, cancel: threading.Event | None = None) -> list[Any]:
+    return list(backend.generate(request, cancel or threading.Event()))
+
+
+@needs_kernel
+def test_a_reply_streams_and_reports_both_phases(lite_backend: LiteBackend) -> None:
+    events = run(lite_backend, ReplyRequest([ChatMessage("user", "What is the capital of France?")], GREEDY, 1))
+    done = events[-1]
+    stats = next(e for e in events if isinstance(e, StatsEvent)).stats
+    assert isinstance(done, DoneEvent) and "Paris" in done.text and done.finish_reason == "stop"
+    assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == done.text
+    assert stats.decode_path == "lite-q4" and "torch-free runtime" in stats.decode_path_note
+    assert stats.prefill_s > 0 and stats.decode_tokens_per_s > 0 and stats.memory_device == "cpu"
+    # the next turn reuses the conversation's cache
+    follow = ReplyRequest(
+        [ChatMessage("user", "What is the capital of France?"), ChatMessage("assistant", done.text),
+         ChatMessage("user", "And of Italy?")],
+        GREEDY,
+        1,
+    )  # fmt: skip
+    again = next(e for e in run(lite_backend, follow) if isinstance(e, StatsEvent)).stats
+    assert again.cached_tokens > 20
+    reading = lite_backend.memory()
+    (cpu,) = reading.devices
+    assert cpu.weights_bytes > 90e6 and cpu.kv_bytes > 0 and reading.kv_bytes_per_token == 30 * 2 * 3 * 64 * 2
+
+
+@needs_kernel
+def test_stop_strings_and_cancel_end_a_reply(lite_backend: LiteBackend) -> None:
+    question = [ChatMessage("user", "Count from 1 to 20, separated by commas.")]
+    stopped = run(lite_backend, ReplyRequest(question, SamplingParams(temperature=0, max_new_tokens=60), stop=["5"]))
+    assert stopped[-1].finish_reason == "stop" and "5" not in stopped[-1].text and stopped[-1].text
+    cancel = threading.Event()
+    tokens = 0
+    for event in lite_backend.generate(
+        ReplyRequest(question, SamplingParams(temperature=0, max_new_tokens=60)), cancel
+    ):
+        if isinstance(event, TokenEvent):
+            tokens += 1
+            cancel.set()  # within one token
+        last = event
+    assert isinstance(last, DoneEvent) and last.finish_reason == "cancelled" and tokens == 1
+
+
+@needs_kernel
+def test_a_json_response_format_is_refused_with_what_to_do(lite_backend: LiteBackend) -> None:
+    request = ReplyRequest([ChatMessage("user", "Hi")], GREEDY, response_format=ResponseFormat("json_object"))
+    with pytest.raises(
+        HearthError, match=r"torch-free runtime cannot enforce a json_object response format.*HEARTH_RUNTIME=torch"
+    ):
+        lite_backend.generate(request, threading.Event())
