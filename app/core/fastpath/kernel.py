@@ -54,6 +54,8 @@ MANIFEST_FORMAT = 1
 # "prebuilt": never compile (the packaging test proves the bundle needs no compiler).
 KERNEL_ENV = "HEARTH_KERNEL"
 KERNEL_CHOICES = ("auto", "compile", "prebuilt")
+SPIN_ENV = "GOMP_SPINCOUNT"
+OPENMP_SPIN_COUNT = "30000"  # see _open_with_spin_count
 CACHE_TAG = "hashed-1"  # part of the compiled library's cache name: files from before sidecars are never looked at
 
 
@@ -362,10 +364,26 @@ def _compile(compiler: str, flags: list[str], target: Path) -> str:
     return ""
 
 
+def _open_with_spin_count(path: Path) -> ctypes.CDLL:
+    """ctypes.CDLL, with GOMP_SPINCOUNT set while the library (and with it GCC's OpenMP runtime, which reads the
+    variable once, as it loads) comes in, unless the user set it or OMP_WAIT_POLICY. libgomp's default, 300,000
+    spins, keeps an idle thread busy for a millisecond or more: between the torch-free prefill's kernel calls that took
+    a core from numpy's attention threads (a 135M prefill took 1.5-2.7 s from run to run; 1.42-1.46 s with 30,000),
+    and decode measured the same with either (its barriers wait microseconds). Nothing else in the process sees it."""
+    added = SPIN_ENV not in os.environ and "OMP_WAIT_POLICY" not in os.environ
+    if added:
+        os.environ[SPIN_ENV] = OPENMP_SPIN_COUNT
+    try:
+        return ctypes.CDLL(str(path))
+    finally:
+        if added:
+            os.environ.pop(SPIN_ENV, None)
+
+
 def _load(path: Path, threaded: bool, built: float, compiler: str, sha256: str, origin: str) -> NativeLibrary | str:
     """ctypes-load a file whose sha256 was just checked (the only place a library enters the process)."""
     try:
-        lib = ctypes.CDLL(str(path))
+        lib = _open_with_spin_count(path)
     except OSError as exc:
         return f"the fused decode kernel did not load ({exc})"
     lib.hearth_abi.restype = ctypes.c_int
@@ -373,7 +391,6 @@ def _load(path: Path, threaded: bool, built: float, compiler: str, sha256: str, 
         return f"the fused decode kernel at {path} is from another version"
     lib.hearth_simd.restype = ctypes.c_int
     lib.hearth_openmp.restype = ctypes.c_int
-    lib.hearth_release_threads.restype = ctypes.c_int
     lib.hearth_layout.restype = ctypes.c_int
     lib.hearth_layout.argtypes = [ctypes.c_int]
     lib.hearth_scratch_floats.restype = ctypes.c_int64

@@ -14,7 +14,6 @@ import ctypes
 import io
 import logging
 import mmap
-import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -24,14 +23,11 @@ from typing import Any
 
 import torch
 
+from app.core.fastpath.positioned import RowReadError, read_exactly_at
 from app.core.models.dtypes import FLOAT_DTYPES
 from app.core.models.safetensors_header import StoredTensor, read_header
 
 log = logging.getLogger(__name__)
-
-
-class RowReadError(RuntimeError):
-    """The weight file no longer holds what was loaded (changed, cut short or removed while the model was open)."""
 
 
 @dataclass
@@ -66,17 +62,7 @@ class RowFile:
         return table[where].reshape(*ids.shape, self.cols)
 
     def _read_at(self, offset: int, view: memoryview) -> None:
-        try:
-            if hasattr(os, "preadv"):
-                count = os.preadv(self.handle.fileno(), [view], offset)
-            else:  # Windows: no positioned read in os
-                with self.lock:
-                    self.handle.seek(offset)
-                    count = self.handle.readinto(view)
-        except OSError as exc:
-            raise RowReadError(f"{self.path} could not be read while the model was loaded ({exc})") from exc
-        if count != len(view):
-            raise RowReadError(f"{self.path} was cut short while the model was loaded (a row read {count} bytes)")
+        read_exactly_at(self.handle, self.lock, self.path, offset, view)
 
 
 def byte_view(tensor: torch.Tensor) -> memoryview:

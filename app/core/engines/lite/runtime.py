@@ -33,6 +33,7 @@ from threadpoolctl import ThreadpoolController
 from app.core.fastpath import integrity
 from app.core.fastpath.kernel import CFG_FIELDS, GLOBAL_FIELDS, LAYER_FIELDS, NativeLibrary, load_library
 from app.core.fastpath.packed_cache import packed_cache_file
+from app.core.fastpath.positioned import read_exactly_at
 from app.core.models.attention import attention_shape
 from app.core.models.safetensors_header import StoredTensor, read_header
 
@@ -197,19 +198,13 @@ class EmbeddingRows:
     def read_into(self, token: int, out: npt.NDArray[np.uint8]) -> None:
         if not 0 <= token < self.rows:
             raise ValueError(f"token id {token} is outside the model's {self.rows}-token vocabulary")
-        view = memoryview(out.data)[: self.row_bytes]
-        offset = self.offset + token * self.row_bytes
-        try:
-            if hasattr(os, "preadv"):
-                count = os.preadv(self.handle.fileno(), [view], offset)
-            else:  # Windows: no positioned read in os
-                with self.lock:
-                    self.handle.seek(offset)
-                    count = self.handle.readinto(view)
-        except OSError as exc:
-            raise RuntimeError(f"{self.path} could not be read while the model was loaded ({exc})") from exc
-        if count != self.row_bytes:
-            raise RuntimeError(f"{self.path} was cut short while the model was loaded")
+        read_exactly_at(
+            self.handle,
+            self.lock,
+            self.path,
+            self.offset + token * self.row_bytes,
+            memoryview(out.data)[: self.row_bytes],
+        )
 
 
 def _folder_tensors(folder: Path) -> dict[str, tuple[Path, StoredTensor]]:
@@ -514,7 +509,6 @@ class LiteModel:
             cache.keys[index][:, start : start + count] = to_bf16(k).transpose(1, 0, 2)
             cache.values[index][:, start : start + count] = to_bf16(v).transpose(1, 0, 2)
             del qkv, k, v
-            self.lib.hearth_release_threads()  # the kernel's spinning threads would take the cores attention needs
             x += self._q4(self._attention(q, index, cache, start, count), layer.o, config.hidden)
             gate_up = self._q4(self._norm(x, layer.mlp_norm), layer.gate_up, 2 * config.inter)
             x += self._q4(_silu_times(gate_up, config.inter), layer.down, config.hidden)

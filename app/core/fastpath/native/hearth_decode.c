@@ -108,18 +108,6 @@ int hearth_openmp(void) {
 #endif
 }
 
-/* Let the kernel's idle threads go now instead of spinning (OpenMP's default, right for back-to-back decode steps):
- * work the caller runs on other threads next (the torch-free prefill's attention) gets every core. Returns 0 when
- * the threads were released, 1 where this OpenMP has no omp_pause_resource (before 5.0) or none is built in. */
-int hearth_release_threads(void) {
-#if defined(_OPENMP) && (_OPENMP >= 201811 || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
-    /* GCC's libgomp has it from GCC 10 on, while still saying OpenMP 4.5 */
-    return omp_pause_resource_all(omp_pause_soft) == 0 ? 0 : 1;
-#else
-    return 1;
-#endif
-}
-
 static inline float bf16_to_f32(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
     float f;

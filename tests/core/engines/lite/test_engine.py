@@ -161,3 +161,23 @@ def test_a_json_response_format_is_refused_with_what_to_do(lite_backend: LiteBac
         HearthError, match=r"torch-free runtime cannot enforce a json_object response format.*HEARTH_RUNTIME=torch"
     ):
         lite_backend.generate(request, threading.Event())
+
+
+@needs_kernel
+def test_regenerate_and_edit_reuse_the_prefix(lite_backend: LiteBackend) -> None:
+    from app.core.engines.session import ChatSession
+
+    def reply(events: Iterator[Any]) -> tuple[str, Any]:
+        listed = list(events)
+        return listed[-1].text, next(e for e in listed if isinstance(e, StatsEvent)).stats
+
+    session = ChatSession(lite_backend, params=GREEDY, use_response_cache=False, conversation_id=7)
+    first, first_stats = reply(session.ask("What is 2 + 2?"))
+    again, again_stats = reply(session.regenerate())
+    # Greedy, but not bit-identical: the prompt's last token is prefilled alone this time, and its keys round to
+    # bf16 from sums taken in another order (as in the torch path's bf16 and q4 loads; only fp32 is exact there).
+    assert "4" in first and "4" in again
+    assert again_stats.cached_tokens == first_stats.prompt_tokens - 1  # cropped back to the prompt minus one
+    edited, edited_stats = reply(session.edit(0, "What is 3 + 3?"))
+    assert 0 < edited_stats.cached_tokens < edited_stats.prompt_tokens
+    assert "6" in edited
