@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from app.core.fastpath import rows
+from app.core.fastpath import positioned, rows
 
 
 def _saved(folder: Path, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
@@ -83,7 +83,7 @@ def test_positioned_reads_work_without_preadv(tmp_path: Path, monkeypatch: pytes
     saved = _saved(tmp_path)
     found = rows.locate(tmp_path, _mapped(tmp_path, "model.embed_tokens.weight"))
     assert found is not None
-    monkeypatch.delattr(rows.os, "preadv", raising=False)  # Windows has no os.preadv
+    monkeypatch.delattr(positioned.os, "preadv", raising=False)  # Windows has no os.preadv
     ids = torch.tensor([3, 1, 3])
     assert torch.equal(found.lookup(ids), saved["model.embed_tokens.weight"][ids])
 

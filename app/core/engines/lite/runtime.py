@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import psutil
 from threadpoolctl import ThreadpoolController
 
 from app.core.fastpath import integrity
@@ -320,10 +321,13 @@ def _blas_controller() -> ThreadpoolController:
 
 
 def _threads() -> int:
+    """One thread per physical core this process may run on, as torch's default (decode is bound by memory: a
+    core's second hardware thread adds barrier cost, not bandwidth)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        allowed = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS and Windows have no affinity call
-        return max(1, os.cpu_count() or 1)
+        allowed = os.cpu_count() or 1
+    return max(1, min(allowed, psutil.cpu_count(logical=False) or allowed))
 
 
 class LiteModel:
