@@ -1,4 +1,5 @@
-"""The inference engine: a plain generator of typed events, with KV-cache reuse across turns.
+"""The torch engine: a transformers model's steps (and the fused C decode step where it runs) under the shared reply
+loop (app.core.engines.generation), with KV-cache reuse across turns.
 
 One thread drives an Engine at a time (the GUI's worker, or the command line); cancel is a
 threading.Event checked before every forward pass, so it takes effect within one token.
