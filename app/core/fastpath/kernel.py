@@ -35,6 +35,22 @@ EXTRA_FLAGS: tuple[str, ...] = ()  # appended to the compiler flags (tests build
 CFG_FIELDS = (
     "layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "embed_bf16", "kv_bf16", "threads", "q4",
 )  # fmt: skip
+# The packed layouts hearth_decode.c reads (app.core.fastpath.packed builds them).
+Q4_GROUP = 16  # rows per interleaved Q4_1 group (hearth_decode.c's GROUP)
+Q4_RECORD = 320  # bytes per group per block of 32 columns: 256 of nibbles, 16 fp16 d, 16 fp16 m (RECORD)
+HEAD_RECORD = 512  # the int8 lm_head: bytes per group of 16 rows per block of 32 columns (hearth_decode.c's LM_RECORD)
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")  # the decoders hearth_step implements
+SLAB_STEP = 256  # KV slab capacity grows in whole multiples of this many positions
+
+
+def grown_capacity(capacity: int, needed: int, limit: int) -> int:
+    """A KV slab's next capacity for `needed` positions: a quarter more (at least two steps), in whole steps, capped
+    at the model's context window `limit` but never below `needed`."""
+    grown = max(needed, capacity + max(2 * SLAB_STEP, capacity // 4))
+    grown = -(-grown // SLAB_STEP) * SLAB_STEP
+    return max(needed, min(grown, limit))
+
+
 WEIGHT_FORMATS = ("int8", "q4")  # decoder matrices: int8 rows (fp32 scale per row), or Q4_1 in groups of 16 rows
 # hearth_q4_kernel's answer: which code runs the Q4_1 matrices in this build.
 Q4_KERNELS = {0: "scalar", 1: "NEON", 2: "NEON DotProd", 3: "AVX2", 4: "AVX-512 VNNI"}

@@ -25,11 +25,18 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from app.core.fastpath.int8 import quantize_rows
-from app.core.fastpath.kernel import CFG_FIELDS, GLOBAL_FIELDS, LAYER_FIELDS, NativeLibrary
-from app.core.fastpath.packed import (
+from app.core.fastpath.kernel import (
+    CFG_FIELDS,
+    GLOBAL_FIELDS,
     HEAD_RECORD,
+    LAYER_FIELDS,
     Q4_GROUP,
     Q4_RECORD,
+    SUPPORTED_MODEL_TYPES,
+    NativeLibrary,
+    grown_capacity,
+)
+from app.core.fastpath.packed import (
     Int8RowsLinear,
     compute_dtype,
     interleave_q4,
@@ -40,9 +47,7 @@ from app.core.models.attention import attention_shape
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3")  # inv_freq does not depend on the sequence length
-SLAB_STEP = 256  # KV slab capacity grows in whole multiples of this many positions
 
 
 # -- the KV cache both paths share ----------------------------------------------------------------------------------
@@ -95,9 +100,7 @@ class SlabLayer(DynamicLayer):
     def reserve(self, needed: int) -> None:
         if needed <= self.capacity:
             return
-        grown = max(needed, self.capacity + max(2 * SLAB_STEP, self.capacity // 4))
-        grown = -(-grown // SLAB_STEP) * SLAB_STEP
-        capacity = max(needed, min(grown, self.arena.limit))
+        capacity = grown_capacity(self.capacity, needed, self.arena.limit)
         for name in ("slab_keys", "slab_values"):
             old = getattr(self, name)
             new = torch.empty(1, old.shape[1], capacity, old.shape[3], dtype=old.dtype)

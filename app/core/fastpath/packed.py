@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from app.core.fastpath import prefill
+from app.core.fastpath.kernel import HEAD_RECORD, Q4_GROUP, Q4_RECORD
 from app.core.fastpath.rows import RowFile, advise_random_access
 from app.core.fastpath.rows import locate as locate_rows
 from app.core.models.attention import attention_shape
@@ -38,9 +39,6 @@ from app.core.models.attention import attention_shape
 # the 1B model's gate/up would otherwise need 23-46 MiB dense. 4 MiB chunks keep 512-row GEMMs at >= 256 columns.
 SCRATCH_BYTES = 4 << 20
 CHUNK_ROW_ALIGN = 32  # chunks start at multiples of this many rows (whole groups of Q4_GROUP)
-Q4_GROUP = 16  # rows per interleaved Q4_1 group (hearth_decode.c's GROUP)
-Q4_RECORD = 320  # bytes per group per block of 32 columns: 256 of nibbles, 16 fp16 d, 16 fp16 m (RECORD)
-HEAD_RECORD = 512  # the int8 lm_head: bytes per group of 16 rows per block of 32 columns (hearth_decode.c's LM_RECORD)
 
 
 class Scratch:

@@ -32,20 +32,26 @@ import psutil
 from threadpoolctl import ThreadpoolController
 
 from app.core.fastpath import integrity
-from app.core.fastpath.kernel import CFG_FIELDS, GLOBAL_FIELDS, LAYER_FIELDS, NativeLibrary, load_library
+from app.core.fastpath.kernel import (
+    CFG_FIELDS,
+    GLOBAL_FIELDS,
+    HEAD_RECORD,
+    LAYER_FIELDS,
+    Q4_GROUP,
+    Q4_RECORD,
+    SUPPORTED_MODEL_TYPES,
+    NativeLibrary,
+    grown_capacity,
+    load_library,
+)
 from app.core.fastpath.packed_cache import packed_cache_file
 from app.core.fastpath.positioned import read_exactly_at
 from app.core.models.attention import attention_shape
 from app.core.models.safetensors_header import StoredTensor, read_header
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")  # the fused step's (app.core.fastpath.native)
 PREFILL_CHUNK = 256  # rows a prefill call takes at most: bounds the activations' peak (the kernel is as fast at 64)
 ATTENTION_SCORE_BYTES = 1 << 20  # one attention block's scores (per thread)
 PARALLEL_ATTENTION_MIN = 64 * 256  # query rows x positions below which attention runs on the calling thread
-SLAB_STEP = 256  # KV capacity grows in whole multiples of this many positions
-Q4_GROUP = 16
-Q4_RECORD = 320  # bytes per group of 16 rows per block of 32 columns
-HEAD_RECORD = 512
 FLOAT_SIZES = {"F32": 4, "BF16": 2, "F16": 2}
 PACKED_DTYPES = {"U8": np.uint8, "I8": np.int8, "F32": np.float32}
 
@@ -278,8 +284,7 @@ class LiteCache:
             return
         if needed > self.config.context_window:
             raise ValueError(f"{needed} positions exceed the model's context window ({self.config.context_window})")
-        grown = max(needed, self.capacity + max(2 * SLAB_STEP, self.capacity // 4))
-        capacity = min(-(-grown // SLAB_STEP) * SLAB_STEP, max(needed, self.config.context_window))
+        capacity = grown_capacity(self.capacity, needed, self.config.context_window)
         shape = (self.config.kv_heads, capacity, self.config.head_dim)
         for slabs in (self.keys, self.values):
             for index in range(self.config.layers):

@@ -94,7 +94,7 @@ def test_chunks_and_a_growing_cache_change_nothing(lite_default: Any, monkeypatc
     ids = list(range(400, 470))
     whole = lite_default.prefill(ids, lite_default.new_cache())
     monkeypatch.setattr(runtime, "PREFILL_CHUNK", 16)
-    monkeypatch.setattr(runtime, "SLAB_STEP", 16)  # the slabs are reallocated (and copied) several times
+    monkeypatch.setattr(kernel, "SLAB_STEP", 16)  # the slabs are reallocated (and copied) several times
     cache = lite_default.new_cache()
     chunked = lite_default.prefill(ids, cache)
     assert relative_error(chunked, whole) < CHUNKING_BOUND
