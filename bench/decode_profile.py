@@ -67,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         wall = (time.perf_counter() - started) / args.steps
     lib.hearth_profile(ctypes.addressof(seconds))
     per_token = [s / args.steps for s in seconds[: len(PHASES)]]
-    kernel = kernel.Q4_KERNELS.get(int(lib.hearth_q4_kernel()), "?")
+    q4_kernel = kernel.Q4_KERNELS.get(int(lib.hearth_q4_kernel()), "?")
     print(
-        f"{engine.decode_path} ({kernel}): {1 / wall:.1f} tok/s, {wall * 1e3:.2f} ms a token (thread 0's phases sum to "
-        f"{sum(per_token) * 1e3:.2f} ms)"
+        f"{engine.decode_path} ({q4_kernel}): {1 / wall:.1f} tok/s, {wall * 1e3:.2f} ms a token "
+        f"(thread 0's phases sum to {sum(per_token) * 1e3:.2f} ms)"
     )
     for name, value in zip(PHASES, per_token, strict=True):
         print(f"  {name:<10} {value * 1e3:8.3f} ms  {value / sum(per_token):6.1%}")

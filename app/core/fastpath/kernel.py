@@ -17,10 +17,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from app.core.fastpath import integrity
 from app.core.storage.paths import cache_dir
@@ -85,6 +87,61 @@ class NativeLibrary:
     sha256: str = ""  # of the file that was loaded, checked before loading it
     origin: str = ""  # "prebuilt x86-64-avx512", "compiled here (-march=native)"
     fallback: str = ""  # why no prebuilt library was used (empty when one was)
+
+
+class StepArguments:
+    """hearth_step's argument arrays for one model: its sizes (CFG_FIELDS), eps / attention scale / RoPE scaling, the
+    global pointers (GLOBAL_FIELDS) and each layer's (LAYER_FIELDS; the last two, its K/V slabs, bound per cache by
+    `bind_kv`), and the scratch buffer the bound capacity needs. Whoever builds it keeps every array its pointers
+    point into alive (the torch path's tensors, the torch-free runtime's numpy arrays)."""
+
+    def __init__(
+        self,
+        lib: Any,
+        sizes: Mapping[str, int],
+        eps: float,
+        rope_scaling: float,
+        glob: Mapping[str, int],
+        layers: Sequence[Mapping[str, int | None]],
+    ) -> None:
+        self.lib = lib
+        self.cfg = (ctypes.c_int64 * len(CFG_FIELDS))(*(sizes[name] for name in CFG_FIELDS))
+        self.cfgf = (ctypes.c_float * 3)(eps, sizes["head_dim"] ** -0.5, rope_scaling)
+        self.glob = (ctypes.c_void_p * len(GLOBAL_FIELDS))(*(glob[name] for name in GLOBAL_FIELDS))
+        self.layer_args = (ctypes.c_void_p * (len(LAYER_FIELDS) * len(layers)))()
+        for index, fields in enumerate(layers):
+            for offset, name in enumerate(LAYER_FIELDS[:-2]):
+                self.layer_args[index * len(LAYER_FIELDS) + offset] = fields.get(name)
+        self.capacity = 0  # of the slabs bound last
+        self.scratch = np.empty(0, dtype=np.float32)
+
+    def bind_kv(self, keys: Sequence[int], values: Sequence[int], capacity: int) -> None:
+        """Point every layer at its K and V slabs (all of `capacity` positions) and size the scratch for them."""
+        stride = len(LAYER_FIELDS)
+        for index, (key, value) in enumerate(zip(keys, values, strict=True)):
+            self.layer_args[index * stride + stride - 2] = key
+            self.layer_args[index * stride + stride - 1] = value
+        needed = int(self.lib.hearth_scratch_floats(ctypes.addressof(self.cfg), capacity))
+        if self.scratch.size < needed:
+            self.scratch = np.empty(needed, dtype=np.float32)
+        self.capacity = capacity
+
+    def run(self, row: int, position: int, logits: int) -> int:
+        """One token through the whole decoder: embedding row `row` at `position`, its logits into `logits` (fp32
+        [vocab]); hearth_step's code (0: done)."""
+        return int(
+            self.lib.hearth_step(
+                ctypes.addressof(self.cfg),
+                ctypes.addressof(self.cfgf),
+                ctypes.addressof(self.glob),
+                ctypes.addressof(self.layer_args),
+                row,
+                position,
+                self.capacity,
+                logits,
+                self.scratch.ctypes.data,
+            )
+        )
 
 
 _library_lock = threading.Lock()

@@ -15,7 +15,6 @@ then runs the plain path and shows the reason in the reply's stats.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -26,14 +25,12 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from app.core.fastpath.int8 import quantize_rows
 from app.core.fastpath.kernel import (
-    CFG_FIELDS,
-    GLOBAL_FIELDS,
     HEAD_RECORD,
-    LAYER_FIELDS,
     Q4_GROUP,
     Q4_RECORD,
     SUPPORTED_MODEL_TYPES,
     NativeLibrary,
+    StepArguments,
     grown_capacity,
 )
 from app.core.fastpath.packed import (
@@ -272,7 +269,7 @@ class FusedDecoder:
         cache_dtype = kv_dtype(model)
         self._keep: list[torch.Tensor] = []  # every tensor the C side points into stays alive here
         self.threads = max(1, torch.get_num_threads()) if native.threaded else 1
-        cfg = {
+        sizes = {
             "layers": self.layers,
             "hidden": self.hidden,
             "heads": self.heads,
@@ -285,11 +282,9 @@ class FusedDecoder:
             "threads": self.threads,
             "q4": int(weight_format == "q4"),
         }
-        self.cfg = (ctypes.c_int64 * len(CFG_FIELDS))(*(cfg[name] for name in CFG_FIELDS))
         norm = base.norm
         eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
         rotary = base.rotary_emb
-        self.cfgf = (ctypes.c_float * 3)(eps, self.head_dim**-0.5, float(getattr(rotary, "attention_scaling", 1.0)))
         if embed.dtype not in (torch.bfloat16, torch.float32):
             embed = embed.float()
         # A table kept in the weight file is read a row per step into this buffer (the kernel then embeds row 0).
@@ -306,8 +301,7 @@ class FusedDecoder:
             "lm_s": self._hold(tensors["lm.s"]),
             "inv_freq": self._hold(rotary.inv_freq.detach().float()),
         }
-        self.glob = (ctypes.c_void_p * len(GLOBAL_FIELDS))(*(glob[name] for name in GLOBAL_FIELDS))
-        self.layer_args = (ctypes.c_void_p * (len(LAYER_FIELDS) * self.layers))()
+        layer_fields: list[dict[str, int | None]] = []
         for index, layer in enumerate(base.layers):
             fields: dict[str, int | None] = {
                 "attn_norm": self._hold(layer.input_layernorm.weight.detach().float()),
@@ -319,8 +313,9 @@ class FusedDecoder:
                 fields[f"{part}_s"] = self._hold(scale) if scale is not None else None
                 bias = tensors.get(f"{index}.{part}.b")
                 fields[f"{part}_b"] = self._hold(bias) if bias is not None else None
-            for offset, name in enumerate(LAYER_FIELDS[:-2]):
-                self.layer_args[index * len(LAYER_FIELDS) + offset] = fields[name]
+            layer_fields.append(fields)
+        rope_scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        self.arguments = StepArguments(native.lib, sizes, eps, rope_scaling, glob, layer_fields)
         # What this path adds to memory: the packed matrices and the fp32 norm copies (the planner counts the same).
         norms = [
             norm.weight,
@@ -329,7 +324,6 @@ class FusedDecoder:
         self.added_bytes = sum(t.numel() * t.element_size() for t in tensors.values()) + 4 * sum(
             w.numel() for w in norms
         )
-        self._scratch = torch.empty(0, dtype=torch.float32)
         # The arena (held, so its id can't be reused by a new cache), version and capacity the K/V pointers were set
         # for.
         self._bound: tuple[SlabArena, int, int] | None = None
@@ -353,15 +347,9 @@ class FusedDecoder:
             capacity = layers[0].capacity
             if any(layer.capacity != capacity for layer in layers):  # the kernel strides every layer alike
                 raise RuntimeError("the KV cache's layers have different capacities")
-            stride = len(LAYER_FIELDS)
-            for index, layer in enumerate(layers):
-                self.layer_args[index * stride + stride - 2] = layer.slab_keys.data_ptr()
-                self.layer_args[index * stride + stride - 1] = layer.slab_values.data_ptr()
-            needed = int(self.native.lib.hearth_scratch_floats(ctypes.addressof(self.cfg), capacity))
-            if self._scratch.numel() < needed:
-                self._scratch = torch.empty(needed, dtype=torch.float32)
+            keys = [layer.slab_keys.data_ptr() for layer in layers]
+            self.arguments.bind_kv(keys, [layer.slab_values.data_ptr() for layer in layers], capacity)
             bound = self._bound = (arena, arena.version, capacity)
-        capacity = bound[2]
         logits = torch.empty(1, self.vocab, dtype=torch.float32)  # fresh per step: callers may keep it
         row = token
         if self._rows is not None:
@@ -369,17 +357,7 @@ class FusedDecoder:
                 raise RuntimeError(f"the fused decode step refused token {token} at position {position} (code -1)")
             self._rows.read_row_into(token, self._row)
             row = 0
-        code = self.native.lib.hearth_step(
-            ctypes.addressof(self.cfg),
-            ctypes.addressof(self.cfgf),
-            ctypes.addressof(self.glob),
-            ctypes.addressof(self.layer_args),
-            row,
-            position,
-            capacity,
-            logits.data_ptr(),
-            self._scratch.data_ptr(),
-        )
+        code = self.arguments.run(row, position, logits.data_ptr())
         if code != 0:
             raise RuntimeError(f"the fused decode step refused token {token} at position {position} (code {code})")
         for layer in layers:

@@ -13,7 +13,6 @@ decode step is bit for bit the torch path's given the same cache.
 
 from __future__ import annotations
 
-import ctypes
 import io
 import json
 import math
@@ -33,14 +32,12 @@ from threadpoolctl import ThreadpoolController
 
 from app.core.fastpath import integrity
 from app.core.fastpath.kernel import (
-    CFG_FIELDS,
-    GLOBAL_FIELDS,
     HEAD_RECORD,
-    LAYER_FIELDS,
     Q4_GROUP,
     Q4_RECORD,
     SUPPORTED_MODEL_TYPES,
     NativeLibrary,
+    StepArguments,
     grown_capacity,
     load_library,
 )
@@ -398,7 +395,7 @@ class LiteModel:
             self._row_f32: Floats | None = np.zeros(config.hidden, dtype=np.float32)
         else:
             self._row_f32 = None
-        values = {
+        sizes = {
             "layers": config.layers,
             "hidden": config.hidden,
             "heads": config.heads,
@@ -411,8 +408,6 @@ class LiteModel:
             "threads": self.threads,
             "q4": 1,
         }
-        self.cfg = (ctypes.c_int64 * len(CFG_FIELDS))(*(values[name] for name in CFG_FIELDS))
-        self.cfgf = (ctypes.c_float * 3)(config.eps, config.head_dim**-0.5, 1.0)
         row = self._row_f32 if self._row_f32 is not None else self._row
         glob = {
             "embed": row.ctypes.data,
@@ -421,22 +416,19 @@ class LiteModel:
             "lm_s": self.lm_scale.ctypes.data,
             "inv_freq": config.inv_freq.ctypes.data,
         }
-        self.glob = (ctypes.c_void_p * len(GLOBAL_FIELDS))(*(glob[name] for name in GLOBAL_FIELDS))
-        self.layer_args = (ctypes.c_void_p * (len(LAYER_FIELDS) * config.layers))()
-        for index, layer in enumerate(self.layers):
-            fields: dict[str, npt.NDArray[Any] | None] = {
-                "attn_norm": layer.attn_norm,
-                "mlp_norm": layer.mlp_norm,
-                "qkv_q": layer.qkv,
-                "qkv_b": layer.qkv_bias,
-                "o_q": layer.o,
-                "gu_q": layer.gate_up,
-                "down_q": layer.down,
+        layers = [
+            {
+                "attn_norm": layer.attn_norm.ctypes.data,
+                "mlp_norm": layer.mlp_norm.ctypes.data,
+                "qkv_q": layer.qkv.ctypes.data,
+                "qkv_b": layer.qkv_bias.ctypes.data if layer.qkv_bias is not None else None,
+                "o_q": layer.o.ctypes.data,
+                "gu_q": layer.gate_up.ctypes.data,
+                "down_q": layer.down.ctypes.data,
             }
-            for offset, name in enumerate(LAYER_FIELDS[:-2]):
-                array = fields.get(name)
-                self.layer_args[index * len(LAYER_FIELDS) + offset] = array.ctypes.data if array is not None else None
-        self._scratch = np.empty(0, dtype=np.float32)
+            for layer in self.layers
+        ]
+        self.arguments = StepArguments(self.lib, sizes, config.eps, 1.0, glob, layers)
         self._bound: tuple[int, int, int] | None = None  # (id of the cache, its version, capacity) last bound
         self._executor: ThreadPoolExecutor | None = None
 
@@ -455,29 +447,14 @@ class LiteModel:
         bound = self._bound
         if bound is None or bound[0] != id(cache) or bound[1] != cache.version or position >= bound[2]:
             cache.reserve(position + 1)
-            stride = len(LAYER_FIELDS)
-            for index in range(self.config.layers):
-                self.layer_args[index * stride + stride - 2] = cache.keys[index].ctypes.data
-                self.layer_args[index * stride + stride - 1] = cache.values[index].ctypes.data
-            needed = int(self.lib.hearth_scratch_floats(ctypes.addressof(self.cfg), cache.capacity))
-            if self._scratch.size < needed:
-                self._scratch = np.empty(needed, dtype=np.float32)
+            keys = [slab.ctypes.data for slab in cache.keys]
+            self.arguments.bind_kv(keys, [slab.ctypes.data for slab in cache.values], cache.capacity)
             bound = self._bound = (id(cache), cache.version, cache.capacity)
         self.embedding.read_into(token, self._row)
         if self._row_f32 is not None:
             self._row_f32[:] = self._row.view(np.float16)
         logits = np.empty(self.config.vocab, dtype=np.float32)
-        code = self.lib.hearth_step(
-            ctypes.addressof(self.cfg),
-            ctypes.addressof(self.cfgf),
-            ctypes.addressof(self.glob),
-            ctypes.addressof(self.layer_args),
-            0,
-            position,
-            bound[2],
-            logits.ctypes.data,
-            self._scratch.ctypes.data,
-        )
+        code = self.arguments.run(0, position, logits.ctypes.data)
         if code != 0:
             raise RuntimeError(f"the decode step refused token {token} at position {position} (code {code})")
         cache.length = position + 1
