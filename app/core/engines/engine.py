@@ -32,6 +32,7 @@ from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ResponseFormat
 from app.core.engines.constrained import LogitsMask, logits_mask
 from app.core.engines.generation import PreparedPrompt, ReplyEngine
+from app.core.engines.kv_pool import shared_prefix
 from app.core.engines.loader import LoadedModel
 from app.core.fastpath.kernel import ABI as KERNEL_ABI
 from app.core.fastpath.native import is_slab_cache, new_slab_cache
@@ -62,10 +63,7 @@ class KVState:
         """
         if self.cache is None:
             return 0
-        common = 0
-        limit = min(len(self.ids), len(prompt_ids) - 1)
-        while common < limit and self.ids[common] == prompt_ids[common]:
-            common += 1
+        common = shared_prefix(self.ids, prompt_ids[:-1])
         remove = len(self.ids) - common
         if remove and not _croppable(self.cache, remove):
             self.reset()

@@ -1,4 +1,6 @@
-"""KV caches for requests that name no conversation (API clients): reuse the one sharing the longest prefix.
+"""The KV caches a local backend keeps: one per conversation (only the most recent ones), and for requests that name
+no conversation (API clients) a pool that reuses the one sharing the longest prefix. Torch-free: the torch backend
+and the torch-free one keep their caches alike.
 
 Every OpenAI-style client resends the whole conversation each turn. The pool keeps a few caches, each holding the
 exact token ids it was built from; a new prompt takes the cache whose ids share the longest prefix with it (its
@@ -8,8 +10,19 @@ a cache can grow to the whole context window, so `budget_bytes // (kv bytes per 
 
 from __future__ import annotations
 
-from app.core.engines.engine import KVState
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
+from app.core.engines.generation import KVCache
+
+KV = TypeVar("KV", bound=KVCache)
+
+# Only the active conversation keeps its KV cache: the memory panel then shows every byte the caches hold.
+# Switching conversations prefills the other one again.
+MAX_KEPT_CACHES = 1
+# Requests that name no conversation (API clients) share a pool of caches matched by prefix, sized to this share of
+# the memory free when the model loaded.
+POOL_MEMORY_SHARE = 0.25
 MAX_POOLED = 8  # beyond this, a linear scan of the prefixes stops being free and the gain is small
 
 
@@ -29,19 +42,48 @@ def pool_size(budget_bytes: int, kv_bytes_per_token: int, context_window: int) -
     return max(1, min(MAX_POOLED, budget_bytes // per_cache))
 
 
-class PrefixKVPool:
-    def __init__(self, max_caches: int) -> None:
-        self.max_caches = max(1, max_caches)
-        self._caches: list[KVState] = []  # least recently used first
+class ConversationCaches(Generic[KV]):
+    """The caches of the last MAX_KEPT_CACHES conversations used, by conversation id."""
 
-    def take(self, prompt_ids: list[int]) -> KVState:
+    def __init__(self, new_kv: Callable[[], KV]) -> None:
+        self.new_kv = new_kv
+        self._caches: dict[int, KV] = {}  # most recently used last
+
+    def take(self, conversation_id: int) -> KV:
+        kv = self._caches.pop(conversation_id, None) or self.new_kv()
+        self._caches[conversation_id] = kv
+        while len(self._caches) > MAX_KEPT_CACHES:
+            self._caches.pop(next(iter(self._caches))).reset()
+        return kv
+
+    def forget(self, conversation_id: int) -> None:
+        kv = self._caches.pop(conversation_id, None)
+        if kv is not None:
+            kv.reset()
+
+    def values(self) -> Iterator[KV]:
+        return iter(list(self._caches.values()))
+
+    def clear(self) -> None:
+        for kv in self._caches.values():
+            kv.reset()
+        self._caches.clear()
+
+
+class PrefixKVPool(Generic[KV]):
+    def __init__(self, max_caches: int, new_kv: Callable[[], KV]) -> None:
+        self.max_caches = max(1, max_caches)
+        self.new_kv = new_kv
+        self._caches: list[KV] = []  # least recently used first
+
+    def take(self, prompt_ids: list[int]) -> KV:
         """The cache to generate `prompt_ids` on top of (the engine crops it to the shared prefix).
 
         A cache the prompt merely extends (the same client's next turn) is taken as is. A cache that shares only
         part of its tokens (another client with the same system prompt) would lose its tail to the crop, so while
         the pool has room the prompt gets a fresh cache instead; a full pool crops the best partial match."""
-        extended: KVState | None = None
-        partial: KVState | None = None
+        extended: KV | None = None
+        partial: KV | None = None
         extended_len = partial_len = 0
         for kv in self._caches:
             common = shared_prefix(kv.ids, prompt_ids)
@@ -56,7 +98,7 @@ class PrefixKVPool:
         if best is None and len(self._caches) >= self.max_caches:
             best = partial
         if best is None:
-            best = KVState()
+            best = self.new_kv()
             if len(self._caches) >= self.max_caches:  # full: the least recently used one makes room
                 self._caches.pop(0).reset()
         else:
@@ -64,7 +106,7 @@ class PrefixKVPool:
         self._caches.append(best)
         return best
 
-    def states(self) -> list[KVState]:
+    def states(self) -> list[KV]:
         return list(self._caches)
 
     def nbytes(self) -> int:

@@ -18,19 +18,12 @@ from app.core.chat.events import Event
 from app.core.chat.response_cache import ResponseCache
 from app.core.engines.backend import LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
 from app.core.engines.engine import Engine, KVState
-from app.core.engines.kv_pool import PrefixKVPool, pool_size
+from app.core.engines.kv_pool import POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
 from app.core.engines.loader import LoadedModel, load_model
 from app.core.memory.accounting import MemoryMonitor, model_kv_layout
 from app.core.memory.types import DeviceMemory, MemorySnapshot
 
 log = logging.getLogger(__name__)
-
-# Only the active conversation keeps its KV cache: the memory panel then shows every byte the caches hold.
-# Switching conversations prefills the other one again.
-MAX_KEPT_CACHES = 1
-# Requests that name no conversation (API clients) share a pool of caches matched by prefix (app.core.engines.kv_pool),
-# sized to this share of the memory free when the model loaded.
-POOL_MEMORY_SHARE = 0.25
 
 
 class EngineBackend:
@@ -53,23 +46,15 @@ class EngineBackend:
             if (loaded.folder / "tokenizer.json").is_file()
             else None,
         )
-        self._caches: dict[int, KVState] = {}
+        self._caches = ConversationCaches(KVState)
         # The memory planner's KV bytes per token; a full-window cache each, as many as a share of free memory holds.
         budget = int(_free_bytes(loaded) * POOL_MEMORY_SHARE)
-        self._pool = PrefixKVPool(pool_size(budget, _kv_bytes_per_token(loaded.model), loaded.context_window))
+        self._pool = PrefixKVPool(pool_size(budget, _kv_bytes_per_token(loaded.model), loaded.context_window), KVState)
         # Every cache held counts (the window's conversation and the API clients' pool): the panel shows them all.
         self._monitor = _memory_monitor(loaded, self._all_caches)
 
     def _all_caches(self) -> list[KVState]:
         return [*self._caches.values(), *self._pool.states()]
-
-    def _kv_for(self, conversation_id: int) -> KVState:
-        kv = self._caches.pop(conversation_id, None) or KVState()
-        self._caches[conversation_id] = kv  # most recently used last
-        while len(self._caches) > MAX_KEPT_CACHES:
-            oldest = next(iter(self._caches))
-            self._caches.pop(oldest).reset()
-        return kv
 
     @classmethod
     def wrap(cls, engine: Engine) -> EngineBackend:
@@ -83,7 +68,7 @@ class EngineBackend:
         prompt = self.engine.prepare(request)
         # An API client resending its conversation names none: it gets the pool's best-matching cache.
         conversation = request.conversation_id
-        kv = self._pool.take(prompt.ids) if conversation is None else self._kv_for(conversation)
+        kv = self._pool.take(prompt.ids) if conversation is None else self._caches.take(conversation)
         return self.engine.generate_prepared(prompt, request, kv=kv, cancel=cancel)
 
     def count_tokens(self, text: str) -> int:
@@ -123,15 +108,11 @@ class EngineBackend:
         return MemoryReading(tuple(devices), kv_bytes_per_token=per_token, forecast_kv_full_at_tokens=forecast)
 
     def forget(self, conversation_id: int) -> None:
-        kv = self._caches.pop(conversation_id, None)
-        if kv is not None:
-            kv.reset()
+        self._caches.forget(conversation_id)
 
     def close(self) -> None:
         """Drop this backend's references to the model (never mutating the LoadedModel, which others may share),
         then hand cached GPU memory back to the driver."""
-        for kv in self._caches.values():
-            kv.reset()
         self._caches.clear()
         self._pool.clear()
         del self.engine, self.loaded, self._monitor

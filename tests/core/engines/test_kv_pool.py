@@ -13,7 +13,7 @@ def filled(ids: list[int]) -> KVState:
 
 
 def test_takes_the_cache_sharing_the_longest_prefix() -> None:
-    pool = PrefixKVPool(3)
+    pool = PrefixKVPool(3, KVState)
     first = pool.take([1, 2, 3])
     first.ids = [1, 2, 3, 9]
     second = pool.take([5, 6])
@@ -24,7 +24,7 @@ def test_takes_the_cache_sharing_the_longest_prefix() -> None:
 
 
 def test_least_recently_used_is_dropped_when_full() -> None:
-    pool = PrefixKVPool(2)
+    pool = PrefixKVPool(2, KVState)
     a = pool.take([1])
     a.ids = [1, 1]
     b = pool.take([2])
@@ -44,7 +44,7 @@ def test_pool_size_is_bounded_by_memory() -> None:
 
 
 def test_a_shared_system_prompt_does_not_crop_another_clients_cache_while_there_is_room() -> None:
-    pool = PrefixKVPool(2)
+    pool = PrefixKVPool(2, KVState)
     alice = pool.take([7, 7, 1, 1])
     alice.ids = [7, 7, 1, 1, 5]
     bob = pool.take([7, 7, 2, 2])  # shares only the "system prompt" [7, 7]

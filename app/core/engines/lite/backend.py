@@ -22,10 +22,11 @@ import psutil
 from app.core.chat.events import Event
 from app.core.chat.response_cache import ResponseCache
 from app.core.engines.backend import LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
-from app.core.engines.lite.engine import LiteEngine, LiteKV, load_tokenizer
-from app.core.engines.lite.runtime import PREFILL_CHUNK, LiteConfig, LiteUnavailable, open_model
+from app.core.engines.kv_pool import POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
+from app.core.engines.lite.engine import LiteEngine, load_tokenizer
+from app.core.engines.lite.runtime import PREFILL_CHUNK, LiteConfig, LiteUnavailable, open_model, packed_copy
 from app.core.errors import HearthError, LoadCancelled
-from app.core.fastpath.packed_cache import packed_cache_file, torch_version
+from app.core.fastpath.packed_cache import torch_version
 from app.core.memory.fit import check_fit
 from app.core.memory.types import DeviceMemory, MemoryPlan, format_bytes
 from app.core.models import gguf_cache
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 
 RUNTIME_ENV = "HEARTH_RUNTIME"  # "auto" (torch-free where it can run), "torch" (never), "lite" (refuse otherwise)
 RUNTIME_CHOICES = ("auto", "torch", "lite")
-MAX_KEPT_CACHES = 1  # as the torch backend: only the active conversation keeps its cache
 MIN_AUTO_CONTEXT = 2048  # as the loader: a shorter window only when at least this much fits
 RUNTIME_FLOOR_BYTES = 64 << 20  # the interpreter, numpy and the tokenizer before any weight (~45 MiB measured)
 CPU_NOTICE = "Running on the CPU: {reason}. Replies will be much slower than on a GPU."
@@ -73,6 +73,7 @@ class LiteCandidate:
 
     source: ModelSource
     folder: Path
+    packed: Path  # the cached packed copy (checked when it is opened)
     notices: tuple[str, ...]
 
 
@@ -106,10 +107,11 @@ def lite_candidate(request: LoadRequest) -> LiteCandidate | str:
                 return "the weights are not safetensors"
     except HearthError as exc:
         return f"the model could not be resolved here ({exc})"
-    packed = packed_cache_file(folder, "bf16", kind="decode-fused-q4")
-    if packed is None or not packed.exists():
-        return "no packed Q4_1 copy yet (the first q4 load through torch writes it)"
-    return LiteCandidate(source, folder, notices)
+    try:
+        packed = packed_copy(folder)
+    except LiteUnavailable as exc:
+        return str(exc)
+    return LiteCandidate(source, folder, packed, notices)
 
 
 def lite_plan(request: LoadRequest) -> MemoryPlan | str:
@@ -120,8 +122,7 @@ def lite_plan(request: LoadRequest) -> MemoryPlan | str:
         return candidate
     try:
         config = LiteConfig.read(candidate.folder)
-        packed = packed_cache_file(candidate.folder, "bf16", kind="decode-fused-q4")
-        weights = (packed.stat().st_size if packed is not None else 0) + 4 * config.hidden * (2 * config.layers + 1)
+        weights = config.weight_bytes(candidate.packed.stat().st_size)
     except (LiteUnavailable, OSError) as exc:
         return str(exc)
     window = min(config.context_window, request.context_length or config.context_window)
@@ -132,7 +133,7 @@ def memory_plan(name: str, config: LiteConfig, weights: int, window: int) -> Mem
     """The planner's plan for this runtime's own figures: the packed copy (and norms), a bf16 KV cache, one prefill
     chunk's activations and the runtime's floor, against the memory available now."""
     free = int(psutil.virtual_memory().available)
-    per_token = 2 * config.layers * config.kv_heads * config.head_dim * 2
+    per_token = config.kv_bytes_per_token
     activations = PREFILL_CHUNK * (2 * config.inter + 3 * config.hidden + config.heads * config.head_dim) * 4 * 3
     runtime = RUNTIME_FLOOR_BYTES
     fixed = weights + activations + runtime
@@ -180,7 +181,7 @@ def open_lite_backend(
         progress(f"Opening {source.display_name} (torch-free runtime)…", 0.1)
     recovered: list[str] = []
     try:
-        model = open_model(folder, recovered)
+        model = open_model(folder, recovered, packed=candidate.packed)
         tokenizer = load_tokenizer(folder)
     except LiteUnavailable as exc:
         return str(exc)
@@ -232,38 +233,34 @@ def open_lite_backend(
 
 
 class LiteBackend:
-    """A ChatBackend over the torch-free engine: one KV cache per conversation (the active one kept), one shared by
-    requests that name none (API clients resending their conversation reuse its prefix)."""
+    """A ChatBackend over the torch-free engine, its caches kept as the torch backend keeps its own: one per
+    conversation (the active one), and for requests that name none a prefix pool sized to a share of the memory
+    free at load (app.core.engines.kv_pool)."""
 
     def __init__(self, engine: LiteEngine, info: ModelInfo) -> None:
         self.engine = engine
         self.info = info
-        self._caches: dict[int, LiteKV] = {}
-        self._shared = engine.new_kv()
+        self._caches = ConversationCaches(engine.new_kv)
+        budget = int(psutil.virtual_memory().available * POOL_MEMORY_SHARE)
+        self._pool = PrefixKVPool(
+            pool_size(budget, engine.model.config.kv_bytes_per_token, info.context_window), engine.new_kv
+        )
         self._process = psutil.Process()
 
     def generate(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
         prompt = self.engine.prepare(request)  # the user's errors raise here, before any event
         conversation = request.conversation_id
-        kv = self._shared if conversation is None else self._kv_for(conversation)
+        kv = self._pool.take(prompt.ids) if conversation is None else self._caches.take(conversation)
         return self.engine.generate_prepared(prompt, request, kv=kv, cancel=cancel)
-
-    def _kv_for(self, conversation_id: int) -> LiteKV:
-        kv = self._caches.pop(conversation_id, None) or self.engine.new_kv()
-        self._caches[conversation_id] = kv
-        while len(self._caches) > MAX_KEPT_CACHES:
-            self._caches.pop(next(iter(self._caches))).reset()
-        return kv
 
     def count_tokens(self, text: str) -> int:
         return self.engine.count_tokens(text) if text else 0
 
     def memory(self) -> MemoryReading:
-        caches = [*self._caches.values(), self._shared]
+        caches = [*self._caches.values(), *self._pool.states()]
         kv_bytes = sum(kv.nbytes() for kv in caches)
         kv_tokens = sum(len(kv.ids) for kv in caches)
-        config = self.engine.model.config
-        per_token = 2 * config.layers * config.kv_heads * config.head_dim * 2
+        per_token = self.engine.model.config.kv_bytes_per_token
         weights = self.engine.model.weight_bytes
         memory = psutil.virtual_memory()
         rss = int(self._process.memory_info().rss)
@@ -279,12 +276,9 @@ class LiteBackend:
         return MemoryReading((device,), per_token, kv_tokens + int(memory.available) // per_token)
 
     def forget(self, conversation_id: int) -> None:
-        kv = self._caches.pop(conversation_id, None)
-        if kv is not None:
-            kv.reset()
+        self._caches.forget(conversation_id)
 
     def close(self) -> None:
-        for kv in [*self._caches.values(), self._shared]:
-            kv.reset()
         self._caches.clear()
+        self._pool.clear()
         self.engine.close()

@@ -30,6 +30,7 @@ import numpy.typing as npt
 import psutil
 from threadpoolctl import ThreadpoolController
 
+from app.core.engines.kv_pool import shared_prefix
 from app.core.fastpath import integrity
 from app.core.fastpath.kernel import (
     HEAD_RECORD,
@@ -43,7 +44,7 @@ from app.core.fastpath.kernel import (
 )
 from app.core.fastpath.packed_cache import packed_cache_file
 from app.core.fastpath.positioned import read_exactly_at
-from app.core.models.attention import attention_shape
+from app.core.models.attention import AttentionShape, attention_shape
 from app.core.models.safetensors_header import StoredTensor, read_header
 
 PREFILL_CHUNK = 256  # rows a prefill call takes at most: bounds the activations' peak (the kernel is as fast at 64)
@@ -94,6 +95,15 @@ class LiteConfig:
     eps: float
     inv_freq: Floats  # [head_dim / 2]
     context_window: int
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Every layer's keys and values for one token, in the cache's bf16."""
+        return self.layers * AttentionShape(self.heads, self.kv_heads, self.head_dim).kv_bytes_per_token(2)
+
+    def weight_bytes(self, packed_bytes: int) -> int:
+        """What the model holds: its packed copy (every decode step reads all of it) and its fp32 norms."""
+        return packed_bytes + 4 * self.hidden * (2 * self.layers + 1)
 
     @classmethod
     def read(cls, folder: Path) -> LiteConfig:
@@ -296,10 +306,7 @@ class LiteCache:
     def reuse_for(self, prompt: Sequence[int]) -> int:
         """Keep the longest common prefix with `prompt` (always leaving its last token to run) and return its
         length."""
-        common = 0
-        limit = min(self.length, len(prompt) - 1)
-        while common < limit and self.ids[common] == prompt[common]:
-            common += 1
+        common = shared_prefix(self.ids, list(prompt[:-1]))
         self.length = common
         del self.ids[common:]
         return common
@@ -437,8 +444,7 @@ class LiteModel:
 
     @property
     def weight_bytes(self) -> int:
-        """The packed copy (every decode step reads all of it) and the norms."""
-        return int(self.packed.map.nbytes) + sum(layer.attn_norm.nbytes * 2 for layer in self.layers)
+        return self.config.weight_bytes(int(self.packed.map.nbytes))
 
     # -- decode
     def step(self, token: int, cache: LiteCache) -> Floats:
@@ -611,15 +617,24 @@ def _rope(x: Floats, cos: Floats, sin: Floats) -> Floats:
     return (x * cos[:, None, :] + rotated * sin[:, None, :]).astype(np.float32)
 
 
-def open_model(folder: Path, notices: list[str] | None = None, threads: int | None = None) -> LiteModel:
-    """The model in `folder` from its cached packed copy, checked against its sha256; LiteUnavailable says why not
-    (no packed copy yet, a damaged one: moved aside with a line in `notices`, no kernel for this CPU)."""
-    library = load_library()
-    if isinstance(library, str):
-        raise LiteUnavailable(library)
+def packed_copy(folder: Path) -> Path:
+    """Where `folder`'s packed Q4_1 copy is cached; LiteUnavailable when there is none yet."""
     path = packed_cache_file(folder, "bf16", kind="decode-fused-q4")
     if path is None or not path.exists():
         raise LiteUnavailable("no packed Q4_1 copy yet (the first q4 load through torch writes it)")
+    return path
+
+
+def open_model(
+    folder: Path, notices: list[str] | None = None, threads: int | None = None, packed: Path | None = None
+) -> LiteModel:
+    """The model in `folder` from its cached packed copy (`packed`, where the caller found it already), checked
+    against its sha256; LiteUnavailable says why not (no packed copy yet, a damaged one: moved aside with a line in
+    `notices`, no kernel for this CPU)."""
+    library = load_library()
+    if isinstance(library, str):
+        raise LiteUnavailable(library)
+    path = packed or packed_copy(folder)
     found = notices if notices is not None else []
     checked = integrity.check_or_quarantine(path, "packed decode copy", "packed again", found)
     if checked is None:

@@ -181,3 +181,14 @@ def test_regenerate_and_edit_reuse_the_prefix(lite_backend: LiteBackend) -> None
     edited, edited_stats = reply(session.edit(0, "What is 3 + 3?"))
     assert 0 < edited_stats.cached_tokens < edited_stats.prompt_tokens
     assert "6" in edited
+
+
+@needs_kernel
+def test_requests_without_a_conversation_reuse_a_pooled_prefix(lite_backend: LiteBackend) -> None:
+    """An API client resends its whole conversation: the pool's cache holding its turns so far is taken again."""
+    first = [ChatMessage("user", "Name three rivers in Europe.")]
+    done = run(lite_backend, ReplyRequest(first, GREEDY))[-1]
+    follow = [*first, ChatMessage("assistant", done.text), ChatMessage("user", "Which is the longest?")]
+    stats = next(e for e in run(lite_backend, ReplyRequest(follow, GREEDY)) if isinstance(e, StatsEvent)).stats
+    assert stats.cached_tokens > len(lite_backend.engine.tokenizer(done.text)["input_ids"])
+    assert lite_backend.memory().devices[0].kv_bytes > 0
