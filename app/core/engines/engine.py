@@ -31,7 +31,7 @@ from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ResponseFormat
 from app.core.engines.constrained import LogitsMask, logits_mask
-from app.core.engines.generation import PreparedPrompt, ReplyEngine
+from app.core.engines.generation import PreparedPrompt, ReplyEngine, token_ids
 from app.core.engines.kv_pool import shared_prefix
 from app.core.engines.loader import LoadedModel
 from app.core.fastpath.kernel import ABI as KERNEL_ABI
@@ -253,14 +253,8 @@ def _processors(params: SamplingParams) -> LogitsProcessorList | None:
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
-        value = getattr(source, "eos_token_id", None)
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(int(v) for v in value)
-    return ids
+    sources = (getattr(model, "generation_config", None), model.config, tokenizer)
+    return token_ids(getattr(source, "eos_token_id", None) for source in sources)
 
 
 __all__ = ["FALLBACK_NOTICE", "Engine", "KVState", "PreparedPrompt", "kv_cache_bytes"]

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -37,6 +37,17 @@ log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 512  # bounds the prefill activation peak; also lets cancel act between chunks
 MEMORY_SAMPLE_EVERY = 16  # tokens between RSS samples on the CPU (a psutil call is ~10 µs)
+
+
+def token_ids(values: Iterable[Any]) -> set[int]:
+    """The token ids in config values that are an id, a list of ids or absent (eos_token_id's shapes)."""
+    found: set[int] = set()
+    for value in values:
+        if isinstance(value, int):
+            found.add(value)
+        elif isinstance(value, list | tuple):
+            found.update(int(v) for v in value if isinstance(v, int))
+    return found
 
 
 class KVCache(Protocol):

@@ -89,6 +89,17 @@ class NativeLibrary:
     fallback: str = ""  # why no prebuilt library was used (empty when one was)
 
 
+def describe_step(library: NativeLibrary, weight_format: str, threads: int) -> tuple[str, str]:
+    """How a reply's note names the fused step: what its matrices are ("Q4_1 x16, AVX-512 VNNI (lm_head int8)") and
+    what runs them ("C kernel <where it came from>[; why no prebuilt one]; N threads")."""
+    q4_kernel = Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
+    described = {"int8": "int8", "q4": f"Q4_1 x16, {q4_kernel} (lm_head int8)"}[weight_format]
+    origin = library.origin or "C kernel"
+    if library.fallback:  # compiled here although kernels may ship prebuilt: say why none was used
+        origin = f"{origin}; {library.fallback}"
+    return described, f"C kernel {origin}; {threads} thread{'s' if threads > 1 else ''}"
+
+
 class StepArguments:
     """hearth_step's argument arrays for one model: its sizes (CFG_FIELDS), eps / attention scale / RoPE scaling, the
     global pointers (GLOBAL_FIELDS) and each layer's (LAYER_FIELDS; the last two, its K/V slabs, bound per cache by

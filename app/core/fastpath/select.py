@@ -166,14 +166,9 @@ def _apply_fused(
         return f"packing for the fused kernel failed ({type(exc).__name__}: {exc})"
     seconds = time.perf_counter() - started
     built = f", kernel compiled in {library.build_seconds:.1f} s" if library.build_seconds else ""
-    threads = f"{decoder.threads} thread{'s' if decoder.threads > 1 else ''}"
-    q4_kernel = kernel.Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
-    described = {"int8": "int8", "q4": f"Q4_1 x16, {q4_kernel} (lm_head int8)"}[weight_format]
-    origin = library.origin or "C kernel"
-    if library.fallback:  # compiled here although kernels may ship prebuilt: say why none was used
-        origin = f"{origin}; {library.fallback}"
+    described, runs = kernel.describe_step(library, weight_format, decoder.threads)
     note = (
-        f"fused {described} decode step (C kernel {origin}; {threads}; weights {how} in {seconds:.1f} s{built}); "
+        f"fused {described} decode step ({runs}; weights {how} in {seconds:.1f} s{built}); "
         f"prefill in {_prefill_description(model, quantization)}"
     )
     name = f"fused-{weight_format}"

@@ -17,11 +17,11 @@ import psutil
 from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ResponseFormat
-from app.core.engines.generation import ReplyEngine
+from app.core.engines.generation import ReplyEngine, token_ids
 from app.core.engines.lite.runtime import PREFILL_CHUNK, LiteCache, LiteModel, LiteUnavailable
 from app.core.errors import HearthError
 from app.core.fastpath.kernel import ABI as KERNEL_ABI
-from app.core.fastpath.kernel import Q4_KERNELS
+from app.core.fastpath.kernel import describe_step
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,6 @@ def load_tokenizer(folder: Path) -> Any:
 def eos_ids(folder: Path, tokenizer: Any) -> set[int]:
     """End-of-reply ids: generation_config.json's, config.json's and the tokenizer's (as the torch engine reads
     them from the model's generation config, its config and the tokenizer)."""
-    found: set[int] = set()
     values: list[Any] = [getattr(tokenizer, "eos_token_id", None)]
     for name in ("generation_config.json", "config.json"):
         try:
@@ -69,12 +68,7 @@ def eos_ids(folder: Path, tokenizer: Any) -> set[int]:
             text = data.get("text_config")
             if isinstance(text, dict):
                 values.append(text.get("eos_token_id"))
-    for value in values:
-        if isinstance(value, int):
-            found.add(value)
-        elif isinstance(value, list | tuple):
-            found.update(int(v) for v in value if isinstance(v, int))
-    return found
+    return token_ids(values)
 
 
 class LiteKV:
@@ -182,13 +176,10 @@ class LiteEngine(ReplyEngine):
         self.weights_fingerprint = weights_fingerprint
         self.packed_digest = packed_digest
         self.decode_path = DECODE_PATH
-        library = model.library
-        kernel = Q4_KERNELS.get(int(model.lib.hearth_q4_kernel()), "?")
-        origin = library.origin or "C kernel"
-        threads = f"{model.threads} thread{'s' if model.threads > 1 else ''}"
+        described, runs = describe_step(model.library, "q4", model.threads)
         self.decode_path_note = (
-            f"torch-free runtime: fused Q4_1 x16, {kernel} (lm_head int8) decode step (C kernel {origin}; {threads}); "
-            f"prefill from the records in chunks of up to {PREFILL_CHUNK} tokens, fp32 activations"
+            f"torch-free runtime: fused {described} decode step ({runs}); prefill from the records in chunks of up "
+            f"to {PREFILL_CHUNK} tokens, fp32 activations"
         )
         self._process = psutil.Process(os.getpid())
 
