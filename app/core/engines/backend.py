@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 ProgressCallback = Callable[[str, float | None], None]
 
 
+CPU_NOTICE = "Running on the CPU: {reason}. Replies will be much slower than on a GPU."  # `--device auto`, no GPU
 _ENGINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # app.core.engines.remote.engines' rule for names
 
 

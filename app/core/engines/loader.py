@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from app.core.engines.backend import CPU_NOTICE
 from app.core.errors import (
     CorruptModelError,
     DeviceUnavailableError,
@@ -31,10 +32,9 @@ from app.core.errors import (
 )
 from app.core.fastpath.packed import set_compute_dtype
 from app.core.fastpath.prefill import apply_prefill_upcast
-from app.core.memory.fit import check_fit
+from app.core.memory.fit import window_that_fits
 from app.core.memory.planner import plan_memory, stored_dtype
 from app.core.memory.release import release_freed_memory
-from app.core.memory.types import format_bytes
 from app.core.models import gguf_cache
 from app.core.models.attention import attention_shape
 from app.core.models.model_source import (
@@ -101,7 +101,7 @@ def resolve_device(choice: str) -> tuple[str, list[str]]:
         if mps:
             return "mps", []
         reason = "this PyTorch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU was found"
-        return "cpu", [f"Running on the CPU: {reason}. Replies will be much slower than on a GPU."]
+        return "cpu", [CPU_NOTICE.format(reason=reason)]
     if choice == "cuda":
         if not cuda:
             detail = (
@@ -259,10 +259,6 @@ def _hold_once(model: Any, folder: Path, notices: list[str], recovered: list[str
     return "bf16"
 
 
-# Without --context, a model whose full context does not fit gets a shorter window if at least this much fits.
-MIN_AUTO_CONTEXT = 2048
-
-
 def _check_memory(
     source: ModelSource,
     config: Any,
@@ -288,14 +284,7 @@ def _check_memory(
         notices.append(f"The memory check was skipped ({exc}).")
         return None
     log.info("memory plan: %s", plan.to_json_dict())
-    if plan.fits != "yes" and context_length is None and plan.max_context >= min(MIN_AUTO_CONTEXT, plan.context):
-        notices.append(
-            f"The context window is limited to {plan.max_context:,} tokens (the model allows {plan.context:,}) so "
-            f"that its KV cache fits in the {format_bytes(plan.free_bytes)} free on {device}."
-        )
-        return plan.max_context
-    check_fit(plan)
-    return None
+    return window_that_fits(plan, context_length is not None, notices)
 
 
 def _check_remote_code(folder: Path, config: dict[str, object], trust_remote_code: bool) -> None:

@@ -1,5 +1,5 @@
-"""The one refusal of a model that will not fit, with its numbers (the planner's and the torch-free runtime's
-plans). Torch-free."""
+"""What a load does with a memory plan that does not fit: a shorter context window where enough of one fits, else the
+one refusal, with its numbers (the planner's plans and the torch-free runtime's). Torch-free."""
 
 from __future__ import annotations
 
@@ -24,3 +24,20 @@ def check_fit(plan: MemoryPlan) -> None:
         message += " Try a smaller quantization (--quant nf4)." if plan.quantization != "nf4" else ""
     message += " To load it anyway, use --ignore-fit."
     raise ModelTooLargeError(message, needed_bytes=plan.total_bytes, free_bytes=plan.free_bytes)
+
+
+# Without --context, a model whose full context does not fit gets a shorter window if at least this much fits.
+MIN_AUTO_CONTEXT = 2048
+
+
+def window_that_fits(plan: MemoryPlan, context_asked: bool, notices: list[str]) -> int | None:
+    """None when the plan fits; the shorter context window that does (with a line in `notices`) when none was asked
+    for and at least MIN_AUTO_CONTEXT tokens (or the whole window) fit; else ModelTooLargeError (check_fit)."""
+    if plan.fits != "yes" and not context_asked and plan.max_context >= min(MIN_AUTO_CONTEXT, plan.context):
+        notices.append(
+            f"The context window is limited to {plan.max_context:,} tokens (the model allows {plan.context:,}) so "
+            f"that its KV cache fits in the {format_bytes(plan.free_bytes)} free on {plan.device}."
+        )
+        return plan.max_context
+    check_fit(plan)
+    return None

@@ -21,14 +21,21 @@ import psutil
 
 from app.core.chat.events import Event
 from app.core.chat.response_cache import ResponseCache
-from app.core.engines.backend import LoadRequest, MemoryReading, ModelInfo, ProgressCallback, ReplyRequest
+from app.core.engines.backend import (
+    CPU_NOTICE,
+    LoadRequest,
+    MemoryReading,
+    ModelInfo,
+    ProgressCallback,
+    ReplyRequest,
+)
 from app.core.engines.kv_pool import POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
 from app.core.engines.lite.engine import LiteEngine, load_tokenizer
 from app.core.engines.lite.runtime import PREFILL_CHUNK, LiteConfig, LiteUnavailable, open_model, packed_copy
 from app.core.errors import HearthError, LoadCancelled
 from app.core.fastpath.packed_cache import torch_version
-from app.core.memory.fit import check_fit
-from app.core.memory.types import DeviceMemory, MemoryPlan, format_bytes
+from app.core.memory.fit import window_that_fits
+from app.core.memory.types import DeviceMemory, MemoryPlan
 from app.core.models import gguf_cache
 from app.core.models.model_source import ModelSource, check_folder_weights, resolve_model, weights_fingerprint
 
@@ -36,9 +43,7 @@ log = logging.getLogger(__name__)
 
 RUNTIME_ENV = "HEARTH_RUNTIME"  # "auto" (torch-free where it can run), "torch" (never), "lite" (refuse otherwise)
 RUNTIME_CHOICES = ("auto", "torch", "lite")
-MIN_AUTO_CONTEXT = 2048  # as the loader: a shorter window only when at least this much fits
 RUNTIME_FLOOR_BYTES = 64 << 20  # the interpreter, numpy and the tokenizer before any weight (~45 MiB measured)
-CPU_NOTICE = "Running on the CPU: {reason}. Replies will be much slower than on a GPU."
 
 
 class LiteRefused(HearthError):
@@ -195,18 +200,11 @@ def open_lite_backend(
         window = min(window, request.context_length)
     if not request.ignore_fit:
         plan = memory_plan(source.display_name, model.config, model.weight_bytes, window)
-        if plan.fits != "yes" and request.context_length is None and plan.max_context >= min(MIN_AUTO_CONTEXT, window):
-            notices.append(
-                f"The context window is limited to {plan.max_context:,} tokens (the model allows {window:,}) so "
-                f"that its KV cache fits in the {format_bytes(plan.free_bytes)} free on cpu."
-            )
-            window = plan.max_context
-        else:
-            try:
-                check_fit(plan)
-            except HearthError:
-                model.close()
-                raise
+        try:
+            window = window_that_fits(plan, request.context_length is not None, notices) or window
+        except HearthError:
+            model.close()
+            raise
     engine = LiteEngine(
         model,
         tokenizer,
