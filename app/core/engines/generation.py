@@ -133,10 +133,10 @@ class ReplyEngine(ABC):
     def _cache_identity(self, budget: int) -> dict[str, Any]:
         """What besides the prompt decides a greedy reply (response cache key): weights, decode path, kernel."""
 
+    @abstractmethod
     def _constraint(self, response_format: ResponseFormat) -> Constraint | None:
-        if response_format.kind == "text":
-            return None
-        raise HearthError(f"This engine cannot enforce a {response_format.kind} response format.")
+        """The grammar that enforces a response format for one reply (None for free text); HearthError when this
+        engine can't enforce it or the schema is bad."""
 
     def _begin_reply(self) -> None:  # noqa: B027 (optional: most engines have nothing to do)
         """Before a reply's first step (the GPU's peak memory counter is reset here)."""

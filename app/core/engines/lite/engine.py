@@ -214,8 +214,5 @@ class LiteEngine(ReplyEngine):
                 "torch tensors): load the model with HEARTH_RUNTIME=torch, as `hearth serve` does."
             )
 
-    def recovery_notices(self) -> tuple[str, ...]:
-        return self._take_notices()
-
     def close(self) -> None:
         self.model.close()
