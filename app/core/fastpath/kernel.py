@@ -100,6 +100,23 @@ def describe_step(library: NativeLibrary, weight_format: str, threads: int) -> t
     return described, f"C kernel {origin}; {threads} thread{'s' if threads > 1 else ''}"
 
 
+def q4_prefill(
+    lib: Any, records: int, rows: int, cols: int, x: int, x_bf16: bool, n: int, y: int, y_bf16: bool, threads: int
+) -> None:
+    """hearth_q4_prefill: y [n, rows] = x [n, cols] times the Q4_1 records (pointers), or the error its code means."""
+    code = lib.hearth_q4_prefill(records, rows, cols, x, int(x_bf16), n, y, int(y_bf16), threads)
+    if code == -3:
+        raise MemoryError(f"the Q4_1 kernel could not allocate its buffers for a {n}-row input")
+    if code != 0:
+        raise RuntimeError(f"the Q4_1 kernel refused a {n}-row input (code {code})")
+
+
+def lm_head(lib: Any, q: int, scale: int, vocab: int, cols: int, x: int, n: int, out: int, threads: int) -> None:
+    """hearth_lm_head: out [n, vocab] from fp32 rows x [n, cols] through the int8 head rows (pointers)."""
+    if lib.hearth_lm_head(q, scale, vocab, cols, x, n, out, threads) != 0:
+        raise MemoryError("the lm_head kernel could not allocate its activation buffers")
+
+
 class StepArguments:
     """hearth_step's argument arrays for one model: its sizes (CFG_FIELDS), eps / attention scale / RoPE scaling, the
     global pointers (GLOBAL_FIELDS) and each layer's (LAYER_FIELDS; the last two, its K/V slabs, bound per cache by

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from app.core.fastpath import prefill
-from app.core.fastpath.kernel import HEAD_RECORD, Q4_GROUP, Q4_RECORD
+from app.core.fastpath.kernel import HEAD_RECORD, Q4_GROUP, Q4_RECORD, lm_head, q4_prefill
 from app.core.fastpath.rows import RowFile, advise_random_access
 from app.core.fastpath.rows import locate as locate_rows
 from app.core.models.attention import attention_shape
@@ -188,21 +188,18 @@ class Q4Linear(nn.Module):
         8-bit mantissa), so the result is closer to fp32's than the bf16 GEMM's."""
         flat = input.reshape(-1, self.in_features).contiguous()
         out = torch.empty(flat.shape[0], self.out_features, dtype=input.dtype)
-        code = self.library.lib.hearth_q4_prefill(
+        q4_prefill(
+            self.library.lib,
             self.records.data_ptr(),
             self.out_features,
             self.in_features,
             flat.data_ptr(),
-            int(flat.dtype == torch.bfloat16),
+            flat.dtype == torch.bfloat16,
             flat.shape[0],
             out.data_ptr(),
-            int(out.dtype == torch.bfloat16),
+            out.dtype == torch.bfloat16,
             max(1, torch.get_num_threads()),
         )
-        if code == -3:
-            raise MemoryError(f"the Q4_1 kernel could not allocate its buffers for a {flat.shape[0]}-row input")
-        if code != 0:
-            raise RuntimeError(f"the Q4_1 kernel refused a {flat.shape[0]}-row input (code {code})")
         if self.bias is not None:
             out += self.bias.to(out.dtype)
         return out.reshape(*input.shape[:-1], self.out_features)
@@ -249,7 +246,8 @@ class Int8RowsLinear(nn.Module):
         out = torch.empty(flat.shape[0], self.out_features, dtype=torch.float32)
         if self.library is not None and self.q.is_contiguous() and self.scale.is_contiguous():
             flat = flat.contiguous()
-            code = self.library.lib.hearth_lm_head(
+            lm_head(
+                self.library.lib,
                 self.q.data_ptr(),
                 self.scale.data_ptr(),
                 self.out_features,
@@ -259,8 +257,6 @@ class Int8RowsLinear(nn.Module):
                 out.data_ptr(),
                 max(1, torch.get_num_threads()),
             )
-            if code != 0:
-                raise MemoryError("the lm_head kernel could not allocate its activation buffers")
             return out.reshape(*input.shape[:-1], self.out_features).to(input.dtype)
         step = chunk_rows(self.in_features, torch.float32)
         for start in range(0, self.out_features, step):  # step: whole groups of 16 rows

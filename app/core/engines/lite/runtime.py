@@ -7,8 +7,8 @@ q4 load (app.core.fastpath.packed_cache; checked against its sha256 before use).
 packed copy, `open_model` says so and the caller loads through torch, which writes one.
 
 Numerics: activations in fp32 throughout (the torch path runs bf16 where the CPU has it); the KV cache in bf16 (as
-the torch path keeps it on such CPUs, and as half the memory of fp32); the matrices' products are the kernel's, so a
-decode step is bit for bit the torch path's given the same cache.
+the torch path keeps it on such CPUs, and as half the memory of fp32); the matrices' products are the kernel's, and a
+decode step is the torch path's own C step.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ from app.core.fastpath.kernel import (
     NativeLibrary,
     StepArguments,
     grown_capacity,
+    lm_head,
     load_library,
+    q4_prefill,
 )
 from app.core.fastpath.packed_cache import packed_cache_file
 from app.core.fastpath.positioned import read_exactly_at
@@ -475,7 +477,7 @@ class LiteModel:
         cache.reserve(cache.length + len(ids))
         hidden: Floats | None = None
         # numpy's BLAS (attention's products) one thread per call, the calls spread over our own threads: its spinning
-        # worker threads would otherwise take the cores from the kernel's OpenMP team (measured: 2.4x slower at 135M).
+        # worker threads would otherwise take the cores from the kernel's OpenMP team (measured: 2x slower at 135M).
         with _blas_controller().limit(limits=1, user_api="blas"):
             for start in range(0, len(ids), PREFILL_CHUNK):
                 hidden = self._prefill_chunk(ids[start : start + PREFILL_CHUNK], cache)
@@ -564,29 +566,19 @@ class LiteModel:
     def _q4(self, x: Floats, records: npt.NDArray[np.uint8], rows: int) -> Floats:
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty((x.shape[0], rows), dtype=np.float32)
-        code = self.lib.hearth_q4_prefill(
-            records.ctypes.data, rows, x.shape[1], x.ctypes.data, 0, x.shape[0], out.ctypes.data, 0, self.threads
-        )
-        if code == -3:
-            raise MemoryError(f"the Q4_1 kernel could not allocate its buffers for a {x.shape[0]}-row input")
-        if code != 0:
-            raise RuntimeError(f"the Q4_1 kernel refused a {x.shape[0]}-row input (code {code})")
+        q4_prefill(
+            self.lib, records.ctypes.data, rows, x.shape[1], x.ctypes.data, False, x.shape[0], out.ctypes.data, False,
+            self.threads,
+        )  # fmt: skip
         return out
 
     def _lm_head(self, x: Floats) -> Floats:
-        out = np.empty((x.shape[0], self.config.vocab), dtype=np.float32)
-        code = self.lib.hearth_lm_head(
-            self.lm_rows.ctypes.data,
-            self.lm_scale.ctypes.data,
-            self.config.vocab,
-            self.config.hidden,
-            x.ctypes.data,
-            x.shape[0],
-            out.ctypes.data,
-            self.threads,
-        )
-        if code != 0:
-            raise MemoryError("the lm_head kernel could not allocate its activation buffers")
+        config = self.config
+        out = np.empty((x.shape[0], config.vocab), dtype=np.float32)
+        lm_head(
+            self.lib, self.lm_rows.ctypes.data, self.lm_scale.ctypes.data, config.vocab, config.hidden, x.ctypes.data,
+            x.shape[0], out.ctypes.data, self.threads,
+        )  # fmt: skip
         return out
 
 
