@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from app.core.fastpath import integrity
+from app.core.fastpath import blocks, integrity
 from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "hearth_decode.c"
-ABI = 6
+ABI = 7
 COMPILE_TIMEOUT_S = 180
 EXTRA_FLAGS: tuple[str, ...] = ()  # appended to the compiler flags (tests build a scalar-only kernel with it)
 # Order of the C side's enums (checked against hearth_layout at load).
@@ -509,6 +509,9 @@ def _load(path: Path, threaded: bool, built: float, compiler: str, sha256: str, 
     layout = tuple(lib.hearth_layout(i) for i in range(4))
     if layout != (len(CFG_FIELDS), 3, len(GLOBAL_FIELDS), len(LAYER_FIELDS)):
         return f"the fused decode kernel's layout {layout} does not match this Hearth"
+    mismatch = blocks.declare(lib)
+    if mismatch:
+        return f"the fused decode kernel at {path}: {mismatch}"
     if not lib.hearth_simd():
         return "this CPU lacks AVX2+FMA: the fused decode kernel would be slower than the plain path"
     return NativeLibrary(

@@ -26,6 +26,7 @@ _STRING, _ARRAY = 8, 9
 # Arrays longer than this (token lists, merges, scores) are skipped; only their length is kept.
 _MAX_ARRAY_KEPT = 4096
 _READ_BLOCK = 1 << 20
+_MAX_DIMS = 4  # GGML_MAX_DIMS: a header claiming more is damaged (and would make a tuple of any length)
 _LENGTH = struct.Struct("<Q")
 
 
@@ -206,7 +207,10 @@ def _read_header(path: Path, size: int, mtime_ns: int) -> GGUFHeader:
         for _ in range(tensor_count):
             name = reader.string()
             names.append(name)
-            dims = tuple(reader.unpack("<Q") for _ in range(reader.unpack("<I")))
+            rank = reader.unpack("<I")
+            if rank > _MAX_DIMS:
+                raise CorruptModelError(f"{path}: a tensor claims {rank} dimensions; the file is corrupt.")
+            dims = tuple(reader.unpack("<Q") for _ in range(rank))
             elements = 1
             for dim in dims:
                 elements *= dim

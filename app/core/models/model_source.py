@@ -168,3 +168,12 @@ def weights_fingerprint(folder: Path) -> str:
     except OSError:
         return ""
     return digest.hexdigest()[:20]
+
+
+def file_fingerprint(path: Path) -> str:
+    """weights_fingerprint for one weight file (a GGUF): its name, size and modification time."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return ""
+    return hashlib.sha256(f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}\n".encode()).hexdigest()[:20]

@@ -1,6 +1,7 @@
 """The torch-free chat backend, and when a load can take it.
 
-A q4 model on the CPU whose packed copy is cached (written by its first load through torch) runs without torch:
+A GGUF file on the CPU runs on its own blocks (app.core.engines.lite.gguf_model); a q4 model folder whose packed copy
+is cached (written by its first load through torch) runs from that copy. Either way without torch:
 `open_lite_backend` returns a LiteBackend, or the reason it can't, and the caller (app.core.engines.opening) then
 loads through torch as before. What needs torch stays there: JSON response formats (xgrammar masks torch tensors),
 models whose code or tokenizer only transformers' auto classes load, and every GPU.
@@ -29,15 +30,37 @@ from app.core.engines.backend import (
     ProgressCallback,
     ReplyRequest,
 )
+from app.core.engines.generation import token_ids
 from app.core.engines.kv_pool import POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
-from app.core.engines.lite.engine import LiteEngine, load_tokenizer
-from app.core.engines.lite.runtime import PREFILL_CHUNK, LiteConfig, LiteUnavailable, open_model, packed_copy
+from app.core.engines.lite.engine import LiteEngine, eos_ids, load_tokenizer
+from app.core.engines.lite.gguf_model import (
+    file_type_label,
+    gguf_config,
+    gguf_support,
+    open_gguf_model,
+    resident_weight_bytes,
+)
+from app.core.engines.lite.runtime import (
+    PREFILL_CHUNK,
+    DecoderRuntime,
+    LiteConfig,
+    LiteUnavailable,
+    open_model,
+    packed_copy,
+)
 from app.core.errors import HearthError, LoadCancelled
 from app.core.fastpath.packed_cache import torch_version
 from app.core.memory.fit import window_that_fits
 from app.core.memory.types import DeviceMemory, MemoryPlan
-from app.core.models import gguf_cache
-from app.core.models.model_source import ModelSource, check_folder_weights, resolve_model, weights_fingerprint
+from app.core.models.gguf_meta import read_gguf_header
+from app.core.models.gguf_tokenizer import gguf_eos_ids, gguf_tokenizer_file, load_gguf_tokenizer
+from app.core.models.model_source import (
+    ModelSource,
+    check_folder_weights,
+    file_fingerprint,
+    resolve_model,
+    weights_fingerprint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +97,14 @@ def gpu_reason() -> str:
 
 @dataclass(frozen=True)
 class LiteCandidate:
-    """A load the torch-free runtime can take, as far as can be told without opening it."""
+    """A load the torch-free runtime can take, as far as can be told without opening it: a GGUF file (run on its
+    own blocks), or a model folder with its cached packed copy."""
 
     source: ModelSource
-    folder: Path
-    packed: Path  # the cached packed copy (checked when it is opened)
+    folder: Path | None  # the Hugging Face folder (None for a GGUF file)
+    packed: Path | None  # its cached packed copy (checked when it is opened)
     notices: tuple[str, ...]
+    gguf: Path | None = None
 
 
 def lite_candidate(request: LoadRequest) -> LiteCandidate | str:
@@ -103,20 +128,22 @@ def lite_candidate(request: LoadRequest) -> LiteCandidate | str:
     try:
         source = resolve_model(request.model)
         if source.kind == "gguf":
-            folder = gguf_cache.converted_folder_for(source.path)
-            if not gguf_cache.is_converted(folder) or gguf_cache.converted_damage(folder):
-                return "the GGUF file is not converted yet"
+            gguf: Path | None = source.path
         else:
-            folder = source.path
-            if check_folder_weights(folder, allow_pickle=False)[0].suffix != ".safetensors":
+            weights = check_folder_weights(source.path, allow_pickle=False)
+            gguf = weights[0] if weights[0].suffix == ".gguf" else None
+            if gguf is None and weights[0].suffix != ".safetensors":
                 return "the weights are not safetensors"
     except HearthError as exc:
         return f"the model could not be resolved here ({exc})"
+    if gguf is not None:
+        reason = gguf_support(gguf)
+        return reason or LiteCandidate(source, None, None, notices, gguf)
     try:
-        packed = packed_copy(folder)
+        packed = packed_copy(source.path)
     except LiteUnavailable as exc:
         return str(exc)
-    return LiteCandidate(source, folder, packed, notices)
+    return LiteCandidate(source, source.path, packed, notices)
 
 
 def lite_plan(request: LoadRequest) -> MemoryPlan | str:
@@ -126,17 +153,24 @@ def lite_plan(request: LoadRequest) -> MemoryPlan | str:
     if isinstance(candidate, str):
         return candidate
     try:
-        config = LiteConfig.read(candidate.folder)
-        weights = config.weight_bytes(candidate.packed.stat().st_size)
-    except (LiteUnavailable, OSError) as exc:
+        if candidate.gguf is not None:
+            header = read_gguf_header(candidate.gguf)
+            config, _ = gguf_config(header)
+            weights, label = resident_weight_bytes(header), file_type_label(header)
+        else:
+            assert candidate.folder is not None and candidate.packed is not None
+            config = LiteConfig.read(candidate.folder)
+            weights, label = config.weight_bytes(candidate.packed.stat().st_size), ""
+    except (LiteUnavailable, HearthError, OSError) as exc:
         return str(exc)
     window = min(config.context_window, request.context_length or config.context_window)
-    return memory_plan(candidate.source.display_name, config, weights, window)
+    return memory_plan(candidate.source.display_name, config, weights, window, label)
 
 
-def memory_plan(name: str, config: LiteConfig, weights: int, window: int) -> MemoryPlan:
-    """The planner's plan for this runtime's own figures: the packed copy (and norms), a bf16 KV cache, one prefill
-    chunk's activations and the runtime's floor, against the memory available now."""
+def memory_plan(name: str, config: LiteConfig, weights: int, window: int, gguf_type: str = "") -> MemoryPlan:
+    """The planner's plan for this runtime's own figures: the weights as mapped (a GGUF file's tensors to the byte,
+    or the packed copy and norms), a bf16 KV cache, one prefill chunk's activations and the runtime's floor, against
+    the memory available now. `gguf_type`: the GGUF file's type (e.g. Q4_K_M), "" for a packed copy."""
     free = int(psutil.virtual_memory().available)
     per_token = config.kv_bytes_per_token
     activations = PREFILL_CHUNK * (2 * config.inter + 3 * config.hidden + config.heads * config.head_dim) * 4 * 3
@@ -147,7 +181,7 @@ def memory_plan(name: str, config: LiteConfig, weights: int, window: int) -> Mem
     return MemoryPlan(
         model=name,
         model_type="llama",
-        quantization="q4",
+        quantization=gguf_type or "q4",
         device="cpu",
         context=window,
         model_max_context=config.context_window,
@@ -169,7 +203,11 @@ def memory_plan(name: str, config: LiteConfig, weights: int, window: int) -> Mem
         free_after_bytes=free - total,
         fits="yes" if total <= free else "no",
         max_context=room,
-        notes=("torch-free runtime: the packed Q4_1 copy, mapped",),
+        notes=(
+            f"torch-free runtime: the GGUF file's {gguf_type} blocks, mapped"
+            if gguf_type
+            else "torch-free runtime: the packed Q4_1 copy, mapped",
+        ),
     )
 
 
@@ -181,16 +219,30 @@ def open_lite_backend(
     candidate = lite_candidate(request)
     if isinstance(candidate, str):
         return candidate
-    source, folder, notices = candidate.source, candidate.folder, list(candidate.notices)
+    source, notices = candidate.source, list(candidate.notices)
     if progress is not None:
         progress(f"Opening {source.display_name} (torch-free runtime)…", 0.1)
     recovered: list[str] = []
+    model: DecoderRuntime
     try:
-        model = open_model(folder, recovered, packed=candidate.packed)
-        tokenizer = load_tokenizer(folder)
+        if candidate.gguf is not None:
+            gguf_model = open_gguf_model(candidate.gguf)
+            model = gguf_model
+            tokenizer = load_gguf_tokenizer(candidate.gguf)
+            eos = gguf_eos_ids(candidate.gguf) | token_ids([getattr(tokenizer, "eos_token_id", None)])
+            fingerprint, label = file_fingerprint(candidate.gguf), file_type_label(gguf_model.header)
+            tokenizer_file: Path | None = gguf_tokenizer_file(candidate.gguf, tokenizer)
+        else:
+            assert candidate.folder is not None
+            folder = candidate.folder
+            model = open_model(folder, recovered, packed=candidate.packed)
+            tokenizer = load_tokenizer(folder)
+            eos, fingerprint, label = eos_ids(folder, tokenizer), weights_fingerprint(folder), ""
+            found = folder / "tokenizer.json"
+            tokenizer_file = found if found.is_file() else None
     except LiteUnavailable as exc:
         return str(exc)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, HearthError) as exc:
         return f"its files could not be read ({exc})"
     if cancel is not None and cancel.is_set():
         model.close()
@@ -199,7 +251,7 @@ def open_lite_backend(
     if request.context_length:
         window = min(window, request.context_length)
     if not request.ignore_fit:
-        plan = memory_plan(source.display_name, model.config, model.weight_bytes, window)
+        plan = memory_plan(source.display_name, model.config, model.weight_bytes, window, label)
         try:
             window = window_that_fits(plan, request.context_length is not None, notices) or window
         except HearthError:
@@ -208,24 +260,25 @@ def open_lite_backend(
     engine = LiteEngine(
         model,
         tokenizer,
+        eos,
         model_id=source.repo_id or str(source.path),
         display_name=source.display_name,
         context_window=window,
-        weights_fingerprint=weights_fingerprint(folder),
-        packed_digest=model.packed_sha256,
+        weights_fingerprint=fingerprint,
+        quantization=label or "q4",
         response_cache=ResponseCache() if request.response_cache else None,
     )
     if progress is not None:
         progress("Ready", 1.0)
     info = ModelInfo(
         name=source.display_name,
-        quantization="q4",
+        quantization=label or "q4",
         device="cpu",
         context_window=window,
         load_seconds=time.perf_counter() - started,
         notices=tuple(notices),
         recovered=(*recovered, *engine.recovery_notices()),
-        tokenizer_file=str(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else None,
+        tokenizer_file=str(tokenizer_file) if tokenizer_file is not None else None,
     )
     return LiteBackend(engine, info)
 

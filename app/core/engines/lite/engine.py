@@ -1,5 +1,6 @@
-"""The torch-free engine: app.core.engines.generation's replies over a LiteModel, with numpy sampling and the
-model's own tokenizer class (transformers' tokenizers import no torch; its auto classes do)."""
+"""The torch-free engine: app.core.engines.generation's replies over a torch-free model (a GGUF file or a packed
+copy), with numpy sampling and the model's own tokenizer class (transformers' tokenizers import no torch; its auto
+classes do)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ResponseFormat
 from app.core.engines.generation import ReplyEngine, token_ids
-from app.core.engines.lite.runtime import PREFILL_CHUNK, LiteCache, LiteModel, LiteUnavailable
+from app.core.engines.lite.runtime import DecoderRuntime, LiteCache, LiteUnavailable
 from app.core.errors import HearthError
 from app.core.fastpath.kernel import ABI as KERNEL_ABI
-from app.core.fastpath.kernel import describe_step
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def eos_ids(folder: Path, tokenizer: Any) -> set[int]:
 class LiteKV:
     """A conversation's cache for the torch-free engine (app.core.engines.generation.KVCache)."""
 
-    def __init__(self, model: LiteModel) -> None:
+    def __init__(self, model: DecoderRuntime) -> None:
         self.model = model
         self.cache: LiteCache | None = None
 
@@ -148,39 +148,35 @@ def _softmax(logits: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.float64]:
 
 
 class LiteEngine(ReplyEngine):
-    """A LiteModel's replies: prefill and decode in the kernel library, nothing from torch."""
+    """A torch-free model's replies: prefill and decode in the kernel library, nothing from torch."""
 
     def __init__(
         self,
-        model: LiteModel,
+        model: DecoderRuntime,
         tokenizer: Any,
+        eos: set[int],
         *,
         model_id: str,
         display_name: str,
         context_window: int,
         weights_fingerprint: str,
-        packed_digest: str,
+        quantization: str = "q4",
         response_cache: ResponseCache | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.response_cache = response_cache
         self.context_window = context_window
-        self.eos_ids = eos_ids(model.folder, tokenizer)
+        self.eos_ids = eos
         self.vocab_size = model.config.vocab
         self.model_id = model_id
         self.display_name = display_name
-        self.quantization = "q4"
+        self.quantization = quantization
         self.device_name = "cpu"
         self.polls_memory = True
         self.weights_fingerprint = weights_fingerprint
-        self.packed_digest = packed_digest
         self.decode_path = DECODE_PATH
-        described, runs = describe_step(model.library, "q4", model.threads)
-        self.decode_path_note = (
-            f"torch-free runtime: fused {described} decode step ({runs}); prefill from the records in chunks of up "
-            f"to {PREFILL_CHUNK} tokens, fp32 activations"
-        )
+        self.decode_path_note = model.describe()
         self._process = psutil.Process(os.getpid())
 
     def new_kv(self) -> LiteKV:
@@ -203,7 +199,7 @@ class LiteEngine(ReplyEngine):
             "max_new_tokens": budget,
             "decode_path": self.decode_path,
             "weights": self.weights_fingerprint,
-            "decode_weights": f"sha256:{self.packed_digest}",
+            "decode_weights": self.model.digest,
             "kernel_abi": KERNEL_ABI,
         }
 

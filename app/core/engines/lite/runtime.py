@@ -39,6 +39,7 @@ from app.core.fastpath.kernel import (
     SUPPORTED_MODEL_TYPES,
     NativeLibrary,
     StepArguments,
+    describe_step,
     grown_capacity,
     lm_head,
     load_library,
@@ -341,112 +342,65 @@ def _threads() -> int:
     return max(1, min(allowed, psutil.cpu_count(logical=False) or allowed))
 
 
-class LiteModel:
-    """One loaded model: `prefill(ids, cache)` and `step(token, cache)` each return the next token's logits."""
+class DecoderRuntime:
+    """What every torch-free model shares: the prefill (numpy over the kernel's products, PREFILL_CHUNK rows a
+    call), its attention, the KV cache, and the decode step's binding. A subclass supplies the weights: its
+    embedding rows, the attention and MLP products of a layer, the head, and one decode step in C."""
 
-    def __init__(self, folder: Path, packed_path: Path, library: NativeLibrary, threads: int | None = None) -> None:
-        self.folder = folder
-        self.packed_sha256 = ""  # of the packed copy, as checked when it was opened
+    config: LiteConfig
+    library: NativeLibrary
+    lib: Any
+    threads: int
+    rope_pairs = False  # RoPE on adjacent pairs (GGUF llama Q/K rows) instead of halves (Hugging Face's)
+    attn_norms: list[Floats]
+    mlp_norms: list[Floats]
+    final_norm: Floats
+
+    def _start(self, library: NativeLibrary, config: LiteConfig, threads: int | None) -> None:
         self.library = library
-        self.lib: Any = library.lib
-        self.config = config = LiteConfig.read(folder)
+        self.lib = library.lib
+        self.config = config
         self.threads = threads or (_threads() if library.threaded else 1)
-        self.packed = PackedFile(packed_path)
-        stored = _folder_tensors(folder)
-        embed = stored.get("model.embed_tokens.weight")
-        if embed is None or embed[1].dtype not in FLOAT_SIZES or embed[1].shape[1:] != (config.hidden,):
-            raise LiteUnavailable("its input embedding is not a float table in the folder's safetensors files")
-        path, tensor = embed
-        self.embedding = EmbeddingRows(
-            path, tensor.start, tensor.shape[0], config.hidden, tensor.dtype, path.open("rb")
-        )
-        width = config.hidden // 32 * Q4_RECORD
-        qkv_rows = (config.heads + 2 * config.kv_heads) * config.head_dim
-        self.layers: list[LiteLayer] = []
-        for index in range(config.layers):
-            prefix = f"model.layers.{index}."
-            norms = [
-                stored.get(prefix + name) for name in ("input_layernorm.weight", "post_attention_layernorm.weight")
-            ]
-            if norms[0] is None or norms[1] is None:
-                raise LiteUnavailable(f"layer {index}'s norms are not in the folder's safetensors files")
-            bias = self.packed.get(f"{index}.qkv.b", (qkv_rows,)) if f"{index}.qkv.b" in self.packed.tensors else None
-            self.layers.append(
-                LiteLayer(
-                    attn_norm=_read_vector(norms[0], config.hidden),
-                    mlp_norm=_read_vector(norms[1], config.hidden),
-                    qkv=self.packed.get(f"{index}.qkv.q", (qkv_rows // Q4_GROUP, width)),
-                    qkv_bias=bias,
-                    o=self.packed.get(
-                        f"{index}.o.q", (config.hidden // Q4_GROUP, config.heads * config.head_dim // 32 * Q4_RECORD)
-                    ),
-                    gate_up=self.packed.get(f"{index}.gu.q", (2 * config.inter // Q4_GROUP, width)),
-                    down=self.packed.get(
-                        f"{index}.down.q", (config.hidden // Q4_GROUP, config.inter // 32 * Q4_RECORD)
-                    ),
-                )
-            )
-        final = stored.get("model.norm.weight")
-        if final is None:
-            raise LiteUnavailable("the final norm is not in the folder's safetensors files")
-        self.final_norm = _read_vector(final, config.hidden)
-        self.lm_scale = self.packed.get("lm.s", (config.vocab,))
-        self.lm_rows = self.packed.get("lm.q")
-        if self.lm_rows.shape != (-(-config.vocab // Q4_GROUP), config.hidden // 32 * HEAD_RECORD):
-            raise LiteUnavailable(f"the packed copy's lm.q has shape {self.lm_rows.shape}")
-        self._bind_step()
-
-    # -- the step's arguments (pointers into the arrays above, kept alive by self)
-    def _bind_step(self) -> None:
-        config = self.config
-        self._row = np.zeros(self.embedding.row_bytes, dtype=np.uint8)  # the token's embedding row, read per step
-        if self.embedding.dtype == "F16":  # the step reads bf16 or fp32 rows: an fp16 row is converted first
-            self._row_f32: Floats | None = np.zeros(config.hidden, dtype=np.float32)
-        else:
-            self._row_f32 = None
-        sizes = {
-            "layers": config.layers,
-            "hidden": config.hidden,
-            "heads": config.heads,
-            "kv_heads": config.kv_heads,
-            "head_dim": config.head_dim,
-            "inter": config.inter,
-            "vocab": config.vocab,
-            "embed_bf16": int(self.embedding.dtype == "BF16"),
-            "kv_bf16": 1,
-            "threads": self.threads,
-            "q4": 1,
-        }
-        row = self._row_f32 if self._row_f32 is not None else self._row
-        glob = {
-            "embed": row.ctypes.data,
-            "final_norm": self.final_norm.ctypes.data,
-            "lm_q": self.lm_rows.ctypes.data,
-            "lm_s": self.lm_scale.ctypes.data,
-            "inv_freq": config.inv_freq.ctypes.data,
-        }
-        layers = [
-            {
-                "attn_norm": layer.attn_norm.ctypes.data,
-                "mlp_norm": layer.mlp_norm.ctypes.data,
-                "qkv_q": layer.qkv.ctypes.data,
-                "qkv_b": layer.qkv_bias.ctypes.data if layer.qkv_bias is not None else None,
-                "o_q": layer.o.ctypes.data,
-                "gu_q": layer.gate_up.ctypes.data,
-                "down_q": layer.down.ctypes.data,
-            }
-            for layer in self.layers
-        ]
-        self.arguments = StepArguments(self.lib, sizes, config.eps, 1.0, glob, layers)
         self._bound: tuple[int, int, int] | None = None  # (id of the cache, its version, capacity) last bound
         self._executor: ThreadPoolExecutor | None = None
 
-    def new_cache(self) -> LiteCache:
-        return LiteCache(self.config)
+    # -- what a subclass supplies
+    def _embed(self, ids: Sequence[int]) -> Floats:
+        raise NotImplementedError
+
+    def _qkv(self, h: Floats, index: int) -> tuple[Floats, Floats, Floats]:
+        raise NotImplementedError
+
+    def _out(self, attended: Floats, index: int) -> Floats:
+        raise NotImplementedError
+
+    def _mlp(self, h: Floats, index: int) -> Floats:
+        raise NotImplementedError
+
+    def _lm_head(self, x: Floats) -> Floats:
+        raise NotImplementedError
+
+    def _bind_kv(self, keys: list[int], values: list[int], capacity: int) -> None:
+        raise NotImplementedError
+
+    def _run_step(self, token: int, position: int, logits: Floats) -> int:
+        raise NotImplementedError
 
     @property
     def weight_bytes(self) -> int:
-        return self.config.weight_bytes(int(self.packed.map.nbytes))
+        raise NotImplementedError
+
+    @property
+    def digest(self) -> str:
+        """Which weights the decode reads (part of a cached reply's identity)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """The reply note's account of how this model runs."""
+        raise NotImplementedError
+
+    def new_cache(self) -> LiteCache:
+        return LiteCache(self.config)
 
     # -- decode
     def step(self, token: int, cache: LiteCache) -> Floats:
@@ -455,14 +409,14 @@ class LiteModel:
         bound = self._bound
         if bound is None or bound[0] != id(cache) or bound[1] != cache.version or position >= bound[2]:
             cache.reserve(position + 1)
-            keys = [slab.ctypes.data for slab in cache.keys]
-            self.arguments.bind_kv(keys, [slab.ctypes.data for slab in cache.values], cache.capacity)
+            self._bind_kv(
+                [slab.ctypes.data for slab in cache.keys], [slab.ctypes.data for slab in cache.values], cache.capacity
+            )
             bound = self._bound = (id(cache), cache.version, cache.capacity)
-        self.embedding.read_into(token, self._row)
-        if self._row_f32 is not None:
-            self._row_f32[:] = self._row.view(np.float16)
+        if not 0 <= token < self.config.vocab:
+            raise ValueError(f"token id {token} is outside the model's {self.config.vocab}-token vocabulary")
         logits = np.empty(self.config.vocab, dtype=np.float32)
-        code = self.arguments.run(0, position, logits.ctypes.data)
+        code = self._run_step(token, position, logits)
         if code != 0:
             raise RuntimeError(f"the decode step refused token {token} at position {position} (code {code})")
         cache.length = position + 1
@@ -488,24 +442,24 @@ class LiteModel:
     def _prefill_chunk(self, ids: Sequence[int], cache: LiteCache) -> Floats:
         config = self.config
         start, count = cache.length, len(ids)
-        x = self.embedding.read(ids)
+        x = self._embed(ids)
         angles = np.arange(start, start + count, dtype=np.float32)[:, None] * config.inv_freq[None, :]
-        cos = np.cos(np.concatenate([angles, angles], axis=1))
-        sin = np.sin(np.concatenate([angles, angles], axis=1))
-        q_width, kv_width = config.heads * config.head_dim, config.kv_heads * config.head_dim
-        for index, layer in enumerate(self.layers):
-            qkv = self._q4(self._norm(x, layer.attn_norm), layer.qkv, q_width + 2 * kv_width)
-            if layer.qkv_bias is not None:
-                qkv += layer.qkv_bias
-            q = _rope(qkv[:, :q_width].reshape(count, config.heads, config.head_dim), cos, sin)
-            k = _rope(qkv[:, q_width : q_width + kv_width].reshape(count, config.kv_heads, config.head_dim), cos, sin)
-            v = qkv[:, q_width + kv_width :].reshape(count, config.kv_heads, config.head_dim)
+        if self.rope_pairs:
+            cos, sin, rope = np.cos(angles), np.sin(angles), _rope_pairs
+        else:
+            cos = np.cos(np.concatenate([angles, angles], axis=1))
+            sin = np.sin(np.concatenate([angles, angles], axis=1))
+            rope = _rope
+        for index in range(config.layers):
+            q, k, v = self._qkv(self._norm(x, self.attn_norms[index]), index)
+            q = rope(q.reshape(count, config.heads, config.head_dim), cos, sin)
+            k = rope(k.reshape(count, config.kv_heads, config.head_dim), cos, sin)
+            v = v.reshape(count, config.kv_heads, config.head_dim)
             cache.keys[index][:, start : start + count] = to_bf16(k).transpose(1, 0, 2)
             cache.values[index][:, start : start + count] = to_bf16(v).transpose(1, 0, 2)
-            del qkv, k, v
-            x += self._q4(self._attention(q, index, cache, start, count), layer.o, config.hidden)
-            gate_up = self._q4(self._norm(x, layer.mlp_norm), layer.gate_up, 2 * config.inter)
-            x += self._q4(_silu_times(gate_up, config.inter), layer.down, config.hidden)
+            del k, v
+            x += self._out(self._attention(q, index, cache, start, count), index)
+            x += self._mlp(self._norm(x, self.mlp_norms[index]), index)
         cache.length = start + count
         cache.ids.extend(int(token) for token in ids)
         return x
@@ -557,11 +511,156 @@ class LiteModel:
         if self._executor is not None:
             self._executor.shutdown()
             self._executor = None
-        self.embedding.handle.close()
 
     def _norm(self, x: Floats, weight: Floats) -> Floats:
         variance = np.mean(np.square(x), axis=-1, keepdims=True)
         return (x / np.sqrt(variance + np.float32(self.config.eps))).astype(np.float32) * weight
+
+
+class LiteModel(DecoderRuntime):
+    """A model folder run from its packed Q4_1 copy (written by its first q4 load through torch)."""
+
+    def __init__(self, folder: Path, packed_path: Path, library: NativeLibrary, threads: int | None = None) -> None:
+        self.folder = folder
+        self.packed_sha256 = ""  # of the packed copy, as checked when it was opened
+        self._start(library, LiteConfig.read(folder), threads)
+        config = self.config
+        self.packed = PackedFile(packed_path)
+        stored = _folder_tensors(folder)
+        embed = stored.get("model.embed_tokens.weight")
+        if embed is None or embed[1].dtype not in FLOAT_SIZES or embed[1].shape[1:] != (config.hidden,):
+            raise LiteUnavailable("its input embedding is not a float table in the folder's safetensors files")
+        path, tensor = embed
+        self.embedding = EmbeddingRows(
+            path, tensor.start, tensor.shape[0], config.hidden, tensor.dtype, path.open("rb")
+        )
+        width = config.hidden // 32 * Q4_RECORD
+        qkv_rows = (config.heads + 2 * config.kv_heads) * config.head_dim
+        self.layers: list[LiteLayer] = []
+        for index in range(config.layers):
+            prefix = f"model.layers.{index}."
+            norms = [
+                stored.get(prefix + name) for name in ("input_layernorm.weight", "post_attention_layernorm.weight")
+            ]
+            if norms[0] is None or norms[1] is None:
+                raise LiteUnavailable(f"layer {index}'s norms are not in the folder's safetensors files")
+            bias = self.packed.get(f"{index}.qkv.b", (qkv_rows,)) if f"{index}.qkv.b" in self.packed.tensors else None
+            self.layers.append(
+                LiteLayer(
+                    attn_norm=_read_vector(norms[0], config.hidden),
+                    mlp_norm=_read_vector(norms[1], config.hidden),
+                    qkv=self.packed.get(f"{index}.qkv.q", (qkv_rows // Q4_GROUP, width)),
+                    qkv_bias=bias,
+                    o=self.packed.get(
+                        f"{index}.o.q", (config.hidden // Q4_GROUP, config.heads * config.head_dim // 32 * Q4_RECORD)
+                    ),
+                    gate_up=self.packed.get(f"{index}.gu.q", (2 * config.inter // Q4_GROUP, width)),
+                    down=self.packed.get(
+                        f"{index}.down.q", (config.hidden // Q4_GROUP, config.inter // 32 * Q4_RECORD)
+                    ),
+                )
+            )
+        self.attn_norms = [layer.attn_norm for layer in self.layers]
+        self.mlp_norms = [layer.mlp_norm for layer in self.layers]
+        final = stored.get("model.norm.weight")
+        if final is None:
+            raise LiteUnavailable("the final norm is not in the folder's safetensors files")
+        self.final_norm = _read_vector(final, config.hidden)
+        self.lm_scale = self.packed.get("lm.s", (config.vocab,))
+        self.lm_rows = self.packed.get("lm.q")
+        if self.lm_rows.shape != (-(-config.vocab // Q4_GROUP), config.hidden // 32 * HEAD_RECORD):
+            raise LiteUnavailable(f"the packed copy's lm.q has shape {self.lm_rows.shape}")
+        self._bind_step()
+
+    @property
+    def digest(self) -> str:
+        return f"sha256:{self.packed_sha256}"
+
+    def describe(self) -> str:
+        described, runs = describe_step(self.library, "q4", self.threads)
+        return (
+            f"torch-free runtime: fused {described} decode step ({runs}); prefill from the records in chunks of up "
+            f"to {PREFILL_CHUNK} tokens, fp32 activations"
+        )
+
+    # -- the step's arguments (pointers into the arrays above, kept alive by self)
+    def _bind_step(self) -> None:
+        config = self.config
+        self._row = np.zeros(self.embedding.row_bytes, dtype=np.uint8)  # the token's embedding row, read per step
+        if self.embedding.dtype == "F16":  # the step reads bf16 or fp32 rows: an fp16 row is converted first
+            self._row_f32: Floats | None = np.zeros(config.hidden, dtype=np.float32)
+        else:
+            self._row_f32 = None
+        sizes = {
+            "layers": config.layers,
+            "hidden": config.hidden,
+            "heads": config.heads,
+            "kv_heads": config.kv_heads,
+            "head_dim": config.head_dim,
+            "inter": config.inter,
+            "vocab": config.vocab,
+            "embed_bf16": int(self.embedding.dtype == "BF16"),
+            "kv_bf16": 1,
+            "threads": self.threads,
+            "q4": 1,
+        }
+        row = self._row_f32 if self._row_f32 is not None else self._row
+        glob = {
+            "embed": row.ctypes.data,
+            "final_norm": self.final_norm.ctypes.data,
+            "lm_q": self.lm_rows.ctypes.data,
+            "lm_s": self.lm_scale.ctypes.data,
+            "inv_freq": config.inv_freq.ctypes.data,
+        }
+        layers = [
+            {
+                "attn_norm": layer.attn_norm.ctypes.data,
+                "mlp_norm": layer.mlp_norm.ctypes.data,
+                "qkv_q": layer.qkv.ctypes.data,
+                "qkv_b": layer.qkv_bias.ctypes.data if layer.qkv_bias is not None else None,
+                "o_q": layer.o.ctypes.data,
+                "gu_q": layer.gate_up.ctypes.data,
+                "down_q": layer.down.ctypes.data,
+            }
+            for layer in self.layers
+        ]
+        self.arguments = StepArguments(self.lib, sizes, config.eps, 1.0, glob, layers)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.config.weight_bytes(int(self.packed.map.nbytes))
+
+    def _bind_kv(self, keys: list[int], values: list[int], capacity: int) -> None:
+        self.arguments.bind_kv(keys, values, capacity)
+
+    def _run_step(self, token: int, position: int, logits: Floats) -> int:
+        self.embedding.read_into(token, self._row)
+        if self._row_f32 is not None:
+            self._row_f32[:] = self._row.view(np.float16)
+        return self.arguments.run(0, position, logits.ctypes.data)
+
+    def close(self) -> None:
+        super().close()
+        self.embedding.handle.close()
+
+    def _embed(self, ids: Sequence[int]) -> Floats:
+        return self.embedding.read(ids)
+
+    def _qkv(self, h: Floats, index: int) -> tuple[Floats, Floats, Floats]:
+        config, layer = self.config, self.layers[index]
+        q_width, kv_width = config.heads * config.head_dim, config.kv_heads * config.head_dim
+        qkv = self._q4(h, layer.qkv, q_width + 2 * kv_width)
+        if layer.qkv_bias is not None:
+            qkv += layer.qkv_bias
+        return qkv[:, :q_width], qkv[:, q_width : q_width + kv_width], qkv[:, q_width + kv_width :]
+
+    def _out(self, attended: Floats, index: int) -> Floats:
+        return self._q4(attended, self.layers[index].o, self.config.hidden)
+
+    def _mlp(self, h: Floats, index: int) -> Floats:
+        config, layer = self.config, self.layers[index]
+        gate_up = self._q4(h, layer.gate_up, 2 * config.inter)
+        return self._q4(_silu_times(gate_up, config.inter), layer.down, config.hidden)
 
     def _q4(self, x: Floats, records: npt.NDArray[np.uint8], rows: int) -> Floats:
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -600,6 +699,15 @@ def _silu_times(gate_up: Floats, inter: int) -> Floats:
     np.divide(gate, activated, out=activated)
     activated *= up
     return activated
+
+
+def _rope_pairs(x: Floats, cos: Floats, sin: Floats) -> Floats:
+    """x [count, heads, head_dim] rotated on adjacent pairs (2i, 2i + 1) by angle i: llama.cpp's layout of llama's Q
+    and K rows (its converter interleaves each head's halves), the same rotation as _rope on the halves."""
+    pairs = x.reshape(*x.shape[:-1], -1, 2)
+    a, b = pairs[..., 0], pairs[..., 1]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.stack([a * c - b * s, b * c + a * s], axis=-1).reshape(x.shape).astype(np.float32)
 
 
 def _rope(x: Floats, cos: Floats, sin: Floats) -> Floats:

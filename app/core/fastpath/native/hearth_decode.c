@@ -60,7 +60,7 @@
 #define HEARTH_AVX512 0
 #endif
 
-#define HEARTH_ABI 6
+#define HEARTH_ABI 7
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -912,6 +912,95 @@ static int64_t thread_floats(int64_t hidden, int64_t widest) { return hidden + w
  * at 200 positions 7.4 vs 7.7 ms; at 1,500 positions the chunked pass wins, 11.8 vs 13.1 ms. */
 #define SHORT_CONTEXT 512
 
+/* Attention of one token's query heads (the first heads * hd floats of qkv) over positions [0, pos] of one layer's
+ * K/V slabs ([kv_heads][capacity][hd]), into att [heads][hd]. Called by every thread of a parallel region: the work
+ * is shared out with `omp for` inside (each ends in a barrier). */
+static void attend(const float *qkv, const void *k_cache, const void *v_cache, int kv_bf16, int heads, int kv_heads,
+                   int hd, int64_t pos, int64_t capacity, float attn_scale, int threads, float *scores, float *partial,
+                   float *part_max, float *part_sum, int max_chunks, float *att) {
+    const int group = kv_heads > 0 ? heads / kv_heads : 1;
+    if (pos + 1 <= SHORT_CONTEXT) {
+#pragma omp for schedule(static)
+        for (int h = 0; h < heads; h++) {
+            const int g = h / group;
+            const float *q = qkv + (int64_t)h * hd;
+            float *sc = scores + (int64_t)h * capacity;
+            const size_t elem = kv_bf16 ? 2 : 4;
+            const char *kbase = (const char *)k_cache + (size_t)g * capacity * hd * elem;
+            const char *vbase = (const char *)v_cache + (size_t)g * capacity * hd * elem;
+            float top = -INFINITY;
+            for (int64_t t = 0; t <= pos; t++) {
+                sc[t] = dot_kv(kbase + (size_t)t * hd * elem, kv_bf16, q, hd) * attn_scale;
+                if (sc[t] > top) top = sc[t];
+            }
+            float total = 0.0f;
+            for (int64_t t = 0; t <= pos; t++) {
+                sc[t] = expf(sc[t] - top);
+                total += sc[t];
+            }
+            float *o = att + (int64_t)h * hd;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            const float inv_total = 1.0f / total;
+            for (int64_t t = 0; t <= pos; t++)
+                axpy_kv(o, sc[t] * inv_total, vbase + (size_t)t * hd * elem, kv_bf16, hd);
+        }
+    } else {
+        const int64_t positions = pos + 1;
+        int64_t chunk_len = (positions * kv_heads + 4 * threads - 1) / (4 * threads);
+        chunk_len = chunk_len < ATT_CHUNK ? ATT_CHUNK : (chunk_len + ATT_CHUNK - 1) / ATT_CHUNK * ATT_CHUNK;
+        const int chunks = (int)((positions + chunk_len - 1) / chunk_len);
+        const size_t elem = kv_bf16 ? 2 : 4;
+#pragma omp for schedule(static)
+        for (int u = 0; u < kv_heads * chunks; u++) {
+            const int g = u / chunks, c = u % chunks;
+            const int64_t t0 = c * chunk_len, t1 = t0 + chunk_len <= positions ? t0 + chunk_len : positions;
+            const char *kbase = (const char *)k_cache + (size_t)g * capacity * hd * elem;
+            const char *vbase = (const char *)v_cache + (size_t)g * capacity * hd * elem;
+            for (int j = 0; j < group; j++) {
+                const int h = g * group + j;
+                const float *q = qkv + (int64_t)h * hd;
+                float *sc = scores + (int64_t)h * capacity;
+                float top = -INFINITY;
+                for (int64_t t = t0; t < t1; t++) {
+                    sc[t] = dot_kv(kbase + (size_t)t * hd * elem, kv_bf16, q, hd) * attn_scale;
+                    if (sc[t] > top) top = sc[t];
+                }
+                float total = 0.0f;
+                for (int64_t t = t0; t < t1; t++) {
+                    sc[t] = expf(sc[t] - top);
+                    total += sc[t];
+                }
+                part_max[(int64_t)h * max_chunks + c] = top;
+                part_sum[(int64_t)h * max_chunks + c] = total;
+                memset(partial + ((int64_t)h * max_chunks + c) * hd, 0, (size_t)hd * sizeof(float));
+            }
+            for (int64_t t = t0; t < t1; t++) { /* each V row once, into every head of the group */
+                const char *vrow = vbase + (size_t)t * hd * elem;
+                for (int j = 0; j < group; j++) {
+                    const int h = g * group + j;
+                    axpy_kv(partial + ((int64_t)h * max_chunks + c) * hd, scores[(int64_t)h * capacity + t],
+                            vrow, kv_bf16, hd);
+                }
+            }
+        }
+#pragma omp for schedule(static)
+        for (int h = 0; h < heads; h++) { /* merge the chunks: rescale each to the overall max */
+            float top = -INFINITY, total = 0.0f;
+            for (int c = 0; c < chunks; c++) top = fmaxf(top, part_max[(int64_t)h * max_chunks + c]);
+            float *o = att + (int64_t)h * hd;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int c = 0; c < chunks; c++) {
+                const float weight = expf(part_max[(int64_t)h * max_chunks + c] - top);
+                total += weight * part_sum[(int64_t)h * max_chunks + c];
+                const float *part = partial + ((int64_t)h * max_chunks + c) * hd;
+                for (int i = 0; i < hd; i++) o[i] += weight * part[i];
+            }
+            const float inv_total = 1.0f / total;
+            for (int i = 0; i < hd; i++) o[i] *= inv_total;
+        }
+    }
+}
+
 /* Scratch floats hearth_step needs for a cache of `capacity` positions. */
 int64_t hearth_scratch_floats(const int64_t *cfg, int64_t capacity) {
     int64_t hidden = cfg[C_HIDDEN], heads = cfg[C_HEADS], kv = cfg[C_KV_HEADS], hd = cfg[C_HEAD_DIM];
@@ -932,7 +1021,7 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
     const int q4 = (int)cfg[C_Q4]; /* decoder matrices in Q4_1; the lm_head is always int8 rows */
     const int threads = cfg[C_THREADS] > 0 ? (int)cfg[C_THREADS] : 1;
     const float eps = cfgf[F_EPS], attn_scale = cfgf[F_ATTN_SCALE], rope_scale = cfgf[F_ROPE_SCALE];
-    const int half = hd / 2, qdim = heads * hd, group = kv_heads > 0 ? heads / kv_heads : 1;
+    const int half = hd / 2, qdim = heads * hd;
     const int units = heads + 2 * kv_heads, widest = max3(hidden, qdim, inter);
     if (token < 0 || token >= vocab || pos < 0 || pos >= capacity) return -1;
     if (kv_heads <= 0 || heads % kv_heads || hidden % QBLOCK || qdim % QBLOCK || inter % QBLOCK) return -2;
@@ -995,86 +1084,8 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
                 }
             }
             PHASE(0);
-            if (pos + 1 <= SHORT_CONTEXT) {
-#pragma omp for schedule(static)
-                for (int h = 0; h < heads; h++) {
-                    const int g = h / group;
-                    const float *q = qkv + (int64_t)h * hd;
-                    float *sc = scores + (int64_t)h * capacity;
-                    const size_t elem = kv_bf16 ? 2 : 4;
-                    const char *kbase = (const char *)p[L_K] + (size_t)g * capacity * hd * elem;
-                    const char *vbase = (const char *)p[L_V] + (size_t)g * capacity * hd * elem;
-                    float top = -INFINITY;
-                    for (int64_t t = 0; t <= pos; t++) {
-                        sc[t] = dot_kv(kbase + (size_t)t * hd * elem, kv_bf16, q, hd) * attn_scale;
-                        if (sc[t] > top) top = sc[t];
-                    }
-                    float total = 0.0f;
-                    for (int64_t t = 0; t <= pos; t++) {
-                        sc[t] = expf(sc[t] - top);
-                        total += sc[t];
-                    }
-                    float *o = att + (int64_t)h * hd;
-                    memset(o, 0, (size_t)hd * sizeof(float));
-                    const float inv_total = 1.0f / total;
-                    for (int64_t t = 0; t <= pos; t++)
-                        axpy_kv(o, sc[t] * inv_total, vbase + (size_t)t * hd * elem, kv_bf16, hd);
-                }
-            } else {
-                const int64_t positions = pos + 1;
-                int64_t chunk_len = (positions * kv_heads + 4 * threads - 1) / (4 * threads);
-                chunk_len = chunk_len < ATT_CHUNK ? ATT_CHUNK : (chunk_len + ATT_CHUNK - 1) / ATT_CHUNK * ATT_CHUNK;
-                const int chunks = (int)((positions + chunk_len - 1) / chunk_len);
-                const size_t elem = kv_bf16 ? 2 : 4;
-#pragma omp for schedule(static)
-                for (int u = 0; u < kv_heads * chunks; u++) {
-                    const int g = u / chunks, c = u % chunks;
-                    const int64_t t0 = c * chunk_len, t1 = t0 + chunk_len <= positions ? t0 + chunk_len : positions;
-                    const char *kbase = (const char *)p[L_K] + (size_t)g * capacity * hd * elem;
-                    const char *vbase = (const char *)p[L_V] + (size_t)g * capacity * hd * elem;
-                    for (int j = 0; j < group; j++) {
-                        const int h = g * group + j;
-                        const float *q = qkv + (int64_t)h * hd;
-                        float *sc = scores + (int64_t)h * capacity;
-                        float top = -INFINITY;
-                        for (int64_t t = t0; t < t1; t++) {
-                            sc[t] = dot_kv(kbase + (size_t)t * hd * elem, kv_bf16, q, hd) * attn_scale;
-                            if (sc[t] > top) top = sc[t];
-                        }
-                        float total = 0.0f;
-                        for (int64_t t = t0; t < t1; t++) {
-                            sc[t] = expf(sc[t] - top);
-                            total += sc[t];
-                        }
-                        part_max[(int64_t)h * max_chunks + c] = top;
-                        part_sum[(int64_t)h * max_chunks + c] = total;
-                        memset(partial + ((int64_t)h * max_chunks + c) * hd, 0, (size_t)hd * sizeof(float));
-                    }
-                    for (int64_t t = t0; t < t1; t++) { /* each V row once, into every head of the group */
-                        const char *vrow = vbase + (size_t)t * hd * elem;
-                        for (int j = 0; j < group; j++) {
-                            const int h = g * group + j;
-                            axpy_kv(partial + ((int64_t)h * max_chunks + c) * hd, scores[(int64_t)h * capacity + t],
-                                    vrow, kv_bf16, hd);
-                        }
-                    }
-                }
-#pragma omp for schedule(static)
-                for (int h = 0; h < heads; h++) { /* merge the chunks: rescale each to the overall max */
-                    float top = -INFINITY, total = 0.0f;
-                    for (int c = 0; c < chunks; c++) top = fmaxf(top, part_max[(int64_t)h * max_chunks + c]);
-                    float *o = att + (int64_t)h * hd;
-                    memset(o, 0, (size_t)hd * sizeof(float));
-                    for (int c = 0; c < chunks; c++) {
-                        const float weight = expf(part_max[(int64_t)h * max_chunks + c] - top);
-                        total += weight * part_sum[(int64_t)h * max_chunks + c];
-                        const float *part = partial + ((int64_t)h * max_chunks + c) * hd;
-                        for (int i = 0; i < hd; i++) o[i] += weight * part[i];
-                    }
-                    const float inv_total = 1.0f / total;
-                    for (int i = 0; i < hd; i++) o[i] *= inv_total;
-                }
-            }
+            attend(qkv, p[L_K], p[L_V], kv_bf16, heads, kv_heads, hd, pos, capacity, attn_scale, threads, scores, partial,
+                   part_max, part_sum, max_chunks, att);
             PHASE(1);
             quantize_q8(att, qdim, xq, xd, xs, xt);
             split_rows(hidden, team, tid, align, &lo, &hi);
@@ -1426,5 +1437,793 @@ int hearth_q4_prefill(const uint8_t *w, int64_t rows, int64_t cols, const void *
         }
     }
     free(xh), free(xl), free(xd), free(row_buffers);
+    return 0;
+}
+
+/* ================================================================================================================
+ * GGUF blocks: matrices multiplied on the quantized blocks of a GGUF file as it lies on disk (mapped, never
+ * converted), each row in the file's own layout: cols / V blocks of B bytes (ggml's types and numbers below).
+ *
+ * Activations are quantized per 32 values to int8 (quantize_q8, as before every decode-step matrix), finer than
+ * llama.cpp's Q8_K (one scale per 256) that its K-quant kernels use. Every weight format is read as 32-value chunks of
+ * small unsigned integers (Q8_0: signed) with a float factor A and offset factor B per chunk, so a row's dot product
+ * with x is
+ *     sum over chunks j of  dx_j * A_j * (w_j . xq_j)  +  B_j * (dx_j * sum xq_j)        (+ Q6_K's integer scales)
+ * where the integer dot (w_j . xq_j) is exact in every ISA, kept as int32 lanes of 4 products each (lane i = bytes
+ * 4i..4i+3), converted to float and accumulated per lane with one fused multiply-add, and the offsets are summed in a
+ * scalar in chunk order. A row's result depends only on that row and that input: not on how many inputs share the
+ * call, the tile they land in, or the threads (decode's one-row step and prefill's many-row product agree bit for
+ * bit). AVX-512 VNNI takes 64 values per instruction and so sums its lanes in another order than AVX2/NEON: the builds
+ * agree to rounding, not bit for bit.
+ *
+ *   type    values/bytes  chunk j's weights          A_j            B_j
+ *   Q4_0    32 / 18       nibbles q                  d              -8 d
+ *   Q4_1    32 / 20       nibbles q                  d              m
+ *   Q8_0    32 / 34       int8 q                     d              0 (AVX-512: q + 128 unsigned, B = -128 d)
+ *   Q4_K    256 / 144     nibbles, 8 chunks          d * sc_j       -dmin * m_j
+ *   Q5_K    256 / 176     5-bit, 8 chunks            d * sc_j       -dmin * m_j
+ *   Q6_K    256 / 210     6-bit, two 16-value scales per chunk folded into the integer lanes; -32 offset exact
+ *   F32, F16, BF16        float weights against the fp32 input (not quantized)
+ */
+#define GG_F32 0
+#define GG_F16 1
+#define GG_Q4_0 2
+#define GG_Q4_1 3
+#define GG_Q8_0 8
+#define GG_Q4_K 12
+#define GG_Q5_K 13
+#define GG_Q6_K 14
+#define GG_BF16 30
+#define QK 256
+
+/* Block geometry of a type this kernel computes on: values[0] weights per block, values[1] bytes. -1: not here. */
+int hearth_gg_geometry(int type, int64_t *values) {
+    int64_t v, b;
+    switch (type) {
+    case GG_F32: v = 1, b = 4; break;
+    case GG_F16: v = 1, b = 2; break;
+    case GG_BF16: v = 1, b = 2; break;
+    case GG_Q4_0: v = 32, b = 18; break;
+    case GG_Q4_1: v = 32, b = 20; break;
+    case GG_Q8_0: v = 32, b = 34; break;
+    case GG_Q4_K: v = QK, b = 144; break;
+    case GG_Q5_K: v = QK, b = 176; break;
+    case GG_Q6_K: v = QK, b = 210; break;
+    default: return -1;
+    }
+    values[0] = v, values[1] = b;
+    return 0;
+}
+
+static inline int gg_is_float(int type) { return type == GG_F32 || type == GG_F16 || type == GG_BF16; }
+
+static inline float gg_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return half_to_float(h);
+}
+
+/* Q4_K / Q5_K: the 6-bit scale and min of chunk j from the 12 packed bytes (ggml's get_scale_min_k4). */
+static inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63, *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* The 256 (or 32) weights of one block as small integers in value order, with each 32-value chunk's A and B (and
+ * Q6_K's 16 int scales). The reference every SIMD path below reads the same way; also what dequantization uses. */
+typedef struct {
+    uint8_t q[QK]; /* Q8_0: the int8 bits */
+    float a[8], b[8];
+    int8_t sc16[16]; /* Q6_K */
+} gg_block;
+
+static int gg_unpack(int type, const uint8_t *p, gg_block *out) {
+    switch (type) {
+    case GG_Q4_0:
+    case GG_Q4_1: {
+        const float d = gg_half(p);
+        const uint8_t *qs = p + (type == GG_Q4_0 ? 2 : 4);
+        for (int i = 0; i < 16; i++) out->q[i] = qs[i] & 15, out->q[i + 16] = qs[i] >> 4;
+        out->a[0] = d;
+        out->b[0] = type == GG_Q4_0 ? -8.0f * d : gg_half(p + 2);
+        return 1;
+    }
+    case GG_Q8_0:
+        memcpy(out->q, p + 2, 32);
+        out->a[0] = gg_half(p), out->b[0] = 0.0f;
+        return 1;
+    case GG_Q4_K:
+    case GG_Q5_K: {
+        const float d = gg_half(p), dmin = gg_half(p + 2);
+        const uint8_t *scales = p + 4, *qh = p + 16, *qs = p + (type == GG_Q4_K ? 16 : 48);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                out->q[64 * c + l] = qs[32 * c + l] & 15;
+                out->q[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+            }
+        if (type == GG_Q5_K)
+            for (int j = 0; j < 8; j++)
+                for (int l = 0; l < 32; l++) out->q[32 * j + l] |= (uint8_t)(((qh[l] >> j) & 1) << 4);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            k4_scale_min(j, scales, &sc, &m);
+            out->a[j] = d * (float)sc, out->b[j] = -(dmin * (float)m);
+        }
+        return 8;
+    }
+    case GG_Q6_K: {
+        const uint8_t *ql = p, *qh = p + 128;
+        const float d = gg_half(p + 208);
+        for (int g = 0; g < 8; g++) {
+            const int h = g / 4, part = g % 2, nib = (g / 2) % 2, shift = 2 * (g % 4);
+            for (int l = 0; l < 32; l++) {
+                const uint8_t low = (uint8_t)((ql[64 * h + 32 * part + l] >> (4 * nib)) & 15);
+                out->q[32 * g + l] = (uint8_t)(low | (((qh[32 * h + l] >> shift) & 3) << 4));
+            }
+        }
+        memcpy(out->sc16, p + 192, 16);
+        for (int j = 0; j < 8; j++) out->a[j] = d, out->b[j] = 0.0f;
+        return 8;
+    }
+    default:
+        return 0;
+    }
+}
+
+/* n values (whole blocks) of `src` as fp32, exactly as gguf.quants (numpy) and ggml's dequantize_row_* compute them:
+ * every product below is exact in fp32 (at most 24 significant bits), so one rounding at most (Q4_1's + m, K's - dm). */
+int hearth_gg_dequant(int type, const void *src, int64_t n, float *out) {
+    int64_t geometry[2];
+    if (hearth_gg_geometry(type, geometry) != 0 || n % geometry[0]) return -1;
+    const uint8_t *p = (const uint8_t *)src;
+    if (type == GG_F32) {
+        memcpy(out, p, (size_t)n * 4);
+        return 0;
+    }
+    if (type == GG_F16 || type == GG_BF16) {
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            out[i] = type == GG_F16 ? half_to_float(h) : bf16_to_f32(h);
+        }
+        return 0;
+    }
+    gg_block block;
+    for (int64_t at = 0; at < n; at += geometry[0], p += geometry[1]) {
+        const int chunks = gg_unpack(type, p, &block);
+        for (int j = 0; j < chunks; j++)
+            for (int l = 0; l < 32; l++) {
+                const int v = 32 * j + l;
+                float *o = out + at + v;
+                if (type == GG_Q4_0)
+                    *o = block.a[0] * (float)((int)block.q[v] - 8);
+                else if (type == GG_Q4_1)
+                    *o = block.a[0] * (float)block.q[v] + block.b[0];
+                else if (type == GG_Q8_0)
+                    *o = block.a[0] * (float)(int8_t)block.q[v];
+                else if (type == GG_Q6_K)
+                    *o = (block.a[0] * (float)block.sc16[v / 16]) * (float)((int)block.q[v] - 32);
+                else
+                    *o = block.a[j] * (float)block.q[v] + block.b[j]; /* b = -(dmin * m) */
+            }
+    }
+    return 0;
+}
+
+/* One matrix input: the fp32 values (float weights read them) and their per-32 int8 quantization. */
+typedef struct {
+    const float *f;
+    const int8_t *q;
+    const float *d;     /* per 32: scale */
+    const float *s;     /* per 32: d * sum(q) */
+    const int16_t *n16; /* per 16: sum(q) (Q6_K's offset) */
+} gvec;
+
+static void gg_quantize(const float *x, int cols, int8_t *q, float *d, float *s, int32_t *totals, int16_t *n16) {
+    quantize_q8(x, cols, q, d, s, totals);
+    for (int h = 0; h < cols / 16; h++) {
+        int total = 0;
+        for (int i = 0; i < 16; i++) total += q[16 * h + i];
+        n16[h] = (int16_t)total;
+    }
+}
+
+#define GG_TILE 4 /* inputs per pass over a weight row */
+
+#if HEARTH_AVX512
+static inline __m512 two_scales(float lo, float hi) { /* lanes 0-7 lo, 8-15 hi */
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(lo)), _mm256_castps_pd(_mm256_set1_ps(hi)), 1));
+}
+static inline __m256i nibbles_32(const uint8_t *p16) { /* 16 bytes -> 32 values in Q4_0/Q4_1 order */
+    const __m128i raw = _mm_loadu_si128((const __m128i *)p16), mask = _mm_set1_epi8(15);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
+                                   _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
+}
+#elif HEARTH_AVX2
+static inline __m256i nibbles_32(const uint8_t *p16) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)p16), mask = _mm_set1_epi8(15);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
+                                   _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
+}
+#endif
+
+#if HEARTH_AVX2
+/* Chunks 2c and 2c+1 (64 values) of a Q4_K or Q5_K block as unsigned bytes; qh = the Q5_K block's 32 high-bit bytes. */
+static inline void k45_pair(int type, const uint8_t *p, int c, __m256i qh, __m256i *w0, __m256i *w1) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(p + (type == GG_Q4_K ? 16 : 48) + 32 * c));
+    const __m256i mask = _mm256_set1_epi8(15);
+    *w0 = _mm256_and_si256(raw, mask);
+    *w1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+    if (type == GG_Q5_K) {
+        const __m256i one = _mm256_set1_epi8(1);
+        *w0 = _mm256_or_si256(*w0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one), 4));
+        *w1 = _mm256_or_si256(*w1,
+                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), one), 4));
+    }
+}
+
+/* Chunks 2c and 2c+1 of a Q6_K block as unsigned 6-bit bytes (q + 32). */
+static inline void q6_pair(const uint8_t *p, int c, __m256i *w0, __m256i *w1) {
+    const int h = c >> 1, nib = c & 1;
+    const __m256i mask = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3);
+    const __m128i low_shift = _mm_cvtsi32_si128(4 * nib);
+    const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
+    const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+    const __m256i hi0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, low_shift), two), 4);
+    const __m256i hi1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(4 * nib + 2)), two), 4);
+    *w0 = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(ql0, low_shift), mask), hi0);
+    *w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(ql1, low_shift), mask), hi1);
+}
+#endif
+
+#if HEARTH_AVX2 && !HEARTH_AVX512
+/* int32 lane i = bytes 4i..4i+3 of w (unsigned, <= 63) times x (int8) */
+static inline __m256i dot_u8(__m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+}
+#endif
+
+/* Dot products of one weight row (`row`, `cols` values of `type`) with `count` <= GG_TILE inputs: out[k]. Always
+ * inlined with a constant `count` (gg_rows), so the accumulators live in registers. */
+static inline __attribute__((always_inline)) void gg_row_dot(int type, const uint8_t *row, int cols, const gvec *x,
+                                                             int count, float *out) {
+    if (gg_is_float(type)) {
+        for (int k = 0; k < count; k++) {
+            float total = 0.0f;
+            int i = 0;
+#if HEARTH_AVX2
+            __m256 acc = _mm256_setzero_ps();
+            for (; i + 8 <= cols; i += 8) {
+                __m256 w;
+                if (type == GG_F32)
+                    w = _mm256_loadu_ps((const float *)row + i);
+                else if (type == GG_F16)
+                    w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+                else
+                    w = _mm256_castsi256_ps(_mm256_slli_epi32(
+                        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))), 16));
+                acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x[k].f + i), acc);
+            }
+            total = hsum256(acc);
+#endif
+            for (; i < cols; i++) {
+                float w;
+                if (type == GG_F32)
+                    memcpy(&w, row + 4 * i, 4);
+                else {
+                    uint16_t h;
+                    memcpy(&h, row + 2 * i, 2);
+                    w = type == GG_F16 ? half_to_float(h) : bf16_to_f32(h);
+                }
+                total += w * x[k].f[i];
+            }
+            out[k] = total;
+        }
+        return;
+    }
+    int64_t geometry[2];
+    hearth_gg_geometry(type, geometry);
+    const int bvalues = (int)geometry[0], bbytes = (int)geometry[1], blocks = cols / bvalues;
+#if HEARTH_AVX2
+    /* Per block, the chunks' factors as vectors, lane = chunk: A_j * dx_j (each lane broadcast to the chunk's
+     * multiply-adds) and the offsets B_j * (dx_j sum xq_j), summed lane-wise in voff. */
+    __m256 voff[GG_TILE];
+#if HEARTH_AVX512
+    __m512 acc[GG_TILE];
+    for (int k = 0; k < count; k++) acc[k] = _mm512_setzero_ps(), voff[k] = _mm256_setzero_ps();
+    const __m512i zero = _mm512_setzero_si512();
+#else
+    __m256 acc[GG_TILE];
+    for (int k = 0; k < count; k++) acc[k] = _mm256_setzero_ps(), voff[k] = _mm256_setzero_ps();
+#endif
+    __m256 scaled[GG_TILE];
+    if (bvalues == 32) { /* Q4_0, Q4_1, Q8_0: eight blocks' factors at a time */
+        const int skip = type == GG_Q4_0 ? 2 : type == GG_Q4_1 ? 4 : 2;
+        for (int b0 = 0; b0 < blocks; b0 += 8) {
+            const int group = blocks - b0 < 8 ? blocks - b0 : 8;
+            const __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(group), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            uint16_t dh[8] = {0}, mh[8] = {0};
+            for (int i = 0; i < group; i++) {
+                const uint8_t *p = row + (int64_t)(b0 + i) * bbytes;
+                memcpy(&dh[i], p, 2);
+                if (type == GG_Q4_1) memcpy(&mh[i], p + 2, 2);
+            }
+            const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+            __m256 vb = _mm256_setzero_ps();
+            if (type == GG_Q4_1)
+                vb = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
+            else if (type == GG_Q4_0)
+                vb = _mm256_mul_ps(vd, _mm256_set1_ps(-8.0f));
+#if HEARTH_AVX512
+            else /* Q8_0 runs as unsigned q + 128 */
+                vb = _mm256_mul_ps(vd, _mm256_set1_ps(-128.0f));
+#endif
+            for (int k = 0; k < count; k++) {
+                scaled[k] = _mm256_mul_ps(vd, _mm256_maskload_ps(x[k].d + b0, valid));
+                voff[k] = _mm256_fmadd_ps(vb, _mm256_maskload_ps(x[k].s + b0, valid), voff[k]);
+            }
+#if HEARTH_AVX512
+            for (int i = 0; i < group; i += 2) {
+                const int pair = i + 1 < group;
+                const uint8_t *p0 = row + (int64_t)(b0 + i) * bbytes, *p1 = p0 + bbytes;
+                __m256i w0, w1 = _mm256_setzero_si256();
+                if (type == GG_Q8_0) {
+                    const __m256i flip = _mm256_set1_epi8((char)0x80);
+                    w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p0 + 2)), flip);
+                    if (pair) w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p1 + 2)), flip);
+                } else {
+                    w0 = nibbles_32(p0 + skip);
+                    if (pair) w1 = nibbles_32(p1 + skip);
+                }
+                const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+                const __mmask64 lanes = pair ? ~(__mmask64)0 : (__mmask64)0xffffffffu;
+                const __m512i index = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(i)),
+                                                         _mm256_set1_epi32(pair ? i + 1 : 0), 1);
+                for (int k = 0; k < count; k++) {
+                    const __m512i xv = _mm512_maskz_loadu_epi8(lanes, x[k].q + (int64_t)(b0 + i) * 32);
+                    __m512 scale = _mm512_permutexvar_ps(index, _mm512_castps256_ps512(scaled[k]));
+                    if (!pair) scale = _mm512_mask_mov_ps(scale, 0xff00, _mm512_setzero_ps());
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, w, xv)), scale, acc[k]);
+                }
+            }
+#else
+            for (int i = 0; i < group; i++) {
+                const uint8_t *p = row + (int64_t)(b0 + i) * bbytes;
+                const __m256i lane = _mm256_set1_epi32(i);
+                if (type == GG_Q8_0) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(p + 2)), abs_w = _mm256_sign_epi8(w, w);
+                    for (int k = 0; k < count; k++) {
+                        const __m256i xv =
+                            _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x[k].q + (int64_t)(b0 + i) * 32)), w);
+                        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, xv), _mm256_set1_epi16(1));
+                        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(scaled[k], lane), acc[k]);
+                    }
+                } else {
+                    const __m256i w = nibbles_32(p + skip);
+                    for (int k = 0; k < count; k++) {
+                        const __m256i dot =
+                            dot_u8(w, _mm256_loadu_si256((const __m256i *)(x[k].q + (int64_t)(b0 + i) * 32)));
+                        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(scaled[k], lane), acc[k]);
+                    }
+                }
+            }
+#endif
+        }
+    } else { /* K-quants: one block of 256 = 8 chunks; its factors in one vector each */
+        for (int sb = 0; sb < blocks; sb++) {
+            const uint8_t *p = row + (int64_t)sb * bbytes;
+            _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + PREFETCH_BYTES + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + PREFETCH_BYTES + 128, _MM_HINT_T0);
+            const int j0 = sb * 8;
+            __m128i scales16 = _mm_setzero_si128(); /* Q6_K's 16 int8 scales */
+            __m256i qh = _mm256_setzero_si256();
+            if (type == GG_Q6_K) {
+                const float d = gg_half(p + 208);
+                scales16 = _mm_loadu_si128((const __m128i *)(p + 192));
+                const __m256i pairs = _mm256_cvtepi8_epi16(scales16);
+                for (int k = 0; k < count; k++) {
+                    scaled[k] = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(x[k].d + j0));
+                    /* offset of chunk j: -32 (sc_2j n16_2j + sc_2j+1 n16_2j+1) in int32, times d dx_j */
+                    const __m256i t = _mm256_madd_epi16(pairs, _mm256_loadu_si256((const __m256i *)(x[k].n16 + 2 * j0)));
+                    voff[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(t, _mm256_set1_epi32(-32))),
+                                              scaled[k], voff[k]);
+                }
+            } else {
+                const float d = gg_half(p), dmin = gg_half(p + 2);
+                uint32_t u[4]; /* ggml's unpacking of the 12 bytes: bytes 0-7 the scales, 8-15 the mins */
+                memcpy(u, p + 4, 12);
+                u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+                const uint32_t mins_low = u[1] & 0x3f3f3f3fu;
+                u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+                u[2] = mins_low;
+                u[0] &= 0x3f3f3f3fu;
+                const __m128i unpacked = _mm_loadu_si128((const __m128i *)u);
+                const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(unpacked));
+                const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(unpacked, 8)));
+                const __m256 a = _mm256_mul_ps(sc, _mm256_set1_ps(d));
+                const __m256 bb = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(mn, _mm256_set1_ps(dmin)));
+                for (int k = 0; k < count; k++) {
+                    scaled[k] = _mm256_mul_ps(a, _mm256_loadu_ps(x[k].d + j0));
+                    voff[k] = _mm256_fmadd_ps(bb, _mm256_loadu_ps(x[k].s + j0), voff[k]);
+                }
+                if (type == GG_Q5_K) qh = _mm256_loadu_si256((const __m256i *)(p + 16));
+            }
+            for (int c = 0; c < 4; c++) {
+                __m256i w0, w1;
+                if (type == GG_Q6_K)
+                    q6_pair(p, c, &w0, &w1);
+                else
+                    k45_pair(type, p, c, qh, &w0, &w1);
+#if HEARTH_AVX512
+                const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+                const __m512i index = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2 * c)),
+                                                         _mm256_set1_epi32(2 * c + 1), 1);
+                __m512i lane_scales = _mm512_setzero_si512();
+                if (type == GG_Q6_K)
+                    lane_scales = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(
+                        scales16, _mm_add_epi8(_mm_set1_epi8((char)(4 * c)),
+                                               _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3))));
+                for (int k = 0; k < count; k++) {
+                    __m512i dot = _mm512_dpbusd_epi32(zero, w, _mm512_loadu_si512(x[k].q + (int64_t)(j0 + 2 * c) * 32));
+                    if (type == GG_Q6_K) dot = _mm512_mullo_epi32(dot, lane_scales);
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                             _mm512_permutexvar_ps(index, _mm512_castps256_ps512(scaled[k])), acc[k]);
+                }
+#else
+                const __m256i halves[2] = {w0, w1};
+                for (int half = 0; half < 2; half++) {
+                    const int chunk = 2 * c + half;
+                    const __m256i w = halves[half], lane = _mm256_set1_epi32(chunk);
+                    __m256i lane_scales = _mm256_setzero_si256();
+                    if (type == GG_Q6_K)
+                        lane_scales = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(
+                            scales16, _mm_add_epi8(_mm_set1_epi8((char)(2 * chunk)),
+                                                   _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0))));
+                    for (int k = 0; k < count; k++) {
+                        __m256i dot =
+                            dot_u8(w, _mm256_loadu_si256((const __m256i *)(x[k].q + (int64_t)(j0 + chunk) * 32)));
+                        if (type == GG_Q6_K) dot = _mm256_mullo_epi32(dot, lane_scales);
+                        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(scaled[k], lane),
+                                                 acc[k]);
+                    }
+                }
+#endif
+            }
+        }
+    }
+    for (int k = 0; k < count; k++) {
+#if HEARTH_AVX512
+        out[k] = _mm512_reduce_add_ps(acc[k]) + hsum256(voff[k]);
+#else
+        out[k] = hsum256(acc[k]) + hsum256(voff[k]);
+#endif
+    }
+#elif HEARTH_NEON
+    float off[GG_TILE] = {0};
+    f32x8 acc[GG_TILE];
+    for (int k = 0; k < count; k++) acc[k] = f32x8_zero();
+    gg_block block;
+    for (int b = 0; b < blocks; b++) {
+        const int chunks = gg_unpack(type, row + (int64_t)b * bbytes, &block);
+        const int j0 = b * bvalues / 32;
+        for (int c = 0; c < chunks; c++) {
+            const int j = j0 + c;
+            const int8x16_t w0 = vld1q_s8((const int8_t *)block.q + 32 * c), w1 = vld1q_s8((const int8_t *)block.q + 32 * c + 16);
+            for (int k = 0; k < count; k++) {
+                int32x4_t lo = dot16(w0, vld1q_s8(x[k].q + (int64_t)j * 32));
+                int32x4_t hi = dot16(w1, vld1q_s8(x[k].q + (int64_t)j * 32 + 16));
+                float dd = block.a[c] * x[k].d[j];
+                if (type == GG_Q6_K) {
+                    lo = vmulq_n_s32(lo, block.sc16[2 * c]);
+                    hi = vmulq_n_s32(hi, block.sc16[2 * c + 1]);
+                }
+                const float32x4_t scale = vdupq_n_f32(dd);
+                acc[k].lo = vfmaq_f32(acc[k].lo, vcvtq_f32_s32(lo), scale);
+                acc[k].hi = vfmaq_f32(acc[k].hi, vcvtq_f32_s32(hi), scale);
+                if (type == GG_Q6_K) {
+                    const int16_t *n16 = x[k].n16 + 2 * j;
+                    off[k] += (float)(-32 * (block.sc16[2 * c] * n16[0] + block.sc16[2 * c + 1] * n16[1])) * dd;
+                } else if (type != GG_Q8_0) {
+                    off[k] += block.b[c] * x[k].s[j];
+                }
+            }
+        }
+    }
+    for (int k = 0; k < count; k++) out[k] = hsum8(acc[k]) + off[k];
+#else
+    float acc[GG_TILE] = {0}, off[GG_TILE] = {0};
+    gg_block block;
+    for (int b = 0; b < blocks; b++) {
+        const int chunks = gg_unpack(type, row + (int64_t)b * bbytes, &block);
+        const int j0 = b * bvalues / 32;
+        for (int c = 0; c < chunks; c++) {
+            const int j = j0 + c;
+            for (int k = 0; k < count; k++) {
+                const int8_t *xq = x[k].q + (int64_t)j * 32;
+                int32_t dot = 0;
+                for (int l = 0; l < 32; l++) {
+                    const int w = type == GG_Q8_0 ? (int)(int8_t)block.q[32 * c + l] : (int)block.q[32 * c + l];
+                    dot += (type == GG_Q6_K ? block.sc16[(32 * c + l) / 16] : 1) * w * xq[l];
+                }
+                const float dd = block.a[c] * x[k].d[j];
+                acc[k] += (float)dot * dd;
+                if (type == GG_Q6_K) {
+                    const int16_t *n16 = x[k].n16 + 2 * j;
+                    off[k] += (float)(-32 * (block.sc16[2 * c] * n16[0] + block.sc16[2 * c + 1] * n16[1])) * dd;
+                } else if (type != GG_Q8_0) {
+                    off[k] += block.b[c] * x[k].s[j];
+                }
+            }
+        }
+    }
+    for (int k = 0; k < count; k++) out[k] = acc[k] + off[k];
+#endif
+}
+
+/* y[k * ystride + r] (op)= row r . x[k] (+ bias[r]) for rows [r0, r1) and inputs [0, count); `accumulate` adds.
+ * Inlined with constant `type` (gg_rows below), so each format's loops are its own. Inputs go GG_TILE at a time, the
+ * rest one by one: each input's arithmetic is the same either way. */
+static inline __attribute__((always_inline)) void gg_rows_of(int type, const uint8_t *w, int64_t row_bytes, int cols,
+                                                             int r0, int r1, const gvec *x, int count, float *y,
+                                                             int64_t ystride, const float *bias, int accumulate) {
+    float out[GG_TILE];
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = w + (int64_t)r * row_bytes;
+        for (int k0 = 0; k0 < count;) {
+            const int tile = count - k0 >= GG_TILE ? GG_TILE : 1;
+            if (tile == GG_TILE)
+                gg_row_dot(type, row, cols, x + k0, GG_TILE, out);
+            else
+                gg_row_dot(type, row, cols, x + k0, 1, out);
+            for (int k = 0; k < tile; k++) {
+                float *target = y + (int64_t)(k0 + k) * ystride + r;
+                const float v = out[k] + (bias ? bias[r] : 0.0f);
+                *target = accumulate ? *target + v : v;
+            }
+            k0 += tile;
+        }
+    }
+}
+
+static void gg_rows(int type, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1, const gvec *x, int count,
+                    float *y, int64_t ystride, const float *bias, int accumulate) {
+#define GG_ROWS_OF(t) gg_rows_of(t, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate)
+    switch (type) {
+    case GG_Q4_0: GG_ROWS_OF(GG_Q4_0); break;
+    case GG_Q4_1: GG_ROWS_OF(GG_Q4_1); break;
+    case GG_Q8_0: GG_ROWS_OF(GG_Q8_0); break;
+    case GG_Q4_K: GG_ROWS_OF(GG_Q4_K); break;
+    case GG_Q5_K: GG_ROWS_OF(GG_Q5_K); break;
+    case GG_Q6_K: GG_ROWS_OF(GG_Q6_K); break;
+    case GG_F16: GG_ROWS_OF(GG_F16); break;
+    case GG_BF16: GG_ROWS_OF(GG_BF16); break;
+    default: GG_ROWS_OF(GG_F32); break;
+    }
+#undef GG_ROWS_OF
+}
+
+static int64_t gg_row_bytes(int type, int64_t cols) {
+    int64_t geometry[2];
+    if (hearth_gg_geometry(type, geometry) != 0 || cols % geometry[0]) return -1;
+    if (!gg_is_float(type) && cols % QBLOCK) return -1;
+    return cols / geometry[0] * geometry[1];
+}
+
+/* Scratch for n quantized inputs of `cols` values. */
+typedef struct {
+    int8_t *q;
+    float *d, *s;
+    int32_t *t;
+    int16_t *n16;
+    gvec *v;
+} gbuf;
+
+static int gbuf_alloc(gbuf *b, int64_t n, int64_t cols) {
+    b->q = malloc((size_t)(n * cols));
+    b->d = malloc((size_t)(n * cols / QBLOCK) * sizeof(float));
+    b->s = malloc((size_t)(n * cols / QBLOCK) * sizeof(float));
+    b->t = malloc((size_t)(n * cols / QBLOCK) * sizeof(int32_t));
+    b->n16 = malloc((size_t)(n * cols / 16) * sizeof(int16_t));
+    b->v = malloc((size_t)n * sizeof(gvec));
+    return b->q && b->d && b->s && b->t && b->n16 && b->v ? 0 : -3;
+}
+
+static void gbuf_free(gbuf *b) { free(b->q), free(b->d), free(b->s), free(b->t), free(b->n16), free(b->v); }
+
+/* Input k of `buffer` quantized from x (cols values). */
+static void gbuf_fill(gbuf *b, int64_t k, const float *x, int64_t cols, int quantize) {
+    gvec v = {x, b->q + k * cols, b->d + k * cols / QBLOCK, b->s + k * cols / QBLOCK, b->n16 + k * cols / 16};
+    if (quantize)
+        gg_quantize(x, (int)cols, b->q + k * cols, b->d + k * cols / QBLOCK, b->s + k * cols / QBLOCK,
+                    b->t + k * cols / QBLOCK, b->n16 + k * cols / 16);
+    b->v[k] = v;
+}
+
+/* y [n, rows] = x [n, cols] . W^T (+ bias) for a GGUF matrix W of `type` ([rows, cols], rows contiguous), the rows
+ * split across `threads`. Returns 0; -1 for a type or shape it does not take; -3 when its buffers can't be had. */
+int hearth_gg_matmul(int type, const void *w, int64_t rows, int64_t cols, const float *x, int64_t n, float *y,
+                     const float *bias, int threads) {
+    const int64_t row_bytes = gg_row_bytes(type, cols);
+    if (row_bytes < 0 || n < 1 || rows < 1 || cols > INT32_MAX || rows > INT32_MAX) return -1;
+    if (threads < 1) threads = 1;
+    gbuf buffer;
+    if (gbuf_alloc(&buffer, n, cols) != 0) {
+        gbuf_free(&buffer);
+        return -3;
+    }
+    const int quantize = !gg_is_float(type);
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t k = 0; k < n; k++) gbuf_fill(&buffer, k, x + k * cols, cols, quantize);
+        int tid, team, lo, hi;
+        team_position(&tid, &team);
+        split_rows((int)rows, team, tid, 4, &lo, &hi);
+        gg_rows(type, (const uint8_t *)w, row_bytes, (int)cols, lo, hi, buffer.v, (int)n, y, rows, bias, 0);
+    }
+    gbuf_free(&buffer);
+    return 0;
+}
+
+/* The decode step on a GGUF model's own blocks: one token through the decoder, each matrix in its file type (a Q4_K_M
+ * file mixes Q4_K and Q6_K per tensor), its K/V written at `pos`, the next token's logits into `logits`.
+ * Argument tables (their order is app/core/fastpath/gguf.py's, checked against hearth_gg_layout):
+ *   cfg:    layers, hidden, heads, kv_heads, head_dim, inter, vocab, kv_bf16, threads, rope_pairs, embed_type,
+ *           head_type
+ *   cfgf:   eps, attention scale
+ *   glob:   embedding rows, final norm, head rows, inv_freq [head_dim / 2]
+ *   types:  per layer q, k, v, o, gate, up, down (GG_ types)
+ *   layers: per layer attn_norm, ffn_norm, q, k, v, o, gate, up, down, q_bias, k_bias, v_bias, K slab, V slab
+ * rope_pairs: RoPE on adjacent pairs (llama.cpp's layout of llama/mistral Q and K rows) instead of halves. Returns 0,
+ * or a negative code for arguments it refuses. */
+enum { GC_LAYERS, GC_HIDDEN, GC_HEADS, GC_KV_HEADS, GC_HEAD_DIM, GC_INTER, GC_VOCAB, GC_KV_BF16, GC_THREADS,
+       GC_ROPE_PAIRS, GC_EMBED_TYPE, GC_HEAD_TYPE, GC_COUNT };
+enum { GG_EMBED, GG_FINAL_NORM, GG_HEAD, GG_INV_FREQ, GG_GLOBAL_COUNT };
+enum { GT_Q, GT_K, GT_V, GT_O, GT_GATE, GT_UP, GT_DOWN, GT_COUNT };
+enum { GL_ATTN_NORM, GL_FFN_NORM, GL_Q, GL_K, GL_V, GL_O, GL_GATE, GL_UP, GL_DOWN, GL_Q_BIAS, GL_K_BIAS, GL_V_BIAS,
+       GL_K_CACHE, GL_V_CACHE, GL_COUNT };
+
+int hearth_gg_layout(int which) {
+    switch (which) {
+    case 0: return GC_COUNT;
+    case 1: return GG_GLOBAL_COUNT;
+    case 2: return GT_COUNT;
+    case 3: return GL_COUNT;
+    default: return -1;
+    }
+}
+
+/* Per thread: the normalized residual and one matrix input's quantization (int8, scales, offsets, sums, n16). */
+static int64_t gg_thread_floats(int64_t hidden, int64_t widest) {
+    return hidden + widest + widest / 4 + 3 * (widest / QBLOCK) + widest / 32 + 16;
+}
+
+int64_t hearth_gg_scratch_floats(const int64_t *cfg, int64_t capacity) {
+    const int64_t hidden = cfg[GC_HIDDEN], heads = cfg[GC_HEADS], kv = cfg[GC_KV_HEADS], hd = cfg[GC_HEAD_DIM];
+    const int64_t inter = cfg[GC_INTER], threads = cfg[GC_THREADS] > 0 ? cfg[GC_THREADS] : 1;
+    const int64_t widest = max3((int)hidden, (int)(heads * hd), (int)inter);
+    const int64_t chunks = (capacity + ATT_CHUNK - 1) / ATT_CHUNK;
+    return hidden + (heads + 2 * kv) * hd + heads * hd + 2 * inter + hd + heads * capacity + heads * chunks * (hd + 2) +
+           threads * gg_thread_floats(hidden, widest);
+}
+
+static void rope_pairs(float *v, const float *cosv, const float *sinv, int half) {
+    for (int i = 0; i < half; i++) {
+        const float a = v[2 * i], b = v[2 * i + 1];
+        v[2 * i] = a * cosv[i] - b * sinv[i];
+        v[2 * i + 1] = b * cosv[i] + a * sinv[i];
+    }
+}
+
+int hearth_gg_step(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types, void *const *layers,
+                   int64_t token, int64_t pos, int64_t capacity, float *logits, float *scratch) {
+    const int n_layers = (int)cfg[GC_LAYERS], hidden = (int)cfg[GC_HIDDEN], heads = (int)cfg[GC_HEADS];
+    const int kv_heads = (int)cfg[GC_KV_HEADS], hd = (int)cfg[GC_HEAD_DIM], inter = (int)cfg[GC_INTER];
+    const int vocab = (int)cfg[GC_VOCAB], kv_bf16 = (int)cfg[GC_KV_BF16], pairs = (int)cfg[GC_ROPE_PAIRS];
+    const int embed_type = (int)cfg[GC_EMBED_TYPE], head_type = (int)cfg[GC_HEAD_TYPE];
+    const int threads = cfg[GC_THREADS] > 0 ? (int)cfg[GC_THREADS] : 1;
+    const float eps = cfgf[0], attn_scale = cfgf[1];
+    const int half = hd / 2, qdim = heads * hd, kvdim = kv_heads * hd, units = heads + 2 * kv_heads;
+    const int widest = max3(hidden, qdim, inter);
+    if (token < 0 || token >= vocab || pos < 0 || pos >= capacity) return -1;
+    if (kv_heads <= 0 || heads % kv_heads || hidden % QBLOCK || qdim % QBLOCK || inter % QBLOCK || hd % 2) return -2;
+    const int64_t embed_row = gg_row_bytes(embed_type, hidden), head_row = gg_row_bytes(head_type, hidden);
+    if (embed_row < 0 || head_row < 0) return -2;
+    for (int64_t i = 0; i < (int64_t)n_layers * GT_COUNT; i++) {
+        const int in = (i % GT_COUNT) == GT_O ? qdim : (i % GT_COUNT) == GT_DOWN ? inter : hidden;
+        if (gg_row_bytes((int)types[i], in) < 0) return -2;
+    }
+
+    float *x = scratch;
+    float *qkv = x + hidden;
+    float *att = qkv + (int64_t)units * hd;
+    float *gate = att + qdim, *up = gate + inter;
+    float *cosv = up + inter, *sinv = cosv + half;
+    float *scores = sinv + half;
+    const int max_chunks = (int)((capacity + ATT_CHUNK - 1) / ATT_CHUNK);
+    float *partial = scores + (int64_t)heads * capacity;
+    float *part_max = partial + (int64_t)heads * max_chunks * hd, *part_sum = part_max + (int64_t)heads * max_chunks;
+    float *per_thread = part_sum + (int64_t)heads * max_chunks;
+
+    if (hearth_gg_dequant(embed_type, (const uint8_t *)glob[GG_EMBED] + token * embed_row, hidden, x) != 0) return -2;
+    const float *inv_freq = (const float *)glob[GG_INV_FREQ];
+    for (int i = 0; i < half; i++) {
+        const float angle = (float)pos * inv_freq[i];
+        cosv[i] = cosf(angle);
+        sinv[i] = sinf(angle);
+    }
+
+#pragma omp parallel num_threads(threads)
+    {
+        int tid, team, lo, hi;
+        team_position(&tid, &team);
+        /* Each thread normalizes and quantizes its matrix inputs privately: no barrier or shared write for them. */
+        float *xn = per_thread + (int64_t)tid * gg_thread_floats(hidden, widest);
+        float *xd = xn + hidden, *xs = xd + widest / QBLOCK;
+        int32_t *xt = (int32_t *)(xs + widest / QBLOCK);
+        int16_t *x16 = (int16_t *)(xt + widest / QBLOCK);
+        int8_t *xq = (int8_t *)(x16 + widest / 16 + 32);
+        gvec in;
+        for (int l = 0; l < n_layers; l++) {
+            void *const *p = layers + (int64_t)l * GL_COUNT;
+            const int64_t *t = types + (int64_t)l * GT_COUNT;
+            rmsnorm(x, (const float *)p[GL_ATTN_NORM], xn, hidden, eps);
+            gg_quantize(xn, hidden, xq, xd, xs, xt, x16);
+            in = (gvec){xn, xq, xd, xs, x16};
+#pragma omp for schedule(static)
+            for (int u = 0; u < units; u++) {
+                const int which = u < heads ? 0 : u < heads + kv_heads ? 1 : 2; /* q, k, v */
+                const int row0 = (u - (which == 0 ? 0 : which == 1 ? heads : heads + kv_heads)) * hd;
+                float *base = qkv + (which == 0 ? 0 : which == 1 ? qdim : qdim + kvdim);
+                gg_rows((int)t[GT_Q + which], (const uint8_t *)p[GL_Q + which], gg_row_bytes((int)t[GT_Q + which], hidden),
+                        hidden, row0, row0 + hd, &in, 1, base, 0, (const float *)p[GL_Q_BIAS + which], 0);
+                float *out = base + row0;
+                if (which < 2) {
+                    if (pairs)
+                        rope_pairs(out, cosv, sinv, half);
+                    else
+                        rope(out, cosv, sinv, half);
+                }
+                if (which > 0)
+                    store_kv(p[which == 1 ? GL_K_CACHE : GL_V_CACHE], kv_bf16, ((int64_t)(row0 / hd) * capacity + pos) * hd,
+                             out, hd);
+            }
+            attend(qkv, p[GL_K_CACHE], p[GL_V_CACHE], kv_bf16, heads, kv_heads, hd, pos, capacity, attn_scale, threads,
+                   scores, partial, part_max, part_sum, max_chunks, att);
+            gg_quantize(att, qdim, xq, xd, xs, xt, x16);
+            in = (gvec){att, xq, xd, xs, x16};
+            split_rows(hidden, team, tid, 4, &lo, &hi);
+            gg_rows((int)t[GT_O], (const uint8_t *)p[GL_O], gg_row_bytes((int)t[GT_O], qdim), qdim, lo, hi, &in, 1, x, 0,
+                    NULL, 1);
+#pragma omp barrier
+            rmsnorm(x, (const float *)p[GL_FFN_NORM], xn, hidden, eps);
+            gg_quantize(xn, hidden, xq, xd, xs, xt, x16);
+            in = (gvec){xn, xq, xd, xs, x16};
+            split_rows(inter, team, tid, 4, &lo, &hi);
+            gg_rows((int)t[GT_GATE], (const uint8_t *)p[GL_GATE], gg_row_bytes((int)t[GT_GATE], hidden), hidden, lo, hi,
+                    &in, 1, gate, 0, NULL, 0);
+            gg_rows((int)t[GT_UP], (const uint8_t *)p[GL_UP], gg_row_bytes((int)t[GT_UP], hidden), hidden, lo, hi, &in,
+                    1, up, 0, NULL, 0);
+            for (int r = lo; r < hi; r++) gate[r] = gate[r] / (1.0f + expf(-gate[r])) * up[r];
+#pragma omp barrier
+            gg_quantize(gate, inter, xq, xd, xs, xt, x16);
+            in = (gvec){gate, xq, xd, xs, x16};
+            split_rows(hidden, team, tid, 4, &lo, &hi);
+            gg_rows((int)t[GT_DOWN], (const uint8_t *)p[GL_DOWN], gg_row_bytes((int)t[GT_DOWN], inter), inter, lo, hi,
+                    &in, 1, x, 0, NULL, 1);
+#pragma omp barrier
+        }
+        rmsnorm(x, (const float *)glob[GG_FINAL_NORM], xn, hidden, eps);
+        gg_quantize(xn, hidden, xq, xd, xs, xt, x16);
+        in = (gvec){xn, xq, xd, xs, x16};
+        split_rows(vocab, team, tid, 4, &lo, &hi);
+        gg_rows(head_type, (const uint8_t *)glob[GG_HEAD], head_row, hidden, lo, hi, &in, 1, logits, 0, NULL, 0);
+    }
     return 0;
 }

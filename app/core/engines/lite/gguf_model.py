@@ -1,0 +1,386 @@
+"""A GGUF file run as it lies on disk: its quantized blocks are mapped and multiplied where they are by the kernel
+library (app.core.fastpath.blocks), in the file's own formats (a Q4_K_M file mixes Q4_K and Q6_K tensors); nothing
+is dequantized to a copy, converted or packed. Torch-free.
+
+What it reads: the header (app.core.models.gguf_meta, the one reader), the norms (small fp32 copies), and the rest
+through one read-only map of the file. Every size the header claims is checked against the tensors' own shapes and
+the file's length before any pointer reaches the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from app.core.engines.lite.runtime import (
+    PREFILL_CHUNK,
+    DecoderRuntime,
+    Floats,
+    LiteConfig,
+    LiteUnavailable,
+    _silu_times,
+)
+from app.core.errors import HearthError
+from app.core.fastpath import blocks
+from app.core.fastpath.kernel import NativeLibrary, load_library
+from app.core.models.gguf_meta import GGUFHeader, TensorExtent, check_gguf_complete, read_gguf_header
+
+# GGUF architectures the runtime runs, and whether llama.cpp's converter interleaved their Q/K rows for RoPE on
+# adjacent pairs (llama's "normal" rope) or kept the halves (qwen2's "neox" rope).
+ROPE_PAIRS = {"llama": True, "qwen2": False}
+# Bounds on a header's sizes: far above any published model, far below what would exhaust memory before a check.
+MAX_LAYERS = 1024
+MAX_WIDTH = 1 << 18
+MAX_HEADS = 1024
+MAX_CONTEXT = 1 << 24
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One weight matrix in the map: `rows` rows of `cols` values of ggml type `kind`."""
+
+    name: str
+    kind: int
+    rows: int
+    cols: int
+    data: npt.NDArray[np.uint8]
+
+    @property
+    def pointer(self) -> int:
+        return int(self.data.ctypes.data)
+
+
+def _integer(metadata: dict[str, Any], key: str, low: int, high: int, default: int | None = None) -> int:
+    value = metadata.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        if value is None:
+            raise LiteUnavailable(f"its header has no {key}")
+        raise LiteUnavailable(f"its header's {key} is {value!r}, not an integer")
+    if not low <= value <= high:
+        raise LiteUnavailable(f"its header's {key} is {value}, outside {low}..{high}")
+    return value
+
+
+def _number(metadata: dict[str, Any], key: str, default: float) -> float:
+    value = metadata.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise LiteUnavailable(f"its header's {key} is {value!r}, not a positive number")
+    return float(value)
+
+
+def gguf_config(header: GGUFHeader) -> tuple[LiteConfig, bool]:
+    """The runtime's description of a GGUF model from its header alone, and whether its RoPE runs on pairs;
+    LiteUnavailable says why the runtime can't take it (an architecture or feature it does not implement, a size
+    out of bounds)."""
+    architecture = header.architecture
+    if architecture not in ROPE_PAIRS:
+        names = ", ".join(sorted(ROPE_PAIRS))
+        raise LiteUnavailable(f"the runtime implements the {names} GGUF architectures, not {architecture!r}")
+    metadata = header.metadata
+    key = architecture + "."
+    layers = _integer(metadata, key + "block_count", 1, MAX_LAYERS)
+    hidden = _integer(metadata, key + "embedding_length", 32, MAX_WIDTH)
+    inter = _integer(metadata, key + "feed_forward_length", 32, MAX_WIDTH)
+    heads = _integer(metadata, key + "attention.head_count", 1, MAX_HEADS)
+    kv_heads = _integer(metadata, key + "attention.head_count_kv", 1, heads, default=heads)
+    head_dim = _integer(metadata, key + "attention.key_length", 2, 4096, default=hidden // heads)
+    if _integer(metadata, key + "attention.value_length", 2, 4096, default=head_dim) != head_dim:
+        raise LiteUnavailable("keys and values of different widths are not in the kernel")
+    if _integer(metadata, key + "rope.dimension_count", 2, 4096, default=head_dim) != head_dim:
+        raise LiteUnavailable("partial rotary embeddings are not in the kernel")
+    if heads % kv_heads:
+        raise LiteUnavailable(f"{heads} query heads do not divide into {kv_heads} key/value heads")
+    if any(width % 32 for width in (hidden, inter, heads * head_dim)) or head_dim % 2:
+        raise LiteUnavailable("the kernel needs widths in multiples of 32 and even head sizes")
+    context = _integer(metadata, key + "context_length", 1, MAX_CONTEXT, default=2048)
+    eps = _number(metadata, key + "attention.layer_norm_rms_epsilon", 1e-5)
+    theta = _number(metadata, key + "rope.freq_base", 10000.0)
+    if metadata.get(key + "expert_count"):
+        raise LiteUnavailable("mixture-of-experts models are not in the kernel")
+    if metadata.get(key + "attention.sliding_window"):
+        raise LiteUnavailable("sliding-window attention is not in the kernel")
+    embedding = _find(header, "token_embd.weight")
+    if embedding is None or len(embedding.dims) != 2 or embedding.dims[0] != hidden:
+        raise LiteUnavailable("its token embedding is missing or not [vocab, hidden]")
+    vocab = embedding.dims[1]
+    steps = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq = (np.float32(1.0) / (np.float32(theta) ** steps)).astype(np.float32)
+    scaling = str(metadata.get(key + "rope.scaling.type", "none") or "none")
+    if scaling == "linear":
+        inv_freq = (inv_freq / np.float32(_number(metadata, key + "rope.scaling.factor", 1.0))).astype(np.float32)
+    elif scaling != "none":
+        raise LiteUnavailable(f"RoPE scaling {scaling} is not in the kernel")
+    config = LiteConfig(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        inter=inter,
+        vocab=vocab,
+        eps=eps,
+        inv_freq=inv_freq,
+        context_window=context,
+    )
+    return config, ROPE_PAIRS[architecture]
+
+
+def _find(header: GGUFHeader, name: str) -> TensorExtent | None:
+    return next((tensor for tensor in header.tensors if tensor.name == name), None)
+
+
+def tensor_bytes(tensor: TensorExtent) -> int:
+    """Bytes of a tensor's data in a type the kernel takes; LiteUnavailable names the tensor and type otherwise."""
+    if tensor.kind not in blocks.GEOMETRY:
+        raise LiteUnavailable(
+            f"tensor {tensor.name} is {blocks.type_name(tensor.kind)}, a type the kernel does not compute on "
+            f"(it takes {', '.join(blocks.TYPE_NAMES.values())})"
+        )
+    values, size = blocks.GEOMETRY[tensor.kind]
+    if not tensor.dims or tensor.dims[0] % values:
+        raise LiteUnavailable(f"tensor {tensor.name}'s rows of {tensor.dims[:1]} values are not whole blocks")
+    return tensor.elements // values * size
+
+
+class GGUFModel(DecoderRuntime):
+    """One GGUF model on the torch-free runtime: prefill and decode on the file's own blocks."""
+
+    def __init__(self, path: Path, library: NativeLibrary, threads: int | None = None) -> None:
+        self.path = path
+        try:
+            check_gguf_complete(path)
+            header = read_gguf_header(path)
+        except HearthError as exc:
+            raise LiteUnavailable(str(exc)) from exc
+        config, self.rope_pairs = gguf_config(header)
+        self._start(library, config, threads)
+        self.header = header
+        self.tensors = {tensor.name: tensor for tensor in header.tensors}
+        self.map = np.memmap(path, dtype=np.uint8, mode="r")
+        stat = path.stat()
+        self.file_identity = f"{stat.st_size}:{stat.st_mtime_ns}"
+        hd, heads, kv = config.head_dim, config.heads, config.kv_heads
+        self.embedding = self._matrix("token_embd.weight", config.vocab, config.hidden)
+        self.head = (
+            self._matrix("output.weight", config.vocab, config.hidden)
+            if "output.weight" in self.tensors
+            else self.embedding
+        )
+        self.final_norm = self._vector("output_norm.weight", config.hidden)
+        self.attn_norms, self.mlp_norms = [], []
+        self.layers: list[dict[str, Matrix]] = []
+        self.biases: list[dict[str, Floats | None]] = []
+        for index in range(config.layers):
+            prefix = f"blk.{index}."
+            self.attn_norms.append(self._vector(prefix + "attn_norm.weight", config.hidden))
+            self.mlp_norms.append(self._vector(prefix + "ffn_norm.weight", config.hidden))
+            self.layers.append(
+                {
+                    "q": self._matrix(prefix + "attn_q.weight", heads * hd, config.hidden),
+                    "k": self._matrix(prefix + "attn_k.weight", kv * hd, config.hidden),
+                    "v": self._matrix(prefix + "attn_v.weight", kv * hd, config.hidden),
+                    "o": self._matrix(prefix + "attn_output.weight", config.hidden, heads * hd),
+                    "gate": self._matrix(prefix + "ffn_gate.weight", config.inter, config.hidden),
+                    "up": self._matrix(prefix + "ffn_up.weight", config.inter, config.hidden),
+                    "down": self._matrix(prefix + "ffn_down.weight", config.hidden, config.inter),
+                }
+            )
+            self.biases.append(
+                {
+                    name: self._vector(f"{prefix}attn_{name}.bias", width)
+                    if f"{prefix}attn_{name}.bias" in self.tensors
+                    else None
+                    for name, width in (("q", heads * hd), ("k", kv * hd), ("v", kv * hd))
+                }
+            )
+        if "rope_freqs.weight" in self.tensors:  # Llama 3.1's scaling, as llama.cpp writes it: inv_freq / factor
+            factors = self._vector("rope_freqs.weight", hd // 2)
+            if not np.all(np.isfinite(factors)) or np.any(factors <= 0):
+                raise LiteUnavailable("its rope_freqs.weight holds factors that are not positive numbers")
+            self.config = config = replace(config, inv_freq=(config.inv_freq / factors).astype(np.float32))
+        self.weight_file_bytes = sum(tensor_bytes(tensor) for tensor in header.tensors)
+        self._bind_step()
+
+    # -- the file's tensors, checked before any pointer into the map is made
+    def _extent(self, name: str) -> tuple[TensorExtent, int]:
+        tensor = self.tensors.get(name)
+        if tensor is None:
+            raise LiteUnavailable(f"the file has no tensor {name}")
+        size = tensor_bytes(tensor)
+        start = self.header.data_start + tensor.offset
+        if start + size > self.map.size:
+            raise LiteUnavailable(f"tensor {name} lies beyond the end of the file")
+        return tensor, start
+
+    def _matrix(self, name: str, rows: int, cols: int) -> Matrix:
+        tensor, start = self._extent(name)
+        if tensor.dims != (cols, rows):
+            raise LiteUnavailable(f"tensor {name} has shape {list(tensor.dims)}, not [{cols}, {rows}]")
+        try:
+            size = rows * blocks.row_bytes(tensor.kind, cols)
+        except ValueError as exc:
+            raise LiteUnavailable(f"tensor {name}: {exc}") from exc
+        return Matrix(name, tensor.kind, rows, cols, self.map[start : start + size])
+
+    def _vector(self, name: str, size: int) -> Floats:
+        tensor, start = self._extent(name)
+        if tensor.elements != size or len(tensor.dims) != 1:
+            raise LiteUnavailable(f"tensor {name} has shape {list(tensor.dims)}, not [{size}]")
+        data = np.array(self.map[start : start + tensor_bytes(tensor)])
+        return np.ascontiguousarray(blocks.dequantize(self.lib, tensor.kind, data, size))
+
+    # -- what it reads per token
+    @property
+    def weight_bytes(self) -> int:
+        """The tensors' bytes in the file (what a first pass over the model maps in)."""
+        return self.weight_file_bytes
+
+    @property
+    def digest(self) -> str:
+        return f"gguf:{self.file_identity}"
+
+    def describe(self) -> str:
+        kinds: dict[str, int] = {}
+        for layer in self.layers:
+            for matrix in layer.values():
+                name = blocks.type_name(matrix.kind)
+                kinds[name] = kinds.get(name, 0) + 1
+        mix = ", ".join(f"{name} x{count}" for name, count in sorted(kinds.items(), key=lambda item: -item[1]))
+        kernel = {4: "AVX-512 VNNI", 3: "AVX2", 2: "NEON DotProd", 1: "NEON", 0: "scalar"}.get(
+            int(self.lib.hearth_q4_kernel()), "?"
+        )
+        threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
+        return (
+            f"torch-free runtime on the GGUF file's own blocks ({mix}; head {blocks.type_name(self.head.kind)}), "
+            f"{kernel}, int8 activations per 32 values; decode in one C step, prefill in chunks of up to "
+            f"{PREFILL_CHUNK} tokens; {threads}"
+        )
+
+    def _bind_step(self) -> None:
+        config = self.config
+        sizes = {
+            "layers": config.layers,
+            "hidden": config.hidden,
+            "heads": config.heads,
+            "kv_heads": config.kv_heads,
+            "head_dim": config.head_dim,
+            "inter": config.inter,
+            "vocab": config.vocab,
+            "kv_bf16": 1,
+            "threads": self.threads,
+            "rope_pairs": int(self.rope_pairs),
+            "embed_type": self.embedding.kind,
+            "head_type": self.head.kind,
+        }
+        glob = {
+            "embed": self.embedding.pointer,
+            "final_norm": self.final_norm.ctypes.data,
+            "head": self.head.pointer,
+            "inv_freq": config.inv_freq.ctypes.data,
+        }
+        types = [{name: matrix.kind for name, matrix in layer.items()} for layer in self.layers]
+        layers = []
+        for index, layer in enumerate(self.layers):
+            fields: dict[str, int | None] = {name: matrix.pointer for name, matrix in layer.items()}
+            fields["attn_norm"] = self.attn_norms[index].ctypes.data
+            fields["ffn_norm"] = self.mlp_norms[index].ctypes.data
+            for name, bias in self.biases[index].items():
+                fields[f"{name}_bias"] = bias.ctypes.data if bias is not None else None
+            layers.append(fields)
+        self.arguments = blocks.GGStepArguments(self.lib, sizes, config.eps, glob, types, layers)
+
+    def _bind_kv(self, keys: list[int], values: list[int], capacity: int) -> None:
+        self.arguments.bind_kv(keys, values, capacity)
+
+    def _run_step(self, token: int, position: int, logits: Floats) -> int:
+        return self.arguments.run(token, position, logits.ctypes.data)
+
+    # -- prefill's products
+    def _product(self, matrix: Matrix, x: Floats, bias: Floats | None = None) -> Floats:
+        return blocks.matmul(self.lib, matrix.kind, matrix.data, matrix.rows, x, self.threads, bias)
+
+    def _embed(self, ids: Any) -> Floats:
+        row_bytes = blocks.row_bytes(self.embedding.kind, self.config.hidden)
+        out = np.empty((len(ids), self.config.hidden), dtype=np.float32)
+        for slot, token in enumerate(ids):
+            if not 0 <= int(token) < self.config.vocab:
+                raise ValueError(f"token id {token} is outside the model's {self.config.vocab}-token vocabulary")
+            row = self.embedding.data[int(token) * row_bytes : (int(token) + 1) * row_bytes]
+            out[slot] = blocks.dequantize(self.lib, self.embedding.kind, row, self.config.hidden)
+        return out
+
+    def _qkv(self, h: Floats, index: int) -> tuple[Floats, Floats, Floats]:
+        layer, bias = self.layers[index], self.biases[index]
+        return (
+            self._product(layer["q"], h, bias["q"]),
+            self._product(layer["k"], h, bias["k"]),
+            self._product(layer["v"], h, bias["v"]),
+        )
+
+    def _out(self, attended: Floats, index: int) -> Floats:
+        return self._product(self.layers[index]["o"], attended)
+
+    def _mlp(self, h: Floats, index: int) -> Floats:
+        layer = self.layers[index]
+        gate_up = np.concatenate([self._product(layer["gate"], h), self._product(layer["up"], h)], axis=1)
+        return self._product(layer["down"], _silu_times(gate_up, self.config.inter))
+
+    def _lm_head(self, x: Floats) -> Floats:
+        return self._product(self.head, x)
+
+
+def open_gguf_model(path: Path, threads: int | None = None) -> GGUFModel:
+    """The GGUF file at `path` on the torch-free runtime; LiteUnavailable says why not (no kernel for this CPU, an
+    architecture, tensor type or size the runtime does not take, a damaged file)."""
+    library = load_library()
+    if isinstance(library, str):
+        raise LiteUnavailable(library)
+    return GGUFModel(path, library, threads)
+
+
+def gguf_support(path: Path) -> str:
+    """ "" when the torch-free runtime can run this GGUF file, as far as its header tells; else why not (a sentence
+    naming the architecture, feature, tensor and type it does not take)."""
+    try:
+        header = read_gguf_header(path)
+        gguf_config(header)
+        for tensor in header.tensors:
+            tensor_bytes(tensor)
+    except LiteUnavailable as exc:
+        return str(exc)
+    except HearthError as exc:
+        return f"the GGUF file could not be read ({exc})"
+    return ""
+
+
+def resident_weight_bytes(header: GGUFHeader) -> int:
+    """What the model's mapped weights hold once every matrix has been read: each tensor's bytes in the file, to the
+    byte, except an untied input embedding, of which only the rows of the tokens seen are ever read."""
+    tied = not any(tensor.name == "output.weight" for tensor in header.tensors)
+    return sum(
+        tensor_bytes(tensor)
+        for tensor in header.tensors
+        if tensor.kind in blocks.GEOMETRY and (tied or tensor.name != "token_embd.weight")
+    )
+
+
+def file_type_label(header: GGUFHeader) -> str:
+    """The file's type as llama.cpp names it (Q4_K_M, Q8_0, ...), from general.file_type; else its main tensor type."""
+    kind = header.metadata.get("general.file_type")
+    if isinstance(kind, int) and not isinstance(kind, bool):
+        try:
+            from gguf.constants import LlamaFileType
+
+            return LlamaFileType(kind).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except (ImportError, ValueError):
+            pass
+    counts: dict[int, int] = {}
+    for tensor in header.tensors:
+        if len(tensor.dims) == 2:
+            counts[tensor.kind] = counts.get(tensor.kind, 0) + tensor.elements
+    return blocks.type_name(max(counts, key=lambda kind: counts[kind])) if counts else "GGUF"

@@ -1,0 +1,171 @@
+"""The kernel library's GGUF block functions (hearth_gg_* in native/hearth_decode.c): matrices multiplied on the
+quantized blocks of a GGUF file as it lies on disk, in ggml's own formats. Torch-free.
+
+What they compute: activations quantized to int8 per 32 values (finer than llama.cpp's Q8_K), integer dot products
+per 32-value chunk, one fused multiply-add per chunk into float lanes; a row's result depends only on the row and the
+input (bit for bit the same whether it is one of many prefill rows or a lone decode step).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+# ggml's type numbers (gguf.constants.GGMLQuantizationType) of the formats the kernel computes on.
+F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
+TYPE_NAMES = {
+    F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K",
+    BF16: "BF16",
+}  # fmt: skip
+# (values, bytes) per block, as hearth_gg_geometry reports them (checked against it when the library loads)
+GEOMETRY = {
+    F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144),
+    Q5_K: (256, 176), Q6_K: (256, 210),
+}  # fmt: skip
+# hearth_gg_step's argument tables, in the C enums' order (checked against hearth_gg_layout)
+STEP_SIZES = (
+    "layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "kv_bf16", "threads", "rope_pairs",
+    "embed_type", "head_type",
+)  # fmt: skip
+STEP_GLOBALS = ("embed", "final_norm", "head", "inv_freq")
+STEP_TYPES = ("q", "k", "v", "o", "gate", "up", "down")
+STEP_LAYER = (
+    "attn_norm", "ffn_norm", "q", "k", "v", "o", "gate", "up", "down", "q_bias", "k_bias", "v_bias", "k_cache",
+    "v_cache",
+)  # fmt: skip
+
+Floats = npt.NDArray[np.float32]
+
+
+def type_name(kind: int) -> str:
+    """ggml's name for a type number, also for the types the kernel does not compute on."""
+    if kind in TYPE_NAMES:
+        return TYPE_NAMES[kind]
+    try:
+        from gguf.constants import GGMLQuantizationType
+
+        return GGMLQuantizationType(kind).name
+    except (ImportError, ValueError):
+        return f"type {kind}"
+
+
+def row_bytes(kind: int, cols: int) -> int:
+    """Bytes of one row of `cols` values; ValueError when the kernel does not take that type or row length."""
+    if kind not in GEOMETRY:
+        raise ValueError(f"{type_name(kind)} is not a type the kernel computes on")
+    values, size = GEOMETRY[kind]
+    if cols % values or (values > 1 and cols % 32):
+        raise ValueError(f"rows of {cols} values do not divide into {type_name(kind)} blocks of {values}")
+    return cols // values * size
+
+
+def declare(lib: Any) -> str:
+    """Set the hearth_gg_* signatures on a loaded library; "" when its tables match this module, else why not."""
+    pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.hearth_gg_geometry.restype = flag
+    lib.hearth_gg_geometry.argtypes = [flag, pointer]
+    lib.hearth_gg_dequant.restype = flag
+    lib.hearth_gg_dequant.argtypes = [flag, pointer, size, pointer]
+    lib.hearth_gg_matmul.restype = flag
+    lib.hearth_gg_matmul.argtypes = [flag, pointer, size, size, pointer, size, pointer, pointer, flag]
+    lib.hearth_gg_layout.restype = flag
+    lib.hearth_gg_layout.argtypes = [flag]
+    lib.hearth_gg_scratch_floats.restype = size
+    lib.hearth_gg_scratch_floats.argtypes = [pointer, size]
+    lib.hearth_gg_step.restype = flag
+    lib.hearth_gg_step.argtypes = [pointer] * 5 + [size] * 3 + [pointer] * 2
+    layout = tuple(lib.hearth_gg_layout(i) for i in range(4))
+    if layout != (len(STEP_SIZES), len(STEP_GLOBALS), len(STEP_TYPES), len(STEP_LAYER)):
+        return f"its GGUF step layout {layout} does not match this Hearth"
+    found = (ctypes.c_int64 * 2)()
+    for kind, expected in GEOMETRY.items():
+        if lib.hearth_gg_geometry(kind, found) != 0 or (found[0], found[1]) != expected:
+            return f"its {type_name(kind)} block geometry does not match this Hearth"
+    return ""
+
+
+def dequantize(lib: Any, kind: int, data: npt.NDArray[np.uint8], count: int) -> Floats:
+    """`count` values (whole blocks) from the start of `data` as fp32, exactly as ggml's and gguf's dequantizers."""
+    out = np.empty(count, dtype=np.float32)
+    if lib.hearth_gg_dequant(kind, data.ctypes.data, count, out.ctypes.data) != 0:
+        raise ValueError(f"{count} values are not whole {type_name(kind)} blocks")
+    return out
+
+
+def matmul(
+    lib: Any, kind: int, weights: npt.NDArray[np.uint8], rows: int, x: Floats, threads: int, bias: Floats | None = None
+) -> Floats:
+    """x [n, cols] times the GGUF matrix (`rows` rows in `weights`, the tensor's bytes) transposed: [n, rows]."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, cols = x.shape
+    if weights.nbytes < rows * row_bytes(kind, cols):
+        raise ValueError(f"the {type_name(kind)} tensor holds {weights.nbytes} bytes, not {rows} rows of {cols}")
+    out = np.empty((n, rows), dtype=np.float32)
+    code = lib.hearth_gg_matmul(
+        kind, weights.ctypes.data, rows, cols, x.ctypes.data, n, out.ctypes.data,
+        bias.ctypes.data if bias is not None else None, threads,
+    )  # fmt: skip
+    if code == -3:
+        raise MemoryError(f"the GGUF kernel could not allocate its buffers for a {n}-row input")
+    if code != 0:
+        raise ValueError(f"the GGUF kernel refused a {type_name(kind)} matrix of {rows} x {cols} (code {code})")
+    return out
+
+
+class GGStepArguments:
+    """hearth_gg_step's argument arrays for one model (sizes, eps and attention scale, the global pointers, each
+    layer's matrix types and pointers; the K/V slabs bound per cache by `bind_kv`) and its scratch buffer. Whoever
+    builds it keeps every array its pointers point into alive."""
+
+    def __init__(
+        self,
+        lib: Any,
+        sizes: Mapping[str, int],
+        eps: float,
+        glob: Mapping[str, int],
+        types: Sequence[Mapping[str, int]],
+        layers: Sequence[Mapping[str, int | None]],
+    ) -> None:
+        self.lib = lib
+        self.sizes = (ctypes.c_int64 * len(STEP_SIZES))(*(sizes[name] for name in STEP_SIZES))
+        self.floats = (ctypes.c_float * 2)(eps, sizes["head_dim"] ** -0.5)
+        self.glob = (ctypes.c_void_p * len(STEP_GLOBALS))(*(glob[name] for name in STEP_GLOBALS))
+        self.types = (ctypes.c_int64 * (len(STEP_TYPES) * len(types)))(
+            *(layer[name] for layer in types for name in STEP_TYPES)
+        )
+        self.layer_args = (ctypes.c_void_p * (len(STEP_LAYER) * len(layers)))()
+        for index, fields in enumerate(layers):
+            for offset, name in enumerate(STEP_LAYER[:-2]):
+                self.layer_args[index * len(STEP_LAYER) + offset] = fields.get(name)
+        self.capacity = 0
+        self.scratch = np.empty(0, dtype=np.float32)
+
+    def bind_kv(self, keys: Sequence[int], values: Sequence[int], capacity: int) -> None:
+        stride = len(STEP_LAYER)
+        for index, (key, value) in enumerate(zip(keys, values, strict=True)):
+            self.layer_args[index * stride + stride - 2] = key
+            self.layer_args[index * stride + stride - 1] = value
+        needed = int(self.lib.hearth_gg_scratch_floats(ctypes.addressof(self.sizes), capacity))
+        if self.scratch.size < needed:
+            self.scratch = np.empty(needed, dtype=np.float32)
+        self.capacity = capacity
+
+    def run(self, token: int, position: int, logits: int) -> int:
+        return int(
+            self.lib.hearth_gg_step(
+                ctypes.addressof(self.sizes),
+                ctypes.addressof(self.floats),
+                ctypes.addressof(self.glob),
+                ctypes.addressof(self.types),
+                ctypes.addressof(self.layer_args),
+                token,
+                position,
+                self.capacity,
+                logits,
+                self.scratch.ctypes.data,
+            )
+        )
