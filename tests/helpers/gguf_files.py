@@ -219,7 +219,10 @@ def write_gguf(
     _add_tokenizer(writer, tokenizer)
     for tensor_name, (array, kind) in tensors.items():
         qtype = gguf.GGMLQuantizationType(kind)
-        data = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
+        if array.dtype == np.uint8:  # already blocks (K-quants: gguf.quants has no quantizer for them)
+            data = np.ascontiguousarray(array)
+        else:
+            data = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
         writer.add_tensor(tensor_name, data, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -278,3 +281,32 @@ def llama_gguf_tensors(
             kind = f32 if rest.endswith("layernorm.weight") else matrix_type
             tensors[f"blk.{layer}.{_LAYER_NAMES[rest]}"] = (array, kind)
     return tensors
+
+
+def random_blocks(kind: int, rows: int, cols: int, seed: int = 0, scale: float = 0.02) -> np.ndarray:
+    """`rows` rows of `cols` values of ggml type `kind` as block bytes [rows, row bytes]: Q4_0/Q4_1/Q8_0 quantized from
+    normal values, K-quants random bits with their fp16 scales set to sizes a trained model has (random bits would
+    make some of them infinite)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    qtype = gguf.GGMLQuantizationType(kind)
+    values, size = gguf.GGML_QUANT_SIZES[qtype]
+    if qtype.name not in ("Q4_K", "Q5_K", "Q6_K"):
+        weights = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        return np.ascontiguousarray(gguf.quants.quantize(weights, qtype)).reshape(rows, -1)
+    raw = rng.integers(0, 256, size=(rows * cols // values, size), dtype=np.uint8)
+
+    def halves(magnitude: np.ndarray) -> np.ndarray:
+        return magnitude.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+    # d (and dmin) sized so that the largest weight is a few times `scale` and a sub-block's mean offset (d sc q
+    # against dmin m, both random) is near zero, as in a trained model's file.
+    spread = 0.5 + np.abs(rng.standard_normal(raw.shape[0]))
+    if qtype.name == "Q6_K":
+        raw[:, 208:210] = halves(spread * scale / 1300)
+    else:
+        d = spread * scale / (300 if qtype.name == "Q4_K" else 600)
+        raw[:, 0:2] = halves(d)
+        raw[:, 2:4] = halves(d * (7.5 if qtype.name == "Q4_K" else 15.5))
+    return raw.reshape(rows, -1)

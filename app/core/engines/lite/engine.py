@@ -25,7 +25,6 @@ from app.core.fastpath.kernel import ABI as KERNEL_ABI
 
 log = logging.getLogger(__name__)
 
-DECODE_PATH = "lite-q4"  # the stats' and the response cache's name for this engine's steps
 Floats = npt.NDArray[np.float32]
 
 
@@ -175,7 +174,7 @@ class LiteEngine(ReplyEngine):
         self.device_name = "cpu"
         self.polls_memory = True
         self.weights_fingerprint = weights_fingerprint
-        self.decode_path = DECODE_PATH
+        self.decode_path = model.path_name
         self.decode_path_note = model.describe()
         self._process = psutil.Process(os.getpid())
 

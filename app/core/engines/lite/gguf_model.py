@@ -150,6 +150,8 @@ def tensor_bytes(tensor: TensorExtent) -> int:
 class GGUFModel(DecoderRuntime):
     """One GGUF model on the torch-free runtime: prefill and decode on the file's own blocks."""
 
+    path_name = "lite-gguf"
+
     def __init__(self, path: Path, library: NativeLibrary, threads: int | None = None) -> None:
         self.path = path
         try:
@@ -347,6 +349,7 @@ def gguf_support(path: Path) -> str:
     """ "" when the torch-free runtime can run this GGUF file, as far as its header tells; else why not (a sentence
     naming the architecture, feature, tensor and type it does not take)."""
     try:
+        check_gguf_complete(path)
         header = read_gguf_header(path)
         gguf_config(header)
         for tensor in header.tensors:

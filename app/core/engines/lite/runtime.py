@@ -352,6 +352,7 @@ class DecoderRuntime:
     lib: Any
     threads: int
     rope_pairs = False  # RoPE on adjacent pairs (GGUF llama Q/K rows) instead of halves (Hugging Face's)
+    path_name = "lite-q4"  # the stats' and the response cache's name for how its steps run
     attn_norms: list[Floats]
     mlp_norms: list[Floats]
     final_norm: Floats

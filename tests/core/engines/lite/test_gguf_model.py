@@ -1,0 +1,356 @@
+"""The torch-free runtime on a GGUF file's own blocks (app.core.engines.lite.gguf_model): real GGUF files written in
+the test run (llama.cpp's layout, by the `gguf` package) in every format the kernel takes, checked against a float64
+forward of the same file's dequantized tensors and against transformers on the model the file was written from.
+
+Bound: activations are int8 per 32 values and the cache bf16, so logits differ from the exact forward by a few
+percent of their largest value (measured 1-3.5 %); 6 % bounds it, and the greedy token must agree where the
+reference's top two are not a near tie.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.core.engines.backend import LoadRequest
+from app.core.engines.lite.backend import lite_candidate, lite_plan
+from app.core.engines.lite.gguf_model import (
+    GGUFModel,
+    file_type_label,
+    gguf_support,
+    open_gguf_model,
+    resident_weight_bytes,
+)
+from app.core.engines.lite.runtime import LiteUnavailable
+from app.core.fastpath import blocks
+from app.core.models.gguf_meta import read_gguf_header
+from app.core.models.model_source import default_model_gguf
+from tests.helpers.gguf_files import LLAMA_SHAPE, byte_level_bpe, llama_permute, random_blocks, write_gguf
+from tests.helpers.gguf_reference import ReferenceModel
+
+BOUND = 0.06
+SHAPE = {**LLAMA_SHAPE, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4}
+IDS = [5, 17, 99, 3, 250, 8, 41, 77, 12, 300, 6, 2, 150, 33]
+
+
+def relative_error(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def tiny_tensors(
+    matrix: int, *, embedding: int | None = None, head: int | None = None, v_down: int | None = None, seed: int = 0
+) -> tuple[dict[str, tuple[np.ndarray, int]], int]:
+    """A 2-layer llama's tensors in GGUF names: matrices of type `matrix` (attn_v/ffn_down `v_down`, as Q4_K_M
+    mixes them), norms F32, the embedding `embedding` (tied unless `head` is given)."""
+    spec = byte_level_bpe(400)
+    vocab, hidden, inter = len(spec.tokens), SHAPE["hidden_size"], SHAPE["intermediate_size"]
+    hd = hidden // SHAPE["num_attention_heads"]
+    kv = SHAPE["num_key_value_heads"] * hd
+    rng = np.random.default_rng(seed)
+    counter = iter(range(seed * 100, seed * 100 + 100))
+
+    def matrix_of(kind: int, rows: int, cols: int) -> tuple[np.ndarray, int]:
+        if kind in (blocks.F32, blocks.F16):
+            return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), kind
+        return random_blocks(kind, rows, cols, seed=next(counter), scale=0.05), kind
+
+    tensors = {
+        "token_embd.weight": matrix_of(embedding if embedding is not None else matrix, vocab, hidden),
+        "output_norm.weight": ((1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32), blocks.F32),
+    }
+    if head is not None:
+        tensors["output.weight"] = matrix_of(head, vocab, hidden)
+    for index in range(SHAPE["num_hidden_layers"]):
+        p = f"blk.{index}."
+        tensors[p + "attn_norm.weight"] = ((1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32), blocks.F32)
+        tensors[p + "ffn_norm.weight"] = ((1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32), blocks.F32)
+        tensors[p + "attn_q.weight"] = matrix_of(matrix, hidden, hidden)
+        tensors[p + "attn_k.weight"] = matrix_of(matrix, kv, hidden)
+        tensors[p + "attn_v.weight"] = matrix_of(v_down or matrix, kv, hidden)
+        tensors[p + "attn_output.weight"] = matrix_of(matrix, hidden, hidden)
+        tensors[p + "ffn_gate.weight"] = matrix_of(matrix, inter, hidden)
+        tensors[p + "ffn_up.weight"] = matrix_of(matrix, inter, hidden)
+        tensors[p + "ffn_down.weight"] = matrix_of(v_down or matrix, hidden, inter)
+    return tensors, vocab
+
+
+def tiny_gguf(path: Path, matrix: int, **kinds: Any) -> Path:
+    tensors, _ = tiny_tensors(matrix, **kinds)
+    return write_gguf(path, byte_level_bpe(400), tensors, shape=SHAPE)
+
+
+def runtime_logits(model: GGUFModel, ids: list[int], prefilled: int) -> list[np.ndarray]:
+    """The logits after ids[:prefilled] (one prefill), then after each following token (decode steps)."""
+    cache = model.new_cache()
+    logits = [model.prefill(ids[:prefilled], cache)]
+    logits += [model.step(token, cache) for token in ids[prefilled:-1]]
+    return logits
+
+
+def assert_agrees(model: GGUFModel, reference: np.ndarray, ids: list[int], prefilled: int = 6) -> None:
+    for offset, logits in enumerate(runtime_logits(model, ids, prefilled)):
+        position = prefilled - 1 + offset
+        expected = reference[position]
+        assert relative_error(logits, expected) < BOUND, f"position {position}"
+        top_two = np.sort(expected)[-2:]
+        if top_two[1] - top_two[0] > 0.02 * np.abs(expected).max():
+            assert logits.argmax() == expected.argmax(), f"position {position}"
+
+
+MIXES = {
+    "Q4_0": {"matrix": blocks.Q4_0},
+    "Q4_1": {"matrix": blocks.Q4_1, "embedding": blocks.Q8_0},
+    "Q8_0": {"matrix": blocks.Q8_0},
+    "Q4_K_M": {"matrix": blocks.Q4_K, "v_down": blocks.Q6_K, "embedding": blocks.Q6_K},
+    "Q5_K_M": {"matrix": blocks.Q5_K, "v_down": blocks.Q6_K, "embedding": blocks.Q6_K},
+    "Q6_K": {"matrix": blocks.Q6_K},
+    "F16 untied": {"matrix": blocks.F16, "embedding": blocks.F32, "head": blocks.F16},
+    "Q4_K untied Q6_K head": {"matrix": blocks.Q4_K, "embedding": blocks.Q4_K, "head": blocks.Q6_K},
+}
+
+
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_each_format_runs_on_its_own_blocks_as_the_exact_forward(mix: str, tmp_path: Path) -> None:
+    path = tiny_gguf(tmp_path / "tiny.gguf", **MIXES[mix])
+    model = open_gguf_model(path)
+    try:
+        assert_agrees(model, ReferenceModel(path).logits(IDS), IDS)
+    finally:
+        model.close()
+
+
+def hf_tiny(architecture: str, seed: int = 0) -> tuple[Any, dict[str, Any]]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = {
+        "vocab_size": len(byte_level_bpe(400).tokens),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": architecture == "llama",
+    }
+    config = AutoConfig.for_model(architecture, **shape)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # norms away from 1, biases away from 0, so getting them wrong shows
+        for name, parameter in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    return model, shape
+
+
+def hf_to_gguf(model: Any, shape: dict[str, Any], architecture: str) -> dict[str, tuple[np.ndarray, int]]:
+    """What llama.cpp's converter writes for the model: its names, llama's Q/K rows interleaved (qwen2's kept)."""
+    names = {
+        "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    }  # fmt: skip
+    tensors: dict[str, tuple[np.ndarray, int]] = {}
+    for name, value in model.state_dict().items():
+        array = value.float().numpy()
+        if name == "model.embed_tokens.weight":
+            tensors["token_embd.weight"] = (array, blocks.F32)
+        elif name == "model.norm.weight":
+            tensors["output_norm.weight"] = (array, blocks.F32)
+        elif name == "lm_head.weight":
+            if not shape["tie_word_embeddings"]:
+                tensors["output.weight"] = (array, blocks.F32)
+        else:
+            layer, rest = name[len("model.layers.") :].split(".", 1)
+            module, kind = rest.rsplit(".", 1)
+            if architecture == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
+                heads = shape["num_attention_heads"] if "q_proj" in module else shape["num_key_value_heads"]
+                array = llama_permute(array, heads)
+            tensors[f"blk.{layer}.{names[module]}.{kind}"] = (array, blocks.F32)
+    return tensors
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_a_file_converted_from_transformers_gives_transformers_logits(architecture: str, tmp_path: Path) -> None:
+    """llama's Q/K rows as llama.cpp interleaves them run with RoPE on pairs, qwen2's (kept, with biases) on halves:
+    the same logits as transformers on the model the file came from."""
+    import torch
+
+    model, shape = hf_tiny(architecture)
+    path = write_gguf(
+        tmp_path / f"{architecture}.gguf", byte_level_bpe(400), hf_to_gguf(model, shape, architecture),
+        arch=architecture, shape=shape,
+    )  # fmt: skip
+    with torch.no_grad():
+        expected = model(torch.tensor([IDS])).logits[0].numpy()
+    runtime = open_gguf_model(path)
+    try:
+        assert runtime.rope_pairs == (architecture == "llama")
+        assert_agrees(runtime, expected, IDS)
+    finally:
+        runtime.close()
+
+
+def test_llama3_rope_factors_are_read_from_the_file(tmp_path: Path) -> None:
+    tensors, _ = tiny_tensors(blocks.Q8_0)
+    half = SHAPE["hidden_size"] // SHAPE["num_attention_heads"] // 2
+    factors = np.linspace(1, 8, half, dtype=np.float32)
+    tensors["rope_freqs.weight"] = (factors, blocks.F32)
+    path = write_gguf(tmp_path / "llama3.gguf", byte_level_bpe(400), tensors, shape=SHAPE)
+    model = open_gguf_model(path)
+    try:
+        plain = np.float32(1.0) / np.float32(SHAPE["rope_theta"]) ** (np.arange(0, 2 * half, 2) / (2 * half))
+        assert np.allclose(model.config.inv_freq, plain / factors, rtol=1e-6)
+        assert_agrees(model, ReferenceModel(path).logits(IDS), IDS)
+    finally:
+        model.close()
+
+
+def test_a_decode_step_continues_a_prefill_as_a_longer_prefill_would(tmp_path: Path) -> None:
+    model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K))
+    try:
+        whole = model.prefill(IDS, model.new_cache())
+        cache = model.new_cache()
+        model.prefill(IDS[:-1], cache)
+        stepped = model.step(IDS[-1], cache)
+        assert relative_error(stepped, whole) < 0.03 and stepped.argmax() == whole.argmax()
+        with pytest.raises(ValueError, match="token id 5000 is outside the model's 404-token vocabulary"):
+            model.step(5000, cache)
+        with pytest.raises(ValueError, match="token id -1 is outside"):
+            model.prefill([-1], model.new_cache())
+    finally:
+        model.close()
+
+
+def test_the_default_model_runs_from_its_shipped_file() -> None:
+    path = default_model_gguf()
+    model = open_gguf_model(path)
+    try:
+        ids = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 2, 198, 1, 4093, 198]
+        assert_agrees(model, ReferenceModel(path).logits(ids), ids, prefilled=10)
+        assert "Q4_1 x210; head Q8_0" in model.describe()
+        assert model.weight_bytes == resident_weight_bytes(model.header)  # tied: the whole file's tensors
+    finally:
+        model.close()
+
+
+def write_with(tmp_path: Path, name: str, **changes: Any) -> Path:
+    tensors, _ = tiny_tensors(blocks.Q8_0)
+    shape = {**SHAPE, **changes.pop("shape", {})}
+    for tensor, value in changes.pop("tensors", {}).items():
+        if value is None:
+            tensors.pop(tensor)
+        else:
+            tensors[tensor] = value
+    return write_gguf(tmp_path / name, byte_level_bpe(400), tensors, shape=shape, **changes)
+
+
+def test_what_the_runtime_does_not_take_is_named(tmp_path: Path) -> None:
+    import gguf
+
+    assert gguf_support(write_with(tmp_path, "ok.gguf")) == ""
+    gemma = write_with(tmp_path, "gemma.gguf", arch="gemma3")
+    assert "not 'gemma3'" in gguf_support(gemma)
+    q5_0 = int(gguf.GGMLQuantizationType.Q5_0)
+    odd = write_with(tmp_path, "q5.gguf", tensors={"blk.1.ffn_up.weight": (np.zeros((512, 256), np.float32), q5_0)})
+    assert gguf_support(odd).startswith("tensor blk.1.ffn_up.weight is Q5_0, a type the kernel does not compute on")
+    missing = write_with(tmp_path, "missing.gguf", tensors={"blk.0.ffn_gate.weight": None})
+    with pytest.raises(LiteUnavailable, match=r"the file has no tensor blk\.0\.ffn_gate\.weight"):
+        open_gguf_model(missing)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("block_count", 1_000_000_000, r"block_count is 1000000000, outside 1\.\.1024"),
+        ("embedding_length", 10**7, r"embedding_length is 10000000, outside 32\.\.262144"),
+        ("attention.head_count_kv", 3, r"4 query heads do not divide into 3 key/value heads"),
+        ("rope.freq_base", float("nan"), r"rope\.freq_base is nan, not a positive number"),
+    ],
+)
+def test_a_hostile_header_is_refused_before_anything_is_sized_from_it(
+    key: str, value: Any, message: str, tmp_path: Path
+) -> None:
+    path = write_with(tmp_path, "hostile.gguf")
+    header = read_gguf_header(path)
+    forged = type(header)({**header.metadata, f"llama.{key}": value}, header.tensor_names, header.tensors, 0)
+    from app.core.engines.lite.gguf_model import gguf_config
+
+    with pytest.raises(LiteUnavailable, match=message):
+        gguf_config(forged)
+
+
+def test_a_cut_short_file_is_named_before_its_tensors_are_read(tmp_path: Path) -> None:
+    path = write_with(tmp_path, "cut.gguf")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(LiteUnavailable, match=r"cut\.gguf is an incomplete GGUF file"):
+        open_gguf_model(path)
+    assert "incomplete GGUF file" in gguf_support(path)
+
+
+def test_a_load_writes_nothing_but_a_small_tokenizer_file_and_plans_the_files_bytes(
+    isolated_cache: Path, tmp_path: Path
+) -> None:
+    path = tiny_gguf(tmp_path / "plain.gguf", blocks.Q4_K, v_down=blocks.Q6_K, embedding=blocks.Q6_K)
+    request = LoadRequest(model=str(path), quantization="auto", device="cpu")
+    candidate = lite_candidate(request)
+    assert not isinstance(candidate, str) and candidate.gguf == path
+    plan = lite_plan(request)
+    assert not isinstance(plan, str)
+    header = read_gguf_header(path)
+    expected = sum(
+        blocks.row_bytes(tensor.kind, tensor.dims[0]) * (tensor.elements // tensor.dims[0]) for tensor in header.tensors
+    )
+    assert plan.weights_bytes == expected  # tied: every tensor, to the byte
+    assert plan.quantization == file_type_label(header)
+    from app.core.engines.opening import open_backend
+
+    backend = open_backend(request)
+    try:
+        assert backend.info.quantization == plan.quantization
+        # besides the compiled kernel and the response cache's database: the tokenizer's JSON, and nothing else
+        written = [
+            p for p in isolated_cache.rglob("*") if p.is_file() and "native" not in p.parts and "sqlite" not in p.name
+        ]
+        assert [p.parent.name for p in written if p.suffix == ".json"] == ["gguf-tokenizers"], written
+        assert sum(p.stat().st_size for p in written if p.suffix == ".json") < 0.05 * path.stat().st_size
+    finally:
+        backend.close()
+
+
+def test_a_reply_from_the_default_gguf_never_imports_torch(tmp_path: Path) -> None:
+    """The whole load path of the window and the command line, in a fresh process, on the shipped file: the runtime
+    on its blocks answers, and torch was never imported. (What it answers is checked against the exact forward
+    above: the default model's first token here is a near tie, 0.4 % of the logits apart.)"""
+    script = (
+        "import json, sys, threading\n"
+        "from app.core.engines.backend import LoadRequest, ReplyRequest\n"
+        "from app.core.engines.opening import open_backend\n"
+        "from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent\n"
+        "from app.core.chat.sampling import SamplingParams\n"
+        "backend = open_backend(LoadRequest(None, device='cpu', response_cache=False))\n"
+        "request = ReplyRequest([ChatMessage('user', 'What is 2 + 2?')],\n"
+        "                       SamplingParams(temperature=0, max_new_tokens=12))\n"
+        "events = list(backend.generate(request, threading.Event()))\n"
+        "stats = next(e for e in events if isinstance(e, StatsEvent)).stats\n"
+        "print(json.dumps([type(backend).__name__, stats.decode_path, backend.info.quantization, events[-1].text,\n"
+        "                  events[-1].finish_reason, 'torch' in sys.modules]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False,
+        cwd=Path(__file__).resolve().parents[4],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    name, path, quantization, text, finish, imported = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (name, path, quantization) == ("LiteBackend", "lite-gguf", "Q4_1")
+    assert text.strip() and finish in ("stop", "length")
+    assert imported is False

@@ -1,0 +1,157 @@
+"""The GGUF block kernels (hearth_gg_*): every format against gguf.quants (ggml's reference in numpy) on every x86
+build this CPU runs.
+
+- Dequantization is bit for bit gguf.quants' (every product in it is exact in fp32).
+- Products agree with the exact product of the dequantized weights and the input within the int8 activation bound:
+  activations are quantized per 32 values to int8 (a step of max|x| / 127), so each chunk's error is at most half a
+  step times the chunk's sum of |w|; 2 % of the largest output bounds it on these inputs with room.
+- A row's result is the same bits whether its input is one of many (prefill) or alone (a decode step), in any tile
+  and with any thread count: what makes a reused prefix, a batch and a lone request agree.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+
+from app.core.fastpath import blocks, kernel
+from tests.core.test_native_arm import FLAGS, KERNEL_DIR, X86_BUILDS
+from tests.helpers.gguf_files import random_blocks
+
+TYPES = [blocks.Q4_0, blocks.Q4_1, blocks.Q8_0, blocks.Q4_K, blocks.Q5_K, blocks.Q6_K]
+FLOAT_TYPES = [blocks.F32, blocks.F16, blocks.BF16]
+PRODUCT_BOUND = 0.02
+
+
+def float_blocks(kind: int, rows: int, cols: int, seed: int = 1) -> np.ndarray:
+    values = (np.random.default_rng(seed).standard_normal((rows, cols)) * 0.05).astype(np.float32)
+    if kind == blocks.F32:
+        return values.view(np.uint8).reshape(rows, -1)
+    return np.ascontiguousarray(quants.quantize(values, GGMLQuantizationType(kind))).view(np.uint8).reshape(rows, -1)
+
+
+def weights_of(kind: int, rows: int, cols: int) -> np.ndarray:
+    return float_blocks(kind, rows, cols) if kind in FLOAT_TYPES else random_blocks(kind, rows, cols, seed=kind)
+
+
+def reference(kind: int, data: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    return quants.dequantize(data, GGMLQuantizationType(kind)).reshape(rows, cols).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def lib() -> Any:
+    library = kernel.load_library()
+    if isinstance(library, str):
+        pytest.skip(f"no kernel library here: {library}")
+    return library.lib
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The kernel built as each shipped x86 target this CPU can run (the AVX-512 VNNI, AVX2 and scalar code)."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if kernel.machine_arch() != "x86_64" or compiler is None:
+        pytest.skip("the x86 builds need an x86-64 CPU and gcc")
+    folder = tmp_path_factory.mktemp("builds")
+    found: dict[str, Any] = {}
+    for name, (flags, needs, _) in X86_BUILDS.items():
+        if needs - kernel.cpu_flags():
+            continue
+        target = folder / f"hearth-{name}.so"
+        command = [compiler, *FLAGS, *flags, "-shared", "-fPIC", "-o", str(target), str(KERNEL_DIR / "hearth_decode.c")]
+        result = subprocess.run([*command, "-lm"], capture_output=True, text=True, timeout=180, check=False)
+        assert result.returncode == 0, result.stderr
+        library = ctypes.CDLL(str(target))
+        assert blocks.declare(library) == ""
+        found[name] = library
+    return found
+
+
+@pytest.mark.parametrize("kind", TYPES + FLOAT_TYPES, ids=blocks.type_name)
+def test_dequantization_is_ggml_s_bit_for_bit(kind: int, builds: dict[str, Any]) -> None:
+    rows, cols = 5, 512
+    data = weights_of(kind, rows, cols)
+    expected = reference(kind, data, rows, cols)
+    for name, library in builds.items():
+        out = blocks.dequantize(library, kind, data.reshape(-1), rows * cols).reshape(rows, cols)
+        assert np.array_equal(out.view(np.uint32), expected.view(np.uint32)), name
+
+
+@pytest.mark.parametrize("kind", TYPES + FLOAT_TYPES, ids=blocks.type_name)
+def test_products_agree_with_the_exact_product_in_every_build(kind: int, builds: dict[str, Any]) -> None:
+    rows, cols, n = 37, 768, 6
+    data = weights_of(kind, rows, cols)
+    x = np.random.default_rng(2).standard_normal((n, cols)).astype(np.float32)
+    bias = np.linspace(-1, 1, rows, dtype=np.float32)
+    exact = x.astype(np.float64) @ reference(kind, data, rows, cols).astype(np.float64).T + bias
+    bound = 1e-5 if kind in FLOAT_TYPES else PRODUCT_BOUND
+    for name, library in builds.items():
+        y = blocks.matmul(library, kind, data.reshape(-1), rows, x, threads=2, bias=bias)
+        error = np.abs(y - exact).max() / np.abs(exact).max()
+        assert error < bound, f"{name}: {error}"
+
+
+@pytest.mark.parametrize("kind", TYPES + FLOAT_TYPES, ids=blocks.type_name)
+def test_a_rows_result_does_not_depend_on_its_batch_tile_or_threads(kind: int, builds: dict[str, Any]) -> None:
+    rows, cols, n = 21, 512, 7  # 7 inputs: one tile of 4 and three alone
+    data = weights_of(kind, rows, cols).reshape(-1)
+    x = np.random.default_rng(3).standard_normal((n, cols)).astype(np.float32)
+    for name, library in builds.items():
+        together = blocks.matmul(library, kind, data, rows, x, threads=2)
+        for k in range(n):
+            alone = blocks.matmul(library, kind, data, rows, x[k : k + 1], threads=1)[0]
+            assert np.array_equal(alone, together[k]), f"{name}, input {k}"
+        shifted = blocks.matmul(library, kind, data, rows, x[3:], threads=2)
+        assert np.array_equal(shifted, together[3:]), name
+
+
+def test_the_simd_builds_agree_with_the_scalar_loops(builds: dict[str, Any]) -> None:
+    """Integer dot products are exact everywhere; the float sums run in another order per build: close, not equal."""
+    if "scalar" not in builds or len(builds) < 2:
+        pytest.skip("needs the scalar build and a SIMD one")
+    rows, cols = 16, 1024
+    x = np.random.default_rng(4).standard_normal((3, cols)).astype(np.float32)
+    for kind in TYPES:
+        data = weights_of(kind, rows, cols).reshape(-1)
+        scalar = blocks.matmul(builds["scalar"], kind, data, rows, x, threads=1)
+        for name, library in builds.items():
+            y = blocks.matmul(library, kind, data, rows, x, threads=1)
+            assert np.abs(y - scalar).max() <= 1e-5 * np.abs(scalar).max(), (name, blocks.type_name(kind))
+
+
+def test_an_odd_number_of_blocks_is_handled(lib: Any) -> None:
+    """576 values = 18 blocks of 32 (SmolLM2's width): the AVX-512 path's pairs end with a lone block."""
+    rows, cols = 9, 32 * 9
+    for kind in (blocks.Q4_0, blocks.Q4_1, blocks.Q8_0):
+        data = weights_of(kind, rows, cols)
+        x = np.random.default_rng(5).standard_normal((2, cols)).astype(np.float32)
+        exact = x.astype(np.float64) @ reference(kind, data, rows, cols).astype(np.float64).T
+        y = blocks.matmul(lib, kind, data.reshape(-1), rows, x, threads=2)
+        assert np.abs(y - exact).max() / np.abs(exact).max() < PRODUCT_BOUND
+
+
+def test_types_and_shapes_it_does_not_take_are_refused_by_name(lib: Any) -> None:
+    with pytest.raises(ValueError, match="Q5_0 is not a type the kernel computes on"):
+        blocks.row_bytes(int(GGMLQuantizationType.Q5_0), 256)
+    with pytest.raises(ValueError, match="rows of 96 values do not divide into Q4_K blocks of 256"):
+        blocks.row_bytes(blocks.Q4_K, 96)
+    data = weights_of(blocks.Q4_0, 4, 64).reshape(-1)
+    with pytest.raises(ValueError, match="holds 144 bytes, not 8 rows of 64"):
+        blocks.matmul(lib, blocks.Q4_0, data, 8, np.zeros((1, 64), np.float32), threads=1)
+    with pytest.raises(ValueError, match="are not whole Q4_K blocks"):
+        blocks.dequantize(lib, blocks.Q4_K, np.zeros(144, np.uint8), 100)
+    assert blocks.type_name(int(GGMLQuantizationType.IQ4_XS)) == "IQ4_XS"
+
+
+def test_the_library_reports_the_block_geometry_python_assumes(lib: Any) -> None:
+    assert blocks.declare(lib) == ""
+    for kind, (values, size) in blocks.GEOMETRY.items():
+        assert (values, size) == quants.GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    assert Path(KERNEL_DIR / "hearth_decode.c").is_file()
