@@ -51,16 +51,11 @@ def run(args: argparse.Namespace) -> int:
     cpu_free = _size("--cpu-free", args.cpu_free)
     if args.context is not None and args.context < 1:
         raise InvalidSettingError(f"--context must be at least 1 token (got {args.context}).")
-    from app.core.memory.planner import plan_memory
+    from app.core.engines.backend import LoadRequest
+    from app.core.engines.opening import plan_load
 
-    plan = plan_memory(
-        args.model,
-        quantization=args.quant,
-        context=args.context,
-        device=args.device,
-        free_bytes=free,
-        cpu_free_bytes=cpu_free,
-    )
+    request = LoadRequest(args.model, quantization=args.quant, device=args.device, context_length=args.context)
+    plan = plan_load(request, free, cpu_free)
     if args.json:
         print(json.dumps(plan.to_json_dict()))
     else:

@@ -80,23 +80,11 @@ Planner = Callable[[LoadRequest], Any]  # returns the planner's MemoryPlan; rais
 
 
 def default_planner(request: LoadRequest) -> Any:
-    """The plan of the runtime the load will take: the torch-free runtime's own figures where it will take it (no
-    torch imported, so choosing a model does not cost the process torch's memory), else the memory planner's
-    (imports torch: only ever called in the worker thread)."""
-    from app.core.engines.lite.backend import lite_plan
+    """The plan of the runtime the load will take (app.core.engines.opening.plan_load: imports torch only where the
+    torch-free runtime does not take the model, and this is only ever called in the worker thread)."""
+    from app.core.engines.opening import plan_load
 
-    plan = lite_plan(request)
-    if not isinstance(plan, str):
-        return plan
-    from app.core.memory.planner import plan_memory
-    from app.core.models.model_source import resolve_model
-
-    return plan_memory(
-        resolve_model(request.model),
-        quantization=request.quantization,
-        context=request.context_length,
-        device=request.device,
-    )
+    return plan_load(request)
 
 
 class InferenceWorker(QObject):

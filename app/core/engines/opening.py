@@ -13,6 +13,7 @@ import threading
 
 from app.core.engines.backend import ChatBackend, LoadRequest, ProgressCallback
 from app.core.engines.lite.backend import LiteRefused, open_lite_backend, runtime_choice
+from app.core.memory.types import MemoryPlan
 
 log = logging.getLogger(__name__)
 
@@ -41,3 +42,29 @@ def open_backend(
     from app.core.engines.local import open_engine_backend
 
     return open_engine_backend(request, progress, cancel)
+
+
+def plan_load(request: LoadRequest, free_bytes: int | None = None, cpu_free_bytes: int | None = None) -> MemoryPlan:
+    """The memory plan of the runtime this load will take: the torch-free runtime's own figures where it takes the
+    model (a GGUF file's blocks to the byte; no torch imported), else the memory planner's (imports torch). What the
+    window shows before loading and what `hearth plan` prints. HearthError for the user's errors."""
+    from app.core.engines.lite.backend import lite_plan
+
+    plan = lite_plan(request, free_bytes)
+    if not isinstance(plan, str):
+        return plan
+    from app.core.models.model_source import read_config, resolve_model
+
+    source = resolve_model(request.model) if request.model is None or not request.model.endswith(".json") else None
+    if source is not None and source.kind != "gguf" and (source.path / "config.json").is_file():
+        read_config(source.path)  # a damaged or hostile config is refused here, before torch is imported
+    from app.core.memory.planner import plan_memory
+
+    return plan_memory(
+        request.model,
+        quantization=request.quantization,
+        context=request.context_length,
+        device=request.device,
+        free_bytes=free_bytes,
+        cpu_free_bytes=cpu_free_bytes,
+    )

@@ -32,7 +32,7 @@ from app.core.models import bnb_cpu, gguf_cache
 from app.core.models.attention import attention_shape
 from app.core.models.dtypes import FLOAT_DTYPES
 from app.core.models.gguf_meta import config_dict_from_gguf
-from app.core.models.model_source import ModelSource, resolve_model
+from app.core.models.model_source import ModelSource, check_config_sizes, resolve_model
 from app.core.models.quant import (
     is_4bit,
     is_bitsandbytes,
@@ -172,6 +172,7 @@ def _config_from_dict(data: dict[str, Any], where: str) -> Any:
     model_type = data.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise CorruptModelError(f"{where} has no model_type: it is not a transformers model config.")
+    check_config_sizes(data, where)  # before anything is built from it
     if model_type not in CONFIG_MAPPING:
         raise UnsupportedModelError(
             f"{where}: model type {model_type!r} is not supported by this transformers version "

@@ -143,6 +143,38 @@ def check_folder_weights(folder: Path, *, allow_pickle: bool) -> list[Path]:
     raise ModelNotFoundError(f"{folder} has a config.json but no weights (*.safetensors).")
 
 
+# Bounds on a config's sizes: far above any published model, far below what makes building or planning it hang or
+# run out of memory (a hostile config.json must be refused before anything is sized from it).
+CONFIG_SIZE_LIMITS = {
+    "num_hidden_layers": 1024,
+    "hidden_size": 1 << 18,
+    "intermediate_size": 1 << 20,
+    "moe_intermediate_size": 1 << 20,
+    "vocab_size": 1 << 22,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "head_dim": 4096,
+    "max_position_embeddings": 1 << 24,
+    "num_local_experts": 1024,
+    "num_experts": 1024,
+}
+
+
+def check_config_sizes(data: dict[str, object], where: str) -> None:
+    """CorruptModelError naming the field and its limit for a size that is not a whole number in range (the
+    config's own and its text_config's)."""
+    scopes = [data] + [scope for scope in (data.get("text_config"),) if isinstance(scope, dict)]
+    for scope in scopes:
+        for key, limit in CONFIG_SIZE_LIMITS.items():
+            value = scope.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise CorruptModelError(f"{where}: {key} is {value!r}, not a whole number (at most {limit:,}).")
+            if not 1 <= value <= limit:
+                raise CorruptModelError(f"{where}: {key} is {value:,}, outside the supported range 1 to {limit:,}.")
+
+
 def read_config(folder: Path) -> dict[str, object]:
     try:
         data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -152,6 +184,7 @@ def read_config(folder: Path) -> dict[str, object]:
         raise CorruptModelError(f"{folder / 'config.json'} is not valid JSON: {exc}.") from exc
     if not isinstance(data, dict):
         raise CorruptModelError(f"{folder / 'config.json'} does not hold a JSON object.")
+    check_config_sizes(data, str(folder / "config.json"))
     return data
 
 

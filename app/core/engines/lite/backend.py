@@ -38,6 +38,7 @@ from app.core.engines.lite.gguf_model import (
     gguf_config,
     gguf_support,
     open_gguf_model,
+    parameter_counts,
     resident_weight_bytes,
 )
 from app.core.engines.lite.runtime import (
@@ -146,7 +147,7 @@ def lite_candidate(request: LoadRequest) -> LiteCandidate | str:
     return LiteCandidate(source, source.path, packed, notices)
 
 
-def lite_plan(request: LoadRequest) -> MemoryPlan | str:
+def lite_plan(request: LoadRequest, free_bytes: int | None = None) -> MemoryPlan | str:
     """The memory plan of the torch-free runtime for this request (what the window shows before loading), read from
     the config and the packed copy's size without opening the model; else why the runtime would not take it."""
     candidate = lite_candidate(request)
@@ -157,21 +158,30 @@ def lite_plan(request: LoadRequest) -> MemoryPlan | str:
             header = read_gguf_header(candidate.gguf)
             config, _ = gguf_config(header)
             weights, label = resident_weight_bytes(header), file_type_label(header)
+            counts = parameter_counts(header)
         else:
             assert candidate.folder is not None and candidate.packed is not None
             config = LiteConfig.read(candidate.folder)
-            weights, label = config.weight_bytes(candidate.packed.stat().st_size), ""
+            weights, label, counts = config.weight_bytes(candidate.packed.stat().st_size), "", (0, 0)
     except (LiteUnavailable, HearthError, OSError) as exc:
         return str(exc)
     window = min(config.context_window, request.context_length or config.context_window)
-    return memory_plan(candidate.source.display_name, config, weights, window, label)
+    return memory_plan(candidate.source.display_name, config, weights, window, label, free_bytes, counts)
 
 
-def memory_plan(name: str, config: LiteConfig, weights: int, window: int, gguf_type: str = "") -> MemoryPlan:
+def memory_plan(
+    name: str,
+    config: LiteConfig,
+    weights: int,
+    window: int,
+    gguf_type: str = "",
+    free_bytes: int | None = None,
+    parameters: tuple[int, int] = (0, 0),
+) -> MemoryPlan:
     """The planner's plan for this runtime's own figures: the weights as mapped (a GGUF file's tensors to the byte,
     or the packed copy and norms), a bf16 KV cache, one prefill chunk's activations and the runtime's floor, against
     the memory available now. `gguf_type`: the GGUF file's type (e.g. Q4_K_M), "" for a packed copy."""
-    free = int(psutil.virtual_memory().available)
+    free = int(psutil.virtual_memory().available) if free_bytes is None else free_bytes
     per_token = config.kv_bytes_per_token
     activations = PREFILL_CHUNK * (2 * config.inter + 3 * config.hidden + config.heads * config.head_dim) * 4 * 3
     runtime = RUNTIME_FLOOR_BYTES
@@ -185,8 +195,8 @@ def memory_plan(name: str, config: LiteConfig, weights: int, window: int, gguf_t
         device="cpu",
         context=window,
         model_max_context=config.context_window,
-        parameters=0,
-        quantized_parameters=0,
+        parameters=parameters[0],
+        quantized_parameters=parameters[1],
         weights_bytes=weights,
         weights_by_device={"cpu": weights},
         kv_bytes_per_token=per_token,
@@ -199,7 +209,7 @@ def memory_plan(name: str, config: LiteConfig, weights: int, window: int, gguf_t
         overhead={"prefill activations": activations, "runtime (Python, numpy, tokenizer)": runtime},
         total_bytes=total,
         free_bytes=free,
-        free_source="measured",
+        free_source="measured" if free_bytes is None else "stated",
         free_after_bytes=free - total,
         fits="yes" if total <= free else "no",
         max_context=room,

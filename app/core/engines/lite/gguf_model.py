@@ -387,3 +387,9 @@ def file_type_label(header: GGUFHeader) -> str:
         if len(tensor.dims) == 2:
             counts[tensor.kind] = counts.get(tensor.kind, 0) + tensor.elements
     return blocks.type_name(max(counts, key=lambda kind: counts[kind])) if counts else "GGUF"
+
+
+def parameter_counts(header: GGUFHeader) -> tuple[int, int]:
+    """(every weight, the quantized ones): what the plan's parameters line shows."""
+    quantized = sum(tensor.elements for tensor in header.tensors if blocks.GEOMETRY.get(tensor.kind, (32, 0))[0] > 1)
+    return header.parameters, quantized

@@ -31,6 +31,7 @@ import psutil
 from threadpoolctl import ThreadpoolController
 
 from app.core.engines.kv_pool import shared_prefix
+from app.core.errors import HearthError
 from app.core.fastpath import integrity
 from app.core.fastpath.kernel import (
     HEAD_RECORD,
@@ -48,6 +49,7 @@ from app.core.fastpath.kernel import (
 from app.core.fastpath.packed_cache import packed_cache_file
 from app.core.fastpath.positioned import read_exactly_at
 from app.core.models.attention import AttentionShape, attention_shape
+from app.core.models.model_source import check_config_sizes
 from app.core.models.safetensors_header import StoredTensor, read_header
 
 PREFILL_CHUNK = 256  # rows a prefill call takes at most: bounds the activations' peak (the kernel is as fast at 64)
@@ -117,6 +119,10 @@ class LiteConfig:
         config = raw.get("text_config", raw) if isinstance(raw, dict) else {}
         if not isinstance(config, dict):
             raise LiteUnavailable("its config.json is not a JSON object")
+        try:
+            check_config_sizes(raw, str(folder / "config.json"))
+        except HearthError as exc:
+            raise LiteUnavailable(str(exc)) from exc
         model_type = str(config.get("model_type", ""))
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise LiteUnavailable(f"the runtime implements {', '.join(SUPPORTED_MODEL_TYPES)}, not {model_type!r}")
