@@ -2,9 +2,10 @@
 build this CPU runs.
 
 - Dequantization is bit for bit gguf.quants' (every product in it is exact in fp32).
-- Products agree with the exact product of the dequantized weights and the input within the int8 activation bound:
-  activations are quantized per 32 values to int8 (a step of max|x| / 127), so each chunk's error is at most half a
-  step times the chunk's sum of |w|; 2 % of the largest output bounds it on these inputs with room.
+- Products agree with the exact product of the dequantized weights and the input within the activation bound: inputs
+  are quantized per 32 values to int8 (a step of max|x| / 127) or, precise, to 15 bits (max|x| / 32512), so each
+  chunk's error is at most half a step times the chunk's sum of |w|; 2 % (int8) and 0.02 % (15 bits) of the largest
+  output bound it on these inputs with room.
 - A row's result is the same bits whether its input is one of many (prefill) or alone (a decode step), in any tile
   and with any thread count: what makes a reused prefix, a batch and a lone request agree.
 """
@@ -25,9 +26,10 @@ from app.core.fastpath import blocks, kernel
 from tests.core.test_native_arm import FLAGS, KERNEL_DIR, X86_BUILDS
 from tests.helpers.gguf_files import random_blocks
 
-TYPES = [blocks.Q4_0, blocks.Q4_1, blocks.Q8_0, blocks.Q4_K, blocks.Q5_K, blocks.Q6_K]
+TYPES = [blocks.Q4_0, blocks.Q4_1, blocks.Q5_0, blocks.Q5_1, blocks.Q8_0, blocks.Q4_K, blocks.Q5_K, blocks.Q6_K]
 FLOAT_TYPES = [blocks.F32, blocks.F16, blocks.BF16]
-PRODUCT_BOUND = 0.02
+PRODUCT_BOUND = 0.02  # int8 inputs
+PRECISE_BOUND = 2e-4  # 15-bit inputs: a step 256 times finer
 
 
 def float_blocks(kind: int, rows: int, cols: int, seed: int = 1) -> np.ndarray:
@@ -84,31 +86,36 @@ def test_dequantization_is_ggml_s_bit_for_bit(kind: int, builds: dict[str, Any])
         assert np.array_equal(out.view(np.uint32), expected.view(np.uint32)), name
 
 
+@pytest.mark.parametrize("precise", [False, True], ids=["int8", "15-bit"])
 @pytest.mark.parametrize("kind", TYPES + FLOAT_TYPES, ids=blocks.type_name)
-def test_products_agree_with_the_exact_product_in_every_build(kind: int, builds: dict[str, Any]) -> None:
+def test_products_agree_with_the_exact_product_in_every_build(kind: int, precise: bool, builds: dict[str, Any]) -> None:
     rows, cols, n = 37, 768, 6
     data = weights_of(kind, rows, cols)
     x = np.random.default_rng(2).standard_normal((n, cols)).astype(np.float32)
+    x[:, 5] *= 40  # an outlier channel, as real activations have: what 8 bits per 32 values lose precision to
     bias = np.linspace(-1, 1, rows, dtype=np.float32)
     exact = x.astype(np.float64) @ reference(kind, data, rows, cols).astype(np.float64).T + bias
-    bound = 1e-5 if kind in FLOAT_TYPES else PRODUCT_BOUND
+    bound = 1e-5 if kind in FLOAT_TYPES else PRECISE_BOUND if precise else PRODUCT_BOUND
     for name, library in builds.items():
-        y = blocks.matmul(library, kind, data.reshape(-1), rows, x, threads=2, bias=bias)
+        y = blocks.matmul(library, kind, data.reshape(-1), rows, x, threads=2, bias=bias, precise=precise)
         error = np.abs(y - exact).max() / np.abs(exact).max()
         assert error < bound, f"{name}: {error}"
 
 
+@pytest.mark.parametrize("precise", [False, True], ids=["int8", "15-bit"])
 @pytest.mark.parametrize("kind", TYPES + FLOAT_TYPES, ids=blocks.type_name)
-def test_a_rows_result_does_not_depend_on_its_batch_tile_or_threads(kind: int, builds: dict[str, Any]) -> None:
+def test_a_rows_result_does_not_depend_on_its_batch_tile_or_threads(
+    kind: int, precise: bool, builds: dict[str, Any]
+) -> None:
     rows, cols, n = 21, 512, 7  # 7 inputs: one tile of 4 and three alone
     data = weights_of(kind, rows, cols).reshape(-1)
     x = np.random.default_rng(3).standard_normal((n, cols)).astype(np.float32)
     for name, library in builds.items():
-        together = blocks.matmul(library, kind, data, rows, x, threads=2)
+        together = blocks.matmul(library, kind, data, rows, x, threads=2, precise=precise)
         for k in range(n):
-            alone = blocks.matmul(library, kind, data, rows, x[k : k + 1], threads=1)[0]
+            alone = blocks.matmul(library, kind, data, rows, x[k : k + 1], threads=1, precise=precise)[0]
             assert np.array_equal(alone, together[k]), f"{name}, input {k}"
-        shifted = blocks.matmul(library, kind, data, rows, x[3:], threads=2)
+        shifted = blocks.matmul(library, kind, data, rows, x[3:], threads=2, precise=precise)
         assert np.array_equal(shifted, together[3:]), name
 
 
@@ -120,16 +127,17 @@ def test_the_simd_builds_agree_with_the_scalar_loops(builds: dict[str, Any]) -> 
     x = np.random.default_rng(4).standard_normal((3, cols)).astype(np.float32)
     for kind in TYPES:
         data = weights_of(kind, rows, cols).reshape(-1)
-        scalar = blocks.matmul(builds["scalar"], kind, data, rows, x, threads=1)
-        for name, library in builds.items():
-            y = blocks.matmul(library, kind, data, rows, x, threads=1)
-            assert np.abs(y - scalar).max() <= 1e-5 * np.abs(scalar).max(), (name, blocks.type_name(kind))
+        for precise in (False, True):
+            scalar = blocks.matmul(builds["scalar"], kind, data, rows, x, threads=1, precise=precise)
+            for name, library in builds.items():
+                y = blocks.matmul(library, kind, data, rows, x, threads=1, precise=precise)
+                assert np.abs(y - scalar).max() <= 1e-5 * np.abs(scalar).max(), (name, blocks.type_name(kind))
 
 
 def test_an_odd_number_of_blocks_is_handled(lib: Any) -> None:
     """576 values = 18 blocks of 32 (SmolLM2's width): the AVX-512 path's pairs end with a lone block."""
     rows, cols = 9, 32 * 9
-    for kind in (blocks.Q4_0, blocks.Q4_1, blocks.Q8_0):
+    for kind in (blocks.Q4_0, blocks.Q4_1, blocks.Q5_0, blocks.Q5_1, blocks.Q8_0):
         data = weights_of(kind, rows, cols)
         x = np.random.default_rng(5).standard_normal((2, cols)).astype(np.float32)
         exact = x.astype(np.float64) @ reference(kind, data, rows, cols).astype(np.float64).T
@@ -138,8 +146,8 @@ def test_an_odd_number_of_blocks_is_handled(lib: Any) -> None:
 
 
 def test_types_and_shapes_it_does_not_take_are_refused_by_name(lib: Any) -> None:
-    with pytest.raises(ValueError, match="Q5_0 is not a type the kernel computes on"):
-        blocks.row_bytes(int(GGMLQuantizationType.Q5_0), 256)
+    with pytest.raises(ValueError, match="IQ4_XS is not a type the kernel computes on"):
+        blocks.row_bytes(int(GGMLQuantizationType.IQ4_XS), 256)
     with pytest.raises(ValueError, match="rows of 96 values do not divide into Q4_K blocks of 256"):
         blocks.row_bytes(blocks.Q4_K, 96)
     data = weights_of(blocks.Q4_0, 4, 64).reshape(-1)

@@ -1,9 +1,10 @@
 """The kernel library's GGUF block functions (hearth_gg_* in native/hearth_decode.c): matrices multiplied on the
 quantized blocks of a GGUF file as it lies on disk, in ggml's own formats. Torch-free.
 
-What they compute: activations quantized to int8 per 32 values (finer than llama.cpp's Q8_K), integer dot products
-per 32-value chunk, one fused multiply-add per chunk into float lanes; a row's result depends only on the row and the
-input (bit for bit the same whether it is one of many prefill rows or a lone decode step).
+What they compute: activations quantized per 32 values, to int8 (llama.cpp's Q8_0 activations, finer than the Q8_K of
+its K-quant kernels) or "precise" to 15 bits (two int8 halves through the same integer dot products), integer dot
+products per 32-value chunk, one fused multiply-add per chunk into float lanes; a row's result depends only on the row
+and the input (bit for bit the same whether it is one of many prefill rows or a lone decode step).
 """
 
 from __future__ import annotations
@@ -16,21 +17,23 @@ import numpy as np
 import numpy.typing as npt
 
 # ggml's type numbers (gguf.constants.GGMLQuantizationType) of the formats the kernel computes on.
-F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
 TYPE_NAMES = {
-    F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K",
-    BF16: "BF16",
+    F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q4_K: "Q4_K",
+    Q5_K: "Q5_K", Q6_K: "Q6_K", BF16: "BF16",
 }  # fmt: skip
 # (values, bytes) per block, as hearth_gg_geometry reports them (checked against it when the library loads)
 GEOMETRY = {
-    F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144),
-    Q5_K: (256, 176), Q6_K: (256, 210),
+    F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
+    Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
 }  # fmt: skip
 # hearth_gg_step's argument tables, in the C enums' order (checked against hearth_gg_layout)
 STEP_SIZES = (
     "layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "kv_bf16", "threads", "rope_pairs",
-    "embed_type", "head_type",
+    "embed_type", "head_type", "precise",
 )  # fmt: skip
+# hearth_gg_step's `precise` bits: which matrix inputs go in at 15 bits instead of 8
+PRECISE_QKV, PRECISE_O, PRECISE_GATE_UP, PRECISE_DOWN, PRECISE_HEAD = 1, 2, 4, 8, 16
 STEP_GLOBALS = ("embed", "final_norm", "head", "inv_freq")
 STEP_TYPES = ("q", "k", "v", "o", "gate", "up", "down")
 STEP_LAYER = (
@@ -71,7 +74,7 @@ def declare(lib: Any) -> str:
     lib.hearth_gg_dequant.restype = flag
     lib.hearth_gg_dequant.argtypes = [flag, pointer, size, pointer]
     lib.hearth_gg_matmul.restype = flag
-    lib.hearth_gg_matmul.argtypes = [flag, pointer, size, size, pointer, size, pointer, pointer, flag]
+    lib.hearth_gg_matmul.argtypes = [flag, pointer, size, size, pointer, size, pointer, pointer, flag, flag]
     lib.hearth_gg_layout.restype = flag
     lib.hearth_gg_layout.argtypes = [flag]
     lib.hearth_gg_scratch_floats.restype = size
@@ -97,9 +100,17 @@ def dequantize(lib: Any, kind: int, data: npt.NDArray[np.uint8], count: int) -> 
 
 
 def matmul(
-    lib: Any, kind: int, weights: npt.NDArray[np.uint8], rows: int, x: Floats, threads: int, bias: Floats | None = None
+    lib: Any,
+    kind: int,
+    weights: npt.NDArray[np.uint8],
+    rows: int,
+    x: Floats,
+    threads: int,
+    bias: Floats | None = None,
+    precise: bool = False,
 ) -> Floats:
-    """x [n, cols] times the GGUF matrix (`rows` rows in `weights`, the tensor's bytes) transposed: [n, rows]."""
+    """x [n, cols] times the GGUF matrix (`rows` rows in `weights`, the tensor's bytes) transposed: [n, rows];
+    `precise`: x quantized to 15 bits per 32 values instead of 8."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     n, cols = x.shape
     if weights.nbytes < rows * row_bytes(kind, cols):
@@ -107,7 +118,7 @@ def matmul(
     out = np.empty((n, rows), dtype=np.float32)
     code = lib.hearth_gg_matmul(
         kind, weights.ctypes.data, rows, cols, x.ctypes.data, n, out.ctypes.data,
-        bias.ctypes.data if bias is not None else None, threads,
+        bias.ctypes.data if bias is not None else None, threads, int(precise),
     )  # fmt: skip
     if code == -3:
         raise MemoryError(f"the GGUF kernel could not allocate its buffers for a {n}-row input")

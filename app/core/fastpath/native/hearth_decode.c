@@ -1444,21 +1444,23 @@ int hearth_q4_prefill(const uint8_t *w, int64_t rows, int64_t cols, const void *
  * GGUF blocks: matrices multiplied on the quantized blocks of a GGUF file as it lies on disk (mapped, never
  * converted), each row in the file's own layout: cols / V blocks of B bytes (ggml's types and numbers below).
  *
- * Activations are quantized per 32 values to int8 (quantize_q8, as before every decode-step matrix), finer than
- * llama.cpp's Q8_K (one scale per 256) that its K-quant kernels use. Every weight format is read as 32-value chunks of
- * small unsigned integers (Q8_0: signed) with a float factor A and offset factor B per chunk, so a row's dot product
- * with x is
+ * Every weight format is read as 32-value chunks of small unsigned integers (Q8_0: signed) with a float factor A and
+ * an offset factor B per chunk. Inputs are quantized per 32 values (one scale dx per chunk): to int8 (step
+ * max|x| / 127, llama.cpp's Q8_0 activations, finer than the Q8_K its K-quant kernels use), or "precise" to 15 bits
+ * (step max|x| / 32512, held as two int8 halves x = 256 h + l, each half through the same integer dot products). A
+ * row's dot product with x is
  *     sum over chunks j of  dx_j * A_j * (w_j . xq_j)  +  B_j * (dx_j * sum xq_j)        (+ Q6_K's integer scales)
  * where the integer dot (w_j . xq_j) is exact in every ISA, kept as int32 lanes of 4 products each (lane i = bytes
- * 4i..4i+3), converted to float and accumulated per lane with one fused multiply-add, and the offsets are summed in a
- * scalar in chunk order. A row's result depends only on that row and that input: not on how many inputs share the
- * call, the tile they land in, or the threads (decode's one-row step and prefill's many-row product agree bit for
- * bit). AVX-512 VNNI takes 64 values per instruction and so sums its lanes in another order than AVX2/NEON: the builds
- * agree to rounding, not bit for bit.
+ * 4i..4i+3), converted to float and accumulated per lane with one fused multiply-add, and the offsets are summed
+ * apart. A row's result depends only on that row and that input: not on how many inputs share the call, the tile they
+ * land in, or the threads (decode's one-row step and prefill's many-row product agree bit for bit). AVX-512 VNNI takes
+ * 64 values per instruction and so sums its lanes in another order than AVX2/NEON: the builds agree to rounding.
  *
  *   type    values/bytes  chunk j's weights          A_j            B_j
  *   Q4_0    32 / 18       nibbles q                  d              -8 d
  *   Q4_1    32 / 20       nibbles q                  d              m
+ *   Q5_0    32 / 22       5-bit q                    d              -16 d
+ *   Q5_1    32 / 24       5-bit q                    d              m
  *   Q8_0    32 / 34       int8 q                     d              0 (AVX-512: q + 128 unsigned, B = -128 d)
  *   Q4_K    256 / 144     nibbles, 8 chunks          d * sc_j       -dmin * m_j
  *   Q5_K    256 / 176     5-bit, 8 chunks            d * sc_j       -dmin * m_j
@@ -1469,12 +1471,15 @@ int hearth_q4_prefill(const uint8_t *w, int64_t rows, int64_t cols, const void *
 #define GG_F16 1
 #define GG_Q4_0 2
 #define GG_Q4_1 3
+#define GG_Q5_0 6
+#define GG_Q5_1 7
 #define GG_Q8_0 8
 #define GG_Q4_K 12
 #define GG_Q5_K 13
 #define GG_Q6_K 14
 #define GG_BF16 30
 #define QK 256
+#define Q15_STEPS 32512.0f /* 127 * 256: the high half stays within int8 */
 
 /* Block geometry of a type this kernel computes on: values[0] weights per block, values[1] bytes. -1: not here. */
 int hearth_gg_geometry(int type, int64_t *values) {
@@ -1485,6 +1490,8 @@ int hearth_gg_geometry(int type, int64_t *values) {
     case GG_BF16: v = 1, b = 2; break;
     case GG_Q4_0: v = 32, b = 18; break;
     case GG_Q4_1: v = 32, b = 20; break;
+    case GG_Q5_0: v = 32, b = 22; break;
+    case GG_Q5_1: v = 32, b = 24; break;
     case GG_Q8_0: v = 32, b = 34; break;
     case GG_Q4_K: v = QK, b = 144; break;
     case GG_Q5_K: v = QK, b = 176; break;
@@ -1514,7 +1521,7 @@ static inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *m) {
 }
 
 /* The 256 (or 32) weights of one block as small integers in value order, with each 32-value chunk's A and B (and
- * Q6_K's 16 int scales). The reference every SIMD path below reads the same way; also what dequantization uses. */
+ * Q6_K's 16 int scales): the reference every SIMD path reads the same way, and what dequantization uses. */
 typedef struct {
     uint8_t q[QK]; /* Q8_0: the int8 bits */
     float a[8], b[8];
@@ -1524,12 +1531,20 @@ typedef struct {
 static int gg_unpack(int type, const uint8_t *p, gg_block *out) {
     switch (type) {
     case GG_Q4_0:
-    case GG_Q4_1: {
+    case GG_Q4_1:
+    case GG_Q5_0:
+    case GG_Q5_1: {
+        const int five = type == GG_Q5_0 || type == GG_Q5_1, with_min = type == GG_Q4_1 || type == GG_Q5_1;
         const float d = gg_half(p);
-        const uint8_t *qs = p + (type == GG_Q4_0 ? 2 : 4);
-        for (int i = 0; i < 16; i++) out->q[i] = qs[i] & 15, out->q[i + 16] = qs[i] >> 4;
+        const uint8_t *qs = p + 2 + 2 * with_min + 4 * five;
+        uint32_t qh = 0;
+        if (five) memcpy(&qh, p + 2 + 2 * with_min, 4);
+        for (int i = 0; i < 16; i++) {
+            out->q[i] = (uint8_t)((qs[i] & 15) | (((qh >> i) & 1) << 4));
+            out->q[i + 16] = (uint8_t)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4));
+        }
         out->a[0] = d;
-        out->b[0] = type == GG_Q4_0 ? -8.0f * d : gg_half(p + 2);
+        out->b[0] = with_min ? gg_half(p + 2) : (five ? -16.0f : -8.0f) * d;
         return 1;
     }
     case GG_Q8_0:
@@ -1575,7 +1590,7 @@ static int gg_unpack(int type, const uint8_t *p, gg_block *out) {
 }
 
 /* n values (whole blocks) of `src` as fp32, exactly as gguf.quants (numpy) and ggml's dequantize_row_* compute them:
- * every product below is exact in fp32 (at most 24 significant bits), so one rounding at most (Q4_1's + m, K's - dm). */
+ * every product below is exact in fp32 (at most 24 significant bits), so one rounding at most (the + m, K's - dm). */
 int hearth_gg_dequant(int type, const void *src, int64_t n, float *out) {
     int64_t geometry[2];
     if (hearth_gg_geometry(type, geometry) != 0 || n % geometry[0]) return -1;
@@ -1599,9 +1614,9 @@ int hearth_gg_dequant(int type, const void *src, int64_t n, float *out) {
             for (int l = 0; l < 32; l++) {
                 const int v = 32 * j + l;
                 float *o = out + at + v;
-                if (type == GG_Q4_0)
-                    *o = block.a[0] * (float)((int)block.q[v] - 8);
-                else if (type == GG_Q4_1)
+                if (type == GG_Q4_0 || type == GG_Q5_0)
+                    *o = block.a[0] * (float)((int)block.q[v] - (type == GG_Q4_0 ? 8 : 16));
+                else if (type == GG_Q4_1 || type == GG_Q5_1)
                     *o = block.a[0] * (float)block.q[v] + block.b[0];
                 else if (type == GG_Q8_0)
                     *o = block.a[0] * (float)(int8_t)block.q[v];
@@ -1614,44 +1629,76 @@ int hearth_gg_dequant(int type, const void *src, int64_t n, float *out) {
     return 0;
 }
 
-/* One matrix input: the fp32 values (float weights read them) and their per-32 int8 quantization. */
+/* One matrix input: the fp32 values (float weights read them) and their quantization per 32 values: int8 values q
+ * (or, precise, the high halves h) and `l` the low halves (NULL for int8), the scale per 32, d * sum per 32, and the
+ * integer sum per 16 (Q6_K's -32 offset). */
 typedef struct {
     const float *f;
     const int8_t *q;
-    const float *d;     /* per 32: scale */
-    const float *s;     /* per 32: d * sum(q) */
-    const int16_t *n16; /* per 16: sum(q) (Q6_K's offset) */
+    const int8_t *l;
+    const float *d;
+    const float *s;
+    const int32_t *n16;
 } gvec;
 
-static void gg_quantize(const float *x, int cols, int8_t *q, float *d, float *s, int32_t *totals, int16_t *n16) {
-    quantize_q8(x, cols, q, d, s, totals);
-    for (int h = 0; h < cols / 16; h++) {
-        int total = 0;
-        for (int i = 0; i < 16; i++) total += q[16 * h + i];
-        n16[h] = (int16_t)total;
+static void gg_quantize(const float *x, int cols, int precise, int8_t *q, int8_t *l, float *d, float *s,
+                        int32_t *n16) {
+    for (int b = 0; b < cols / QBLOCK; b++) {
+        const float *xb = x + b * QBLOCK;
+        float amax = 0.0f;
+        for (int i = 0; i < QBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        const float scale = amax / (precise ? Q15_STEPS : 127.0f);
+        const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+        int32_t half[2] = {0, 0};
+        for (int i = 0; i < QBLOCK; i++) {
+            int v = (int)nearbyintf(xb[i] * inv);
+            if (precise) {
+                v = v > 32512 ? 32512 : v < -32512 ? -32512 : v;
+                int high = (v + 128) >> 8, low = v - 256 * high;
+                if (low < -127) low = -127; /* -128 would overflow AVX2's sign trick; one step in 32512 */
+                q[b * QBLOCK + i] = (int8_t)high, l[b * QBLOCK + i] = (int8_t)low;
+                v = 256 * high + low;
+            } else {
+                v = v > 127 ? 127 : v < -127 ? -127 : v;
+                q[b * QBLOCK + i] = (int8_t)v;
+            }
+            half[i / 16] += v;
+        }
+        d[b] = scale;
+        s[b] = scale * (float)(half[0] + half[1]);
+        n16[2 * b] = half[0], n16[2 * b + 1] = half[1];
     }
 }
 
 #define GG_TILE 4 /* inputs per pass over a weight row */
 
-#if HEARTH_AVX512
-static inline __m512 two_scales(float lo, float hi) { /* lanes 0-7 lo, 8-15 hi */
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(lo)), _mm256_castps_pd(_mm256_set1_ps(hi)), 1));
-}
+#if HEARTH_AVX2
 static inline __m256i nibbles_32(const uint8_t *p16) { /* 16 bytes -> 32 values in Q4_0/Q4_1 order */
     const __m128i raw = _mm_loadu_si128((const __m128i *)p16), mask = _mm_set1_epi8(15);
     return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
                                    _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
 }
-#elif HEARTH_AVX2
-static inline __m256i nibbles_32(const uint8_t *p16) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)p16), mask = _mm_set1_epi8(15);
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(raw, mask)),
-                                   _mm_and_si128(_mm_srli_epi16(raw, 4), mask), 1);
-}
-#endif
 
-#if HEARTH_AVX2
+/* byte i = 0x10 where bit i of the 32 bits at p is set (Q5_0/Q5_1's fifth bits; ggml's bytes_from_bits_32) */
+static inline __m256i fifth_bits_32(const uint8_t *p) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)bits),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                          _mm256_set1_epi64x(-1));
+    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+/* The 32 values of a Q4_0/Q4_1/Q5_0/Q5_1 block as unsigned bytes. */
+static inline __m256i small_block_32(int type, const uint8_t *p) {
+    if (type == GG_Q4_0) return nibbles_32(p + 2);
+    if (type == GG_Q4_1) return nibbles_32(p + 4);
+    const int at = type == GG_Q5_0 ? 2 : 4;
+    return _mm256_or_si256(nibbles_32(p + at + 4), fifth_bits_32(p + at));
+}
+
 /* Chunks 2c and 2c+1 (64 values) of a Q4_K or Q5_K block as unsigned bytes; qh = the Q5_K block's 32 high-bit bytes. */
 static inline void k45_pair(int type, const uint8_t *p, int c, __m256i qh, __m256i *w0, __m256i *w1) {
     const __m256i raw = _mm256_loadu_si256((const __m256i *)(p + (type == GG_Q4_K ? 16 : 48) + 32 * c));
@@ -1679,6 +1726,14 @@ static inline void q6_pair(const uint8_t *p, int c, __m256i *w0, __m256i *w1) {
     *w0 = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(ql0, low_shift), mask), hi0);
     *w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(ql1, low_shift), mask), hi1);
 }
+
+/* Q6_K's offsets of the block's 8 chunks: sc_2j n16_2j + sc_2j+1 n16_2j+1 (int32, exact), as floats. */
+static inline __m256 q6_offsets(__m128i scales16, const int32_t *n16) {
+    const __m256i lo = _mm256_mullo_epi32(_mm256_cvtepi8_epi32(scales16), _mm256_loadu_si256((const __m256i *)n16));
+    const __m256i hi = _mm256_mullo_epi32(_mm256_cvtepi8_epi32(_mm_srli_si128(scales16, 8)),
+                                          _mm256_loadu_si256((const __m256i *)(n16 + 8)));
+    return _mm256_cvtepi32_ps(_mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8));
+}
 #endif
 
 #if HEARTH_AVX2 && !HEARTH_AVX512
@@ -1686,12 +1741,18 @@ static inline void q6_pair(const uint8_t *p, int c, __m256i *w0, __m256i *w1) {
 static inline __m256i dot_u8(__m256i w, __m256i x) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
 }
+/* The same for a precise input: 256 (w . h) + (w . l), exact in int32 (|lane| <= 4 * 63 * 127 * 257) */
+static inline __m256i dot_u8_15(__m256i w, __m256i h, __m256i l) {
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, h), _mm256_set1_epi16(256)),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(w, l), _mm256_set1_epi16(1)));
+}
 #endif
 
 /* Dot products of one weight row (`row`, `cols` values of `type`) with `count` <= GG_TILE inputs: out[k]. Always
- * inlined with a constant `count` (gg_rows), so the accumulators live in registers. */
+ * inlined with constant `type`, `count` and `precise` (gg_rows), so each variant's loops are its own and its
+ * accumulators live in registers. */
 static inline __attribute__((always_inline)) void gg_row_dot(int type, const uint8_t *row, int cols, const gvec *x,
-                                                             int count, float *out) {
+                                                             int count, int precise, float *out) {
     if (gg_is_float(type)) {
         for (int k = 0; k < count; k++) {
             float total = 0.0f;
@@ -1730,20 +1791,29 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
     hearth_gg_geometry(type, geometry);
     const int bvalues = (int)geometry[0], bbytes = (int)geometry[1], blocks = cols / bvalues;
 #if HEARTH_AVX2
-    /* Per block, the chunks' factors as vectors, lane = chunk: A_j * dx_j (each lane broadcast to the chunk's
-     * multiply-adds) and the offsets B_j * (dx_j sum xq_j), summed lane-wise in voff. */
-    __m256 voff[GG_TILE];
+    /* Per block (or 8 small blocks), the chunks' factors as vectors, lane = chunk: A_j * dx_j (each lane broadcast to
+     * the chunk's multiply-adds) and the offsets B_j * (dx_j sum xq_j), summed lane-wise in voff. */
+    __m256 voff[GG_TILE], scaled[GG_TILE];
 #if HEARTH_AVX512
     __m512 acc[GG_TILE];
     for (int k = 0; k < count; k++) acc[k] = _mm512_setzero_ps(), voff[k] = _mm256_setzero_ps();
     const __m512i zero = _mm512_setzero_si512();
+/* int32 lanes of w (64 unsigned bytes) . input k's 64 values at chunk j (mask: which bytes to load) */
+#define DOT512(w, k, j, mask)                                                                                          \
+    (precise ? _mm512_dpbusd_epi32(                                                                                    \
+                   _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, w, _mm512_maskz_loadu_epi8(mask, x[k].q + (int64_t)(j)*32)), 8), \
+                   w, _mm512_maskz_loadu_epi8(mask, x[k].l + (int64_t)(j)*32))                                        \
+             : _mm512_dpbusd_epi32(zero, w, _mm512_maskz_loadu_epi8(mask, x[k].q + (int64_t)(j)*32)))
 #else
     __m256 acc[GG_TILE];
     for (int k = 0; k < count; k++) acc[k] = _mm256_setzero_ps(), voff[k] = _mm256_setzero_ps();
+#define DOT256(w, k, j)                                                                                                \
+    (precise ? dot_u8_15(w, _mm256_loadu_si256((const __m256i *)(x[k].q + (int64_t)(j)*32)),                           \
+                         _mm256_loadu_si256((const __m256i *)(x[k].l + (int64_t)(j)*32)))                              \
+             : dot_u8(w, _mm256_loadu_si256((const __m256i *)(x[k].q + (int64_t)(j)*32))))
 #endif
-    __m256 scaled[GG_TILE];
-    if (bvalues == 32) { /* Q4_0, Q4_1, Q8_0: eight blocks' factors at a time */
-        const int skip = type == GG_Q4_0 ? 2 : type == GG_Q4_1 ? 4 : 2;
+    if (bvalues == 32) { /* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: eight blocks' factors at a time */
+        const int with_min = type == GG_Q4_1 || type == GG_Q5_1;
         for (int b0 = 0; b0 < blocks; b0 += 8) {
             const int group = blocks - b0 < 8 ? blocks - b0 : 8;
             const __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(group), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -1751,14 +1821,14 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
             for (int i = 0; i < group; i++) {
                 const uint8_t *p = row + (int64_t)(b0 + i) * bbytes;
                 memcpy(&dh[i], p, 2);
-                if (type == GG_Q4_1) memcpy(&mh[i], p + 2, 2);
+                if (with_min) memcpy(&mh[i], p + 2, 2);
             }
             const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
             __m256 vb = _mm256_setzero_ps();
-            if (type == GG_Q4_1)
+            if (with_min)
                 vb = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
-            else if (type == GG_Q4_0)
-                vb = _mm256_mul_ps(vd, _mm256_set1_ps(-8.0f));
+            else if (type == GG_Q4_0 || type == GG_Q5_0)
+                vb = _mm256_mul_ps(vd, _mm256_set1_ps(type == GG_Q4_0 ? -8.0f : -16.0f));
 #if HEARTH_AVX512
             else /* Q8_0 runs as unsigned q + 128 */
                 vb = _mm256_mul_ps(vd, _mm256_set1_ps(-128.0f));
@@ -1777,39 +1847,42 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
                     w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p0 + 2)), flip);
                     if (pair) w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p1 + 2)), flip);
                 } else {
-                    w0 = nibbles_32(p0 + skip);
-                    if (pair) w1 = nibbles_32(p1 + skip);
+                    w0 = small_block_32(type, p0);
+                    if (pair) w1 = small_block_32(type, p1);
                 }
                 const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
                 const __mmask64 lanes = pair ? ~(__mmask64)0 : (__mmask64)0xffffffffu;
                 const __m512i index = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(i)),
                                                          _mm256_set1_epi32(pair ? i + 1 : 0), 1);
                 for (int k = 0; k < count; k++) {
-                    const __m512i xv = _mm512_maskz_loadu_epi8(lanes, x[k].q + (int64_t)(b0 + i) * 32);
                     __m512 scale = _mm512_permutexvar_ps(index, _mm512_castps256_ps512(scaled[k]));
                     if (!pair) scale = _mm512_mask_mov_ps(scale, 0xff00, _mm512_setzero_ps());
-                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, w, xv)), scale, acc[k]);
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(DOT512(w, k, b0 + i, lanes)), scale, acc[k]);
                 }
             }
 #else
             for (int i = 0; i < group; i++) {
                 const uint8_t *p = row + (int64_t)(b0 + i) * bbytes;
                 const __m256i lane = _mm256_set1_epi32(i);
-                if (type == GG_Q8_0) {
+                const int64_t at = (int64_t)(b0 + i) * 32;
+                if (type == GG_Q8_0) { /* signed weights: |w| times x with w's sign */
                     const __m256i w = _mm256_loadu_si256((const __m256i *)(p + 2)), abs_w = _mm256_sign_epi8(w, w);
                     for (int k = 0; k < count; k++) {
-                        const __m256i xv =
-                            _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x[k].q + (int64_t)(b0 + i) * 32)), w);
-                        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, xv), _mm256_set1_epi16(1));
+                        const __m256i h = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x[k].q + at)), w);
+                        __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, h),
+                                                        _mm256_set1_epi16(precise ? 256 : 1));
+                        if (precise) {
+                            const __m256i l = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x[k].l + at)), w);
+                            dot = _mm256_add_epi32(
+                                dot, _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, l), _mm256_set1_epi16(1)));
+                        }
                         acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(scaled[k], lane), acc[k]);
                     }
                 } else {
-                    const __m256i w = nibbles_32(p + skip);
-                    for (int k = 0; k < count; k++) {
-                        const __m256i dot =
-                            dot_u8(w, _mm256_loadu_si256((const __m256i *)(x[k].q + (int64_t)(b0 + i) * 32)));
-                        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(scaled[k], lane), acc[k]);
-                    }
+                    const __m256i w = small_block_32(type, p);
+                    for (int k = 0; k < count; k++)
+                        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT256(w, k, b0 + i)),
+                                                 _mm256_permutevar8x32_ps(scaled[k], lane), acc[k]);
                 }
             }
 #endif
@@ -1826,12 +1899,10 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
             if (type == GG_Q6_K) {
                 const float d = gg_half(p + 208);
                 scales16 = _mm_loadu_si128((const __m128i *)(p + 192));
-                const __m256i pairs = _mm256_cvtepi8_epi16(scales16);
                 for (int k = 0; k < count; k++) {
                     scaled[k] = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(x[k].d + j0));
-                    /* offset of chunk j: -32 (sc_2j n16_2j + sc_2j+1 n16_2j+1) in int32, times d dx_j */
-                    const __m256i t = _mm256_madd_epi16(pairs, _mm256_loadu_si256((const __m256i *)(x[k].n16 + 2 * j0)));
-                    voff[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(t, _mm256_set1_epi32(-32))),
+                    /* chunk j's offset: -32 (sc_2j n16_2j + sc_2j+1 n16_2j+1) times d dx_j */
+                    voff[k] = _mm256_fmadd_ps(_mm256_mul_ps(q6_offsets(scales16, x[k].n16 + 2 * j0), _mm256_set1_ps(-32.0f)),
                                               scaled[k], voff[k]);
                 }
             } else {
@@ -1870,7 +1941,7 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
                         scales16, _mm_add_epi8(_mm_set1_epi8((char)(4 * c)),
                                                _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3))));
                 for (int k = 0; k < count; k++) {
-                    __m512i dot = _mm512_dpbusd_epi32(zero, w, _mm512_loadu_si512(x[k].q + (int64_t)(j0 + 2 * c) * 32));
+                    __m512i dot = DOT512(w, k, j0 + 2 * c, ~(__mmask64)0);
                     if (type == GG_Q6_K) dot = _mm512_mullo_epi32(dot, lane_scales);
                     acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
                                              _mm512_permutexvar_ps(index, _mm512_castps256_ps512(scaled[k])), acc[k]);
@@ -1886,8 +1957,7 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
                             scales16, _mm_add_epi8(_mm_set1_epi8((char)(2 * chunk)),
                                                    _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0))));
                     for (int k = 0; k < count; k++) {
-                        __m256i dot =
-                            dot_u8(w, _mm256_loadu_si256((const __m256i *)(x[k].q + (int64_t)(j0 + chunk) * 32)));
+                        __m256i dot = DOT256(w, k, j0 + chunk);
                         if (type == GG_Q6_K) dot = _mm256_mullo_epi32(dot, lane_scales);
                         acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(scaled[k], lane),
                                                  acc[k]);
@@ -1904,21 +1974,32 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
         out[k] = hsum256(acc[k]) + hsum256(voff[k]);
 #endif
     }
-#elif HEARTH_NEON
+#undef DOT512
+#undef DOT256
+#else /* NEON and the scalar loops: each block unpacked to bytes once for every input of the tile */
     float off[GG_TILE] = {0};
+#if HEARTH_NEON
     f32x8 acc[GG_TILE];
     for (int k = 0; k < count; k++) acc[k] = f32x8_zero();
+#else
+    float acc[GG_TILE] = {0};
+#endif
     gg_block block;
     for (int b = 0; b < blocks; b++) {
         const int chunks = gg_unpack(type, row + (int64_t)b * bbytes, &block);
         const int j0 = b * bvalues / 32;
         for (int c = 0; c < chunks; c++) {
             const int j = j0 + c;
-            const int8x16_t w0 = vld1q_s8((const int8_t *)block.q + 32 * c), w1 = vld1q_s8((const int8_t *)block.q + 32 * c + 16);
             for (int k = 0; k < count; k++) {
-                int32x4_t lo = dot16(w0, vld1q_s8(x[k].q + (int64_t)j * 32));
-                int32x4_t hi = dot16(w1, vld1q_s8(x[k].q + (int64_t)j * 32 + 16));
-                float dd = block.a[c] * x[k].d[j];
+                const float dd = block.a[c] * x[k].d[j];
+#if HEARTH_NEON
+                const int8_t *w = (const int8_t *)block.q + 32 * c, *h = x[k].q + (int64_t)j * 32;
+                int32x4_t lo = dot16(vld1q_s8(w), vld1q_s8(h)), hi = dot16(vld1q_s8(w + 16), vld1q_s8(h + 16));
+                if (precise) {
+                    const int8_t *l = x[k].l + (int64_t)j * 32;
+                    lo = vaddq_s32(vshlq_n_s32(lo, 8), dot16(vld1q_s8(w), vld1q_s8(l)));
+                    hi = vaddq_s32(vshlq_n_s32(hi, 8), dot16(vld1q_s8(w + 16), vld1q_s8(l + 16)));
+                }
                 if (type == GG_Q6_K) {
                     lo = vmulq_n_s32(lo, block.sc16[2 * c]);
                     hi = vmulq_n_s32(hi, block.sc16[2 * c + 1]);
@@ -1926,61 +2007,50 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
                 const float32x4_t scale = vdupq_n_f32(dd);
                 acc[k].lo = vfmaq_f32(acc[k].lo, vcvtq_f32_s32(lo), scale);
                 acc[k].hi = vfmaq_f32(acc[k].hi, vcvtq_f32_s32(hi), scale);
-                if (type == GG_Q6_K) {
-                    const int16_t *n16 = x[k].n16 + 2 * j;
-                    off[k] += (float)(-32 * (block.sc16[2 * c] * n16[0] + block.sc16[2 * c + 1] * n16[1])) * dd;
-                } else if (type != GG_Q8_0) {
-                    off[k] += block.b[c] * x[k].s[j];
-                }
-            }
-        }
-    }
-    for (int k = 0; k < count; k++) out[k] = hsum8(acc[k]) + off[k];
 #else
-    float acc[GG_TILE] = {0}, off[GG_TILE] = {0};
-    gg_block block;
-    for (int b = 0; b < blocks; b++) {
-        const int chunks = gg_unpack(type, row + (int64_t)b * bbytes, &block);
-        const int j0 = b * bvalues / 32;
-        for (int c = 0; c < chunks; c++) {
-            const int j = j0 + c;
-            for (int k = 0; k < count; k++) {
-                const int8_t *xq = x[k].q + (int64_t)j * 32;
                 int32_t dot = 0;
-                for (int l = 0; l < 32; l++) {
-                    const int w = type == GG_Q8_0 ? (int)(int8_t)block.q[32 * c + l] : (int)block.q[32 * c + l];
-                    dot += (type == GG_Q6_K ? block.sc16[(32 * c + l) / 16] : 1) * w * xq[l];
+                for (int v = 0; v < 32; v++) {
+                    const int w = type == GG_Q8_0 ? (int)(int8_t)block.q[32 * c + v] : (int)block.q[32 * c + v];
+                    const int xv = precise ? 256 * x[k].q[j * 32 + v] + x[k].l[j * 32 + v] : x[k].q[j * 32 + v];
+                    dot += (type == GG_Q6_K ? block.sc16[(32 * c + v) / 16] : 1) * w * xv;
                 }
-                const float dd = block.a[c] * x[k].d[j];
                 acc[k] += (float)dot * dd;
+#endif
                 if (type == GG_Q6_K) {
-                    const int16_t *n16 = x[k].n16 + 2 * j;
-                    off[k] += (float)(-32 * (block.sc16[2 * c] * n16[0] + block.sc16[2 * c + 1] * n16[1])) * dd;
+                    const int32_t *n16 = x[k].n16 + 2 * j;
+                    const int32_t t = block.sc16[2 * c] * n16[0] + block.sc16[2 * c + 1] * n16[1];
+                    off[k] += ((float)t * -32.0f) * dd;
                 } else if (type != GG_Q8_0) {
                     off[k] += block.b[c] * x[k].s[j];
                 }
             }
         }
     }
-    for (int k = 0; k < count; k++) out[k] = acc[k] + off[k];
+    for (int k = 0; k < count; k++) {
+#if HEARTH_NEON
+        out[k] = hsum8(acc[k]) + off[k];
+#else
+        out[k] = acc[k] + off[k];
+#endif
+    }
 #endif
 }
 
 /* y[k * ystride + r] (op)= row r . x[k] (+ bias[r]) for rows [r0, r1) and inputs [0, count); `accumulate` adds.
- * Inlined with constant `type` (gg_rows below), so each format's loops are its own. Inputs go GG_TILE at a time, the
- * rest one by one: each input's arithmetic is the same either way. */
-static inline __attribute__((always_inline)) void gg_rows_of(int type, const uint8_t *w, int64_t row_bytes, int cols,
-                                                             int r0, int r1, const gvec *x, int count, float *y,
-                                                             int64_t ystride, const float *bias, int accumulate) {
+ * Inputs go GG_TILE at a time, the rest one by one: each input's arithmetic is the same either way. */
+static inline __attribute__((always_inline)) void gg_rows_of(int type, int precise, const uint8_t *w,
+                                                             int64_t row_bytes, int cols, int r0, int r1,
+                                                             const gvec *x, int count, float *y, int64_t ystride,
+                                                             const float *bias, int accumulate) {
     float out[GG_TILE];
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = w + (int64_t)r * row_bytes;
         for (int k0 = 0; k0 < count;) {
             const int tile = count - k0 >= GG_TILE ? GG_TILE : 1;
             if (tile == GG_TILE)
-                gg_row_dot(type, row, cols, x + k0, GG_TILE, out);
+                gg_row_dot(type, row, cols, x + k0, GG_TILE, precise, out);
             else
-                gg_row_dot(type, row, cols, x + k0, 1, out);
+                gg_row_dot(type, row, cols, x + k0, 1, precise, out);
             for (int k = 0; k < tile; k++) {
                 float *target = y + (int64_t)(k0 + k) * ystride + r;
                 const float v = out[k] + (bias ? bias[r] : 0.0f);
@@ -1991,20 +2061,29 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, const uin
     }
 }
 
-static void gg_rows(int type, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1, const gvec *x, int count,
-                    float *y, int64_t ystride, const float *bias, int accumulate) {
-#define GG_ROWS_OF(t) gg_rows_of(t, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate)
+static void gg_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
+                    const gvec *x, int count, float *y, int64_t ystride, const float *bias, int accumulate) {
+#define GG_ROWS_OF(t, p) gg_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate)
+#define GG_BOTH(t)                                                                                                     \
+    if (precise)                                                                                                       \
+        GG_ROWS_OF(t, 1);                                                                                              \
+    else                                                                                                               \
+        GG_ROWS_OF(t, 0);                                                                                              \
+    break
     switch (type) {
-    case GG_Q4_0: GG_ROWS_OF(GG_Q4_0); break;
-    case GG_Q4_1: GG_ROWS_OF(GG_Q4_1); break;
-    case GG_Q8_0: GG_ROWS_OF(GG_Q8_0); break;
-    case GG_Q4_K: GG_ROWS_OF(GG_Q4_K); break;
-    case GG_Q5_K: GG_ROWS_OF(GG_Q5_K); break;
-    case GG_Q6_K: GG_ROWS_OF(GG_Q6_K); break;
-    case GG_F16: GG_ROWS_OF(GG_F16); break;
-    case GG_BF16: GG_ROWS_OF(GG_BF16); break;
-    default: GG_ROWS_OF(GG_F32); break;
+    case GG_Q4_0: GG_BOTH(GG_Q4_0);
+    case GG_Q4_1: GG_BOTH(GG_Q4_1);
+    case GG_Q5_0: GG_BOTH(GG_Q5_0);
+    case GG_Q5_1: GG_BOTH(GG_Q5_1);
+    case GG_Q8_0: GG_BOTH(GG_Q8_0);
+    case GG_Q4_K: GG_BOTH(GG_Q4_K);
+    case GG_Q5_K: GG_BOTH(GG_Q5_K);
+    case GG_Q6_K: GG_BOTH(GG_Q6_K);
+    case GG_F16: GG_ROWS_OF(GG_F16, 0); break;
+    case GG_BF16: GG_ROWS_OF(GG_BF16, 0); break;
+    default: GG_ROWS_OF(GG_F32, 0); break;
     }
+#undef GG_BOTH
 #undef GG_ROWS_OF
 }
 
@@ -2015,79 +2094,83 @@ static int64_t gg_row_bytes(int type, int64_t cols) {
     return cols / geometry[0] * geometry[1];
 }
 
-/* Scratch for n quantized inputs of `cols` values. */
+/* One input's quantization buffers (within a caller's memory), and the gvec over them. */
 typedef struct {
-    int8_t *q;
+    int8_t *q, *l;
     float *d, *s;
-    int32_t *t;
-    int16_t *n16;
-    gvec *v;
+    int32_t *n16;
 } gbuf;
 
-static int gbuf_alloc(gbuf *b, int64_t n, int64_t cols) {
-    b->q = malloc((size_t)(n * cols));
-    b->d = malloc((size_t)(n * cols / QBLOCK) * sizeof(float));
-    b->s = malloc((size_t)(n * cols / QBLOCK) * sizeof(float));
-    b->t = malloc((size_t)(n * cols / QBLOCK) * sizeof(int32_t));
-    b->n16 = malloc((size_t)(n * cols / 16) * sizeof(int16_t));
-    b->v = malloc((size_t)n * sizeof(gvec));
-    return b->q && b->d && b->s && b->t && b->n16 && b->v ? 0 : -3;
+static int64_t gbuf_bytes(int64_t cols) { /* q, l, d, s, n16 */
+    return 2 * cols + 2 * (cols / QBLOCK) * (int64_t)sizeof(float) + (cols / 16) * (int64_t)sizeof(int32_t);
 }
 
-static void gbuf_free(gbuf *b) { free(b->q), free(b->d), free(b->s), free(b->t), free(b->n16), free(b->v); }
+static gbuf gbuf_at(void *memory, int64_t cols) {
+    gbuf b;
+    b.d = (float *)memory;
+    b.s = b.d + cols / QBLOCK;
+    b.n16 = (int32_t *)(b.s + cols / QBLOCK);
+    b.q = (int8_t *)(b.n16 + cols / 16);
+    b.l = b.q + cols;
+    return b;
+}
 
-/* Input k of `buffer` quantized from x (cols values). */
-static void gbuf_fill(gbuf *b, int64_t k, const float *x, int64_t cols, int quantize) {
-    gvec v = {x, b->q + k * cols, b->d + k * cols / QBLOCK, b->s + k * cols / QBLOCK, b->n16 + k * cols / 16};
-    if (quantize)
-        gg_quantize(x, (int)cols, b->q + k * cols, b->d + k * cols / QBLOCK, b->s + k * cols / QBLOCK,
-                    b->t + k * cols / QBLOCK, b->n16 + k * cols / 16);
-    b->v[k] = v;
+/* x quantized into `b` for a matrix of `type` (precise: 15 bits); the gvec that reads it. */
+static gvec gg_input(const float *x, int64_t cols, int type, int precise, gbuf b) {
+    gvec v = {x, b.q, precise ? b.l : NULL, b.d, b.s, b.n16};
+    if (!gg_is_float(type)) gg_quantize(x, (int)cols, precise, b.q, b.l, b.d, b.s, b.n16);
+    return v;
 }
 
 /* y [n, rows] = x [n, cols] . W^T (+ bias) for a GGUF matrix W of `type` ([rows, cols], rows contiguous), the rows
- * split across `threads`. Returns 0; -1 for a type or shape it does not take; -3 when its buffers can't be had. */
+ * split across `threads`; `precise`: inputs at 15 bits instead of 8. Returns 0; -1 for a type or shape it does not
+ * take; -3 when its buffers can't be had. */
 int hearth_gg_matmul(int type, const void *w, int64_t rows, int64_t cols, const float *x, int64_t n, float *y,
-                     const float *bias, int threads) {
+                     const float *bias, int threads, int precise) {
     const int64_t row_bytes = gg_row_bytes(type, cols);
     if (row_bytes < 0 || n < 1 || rows < 1 || cols > INT32_MAX || rows > INT32_MAX) return -1;
     if (threads < 1) threads = 1;
-    gbuf buffer;
-    if (gbuf_alloc(&buffer, n, cols) != 0) {
-        gbuf_free(&buffer);
+    precise = precise && !gg_is_float(type);
+    const int64_t per_input = (gbuf_bytes(cols) + 63) / 64 * 64;
+    char *memory = malloc((size_t)(n * per_input));
+    gvec *inputs = malloc((size_t)n * sizeof(gvec));
+    if (!memory || !inputs) {
+        free(memory), free(inputs);
         return -3;
     }
-    const int quantize = !gg_is_float(type);
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t k = 0; k < n; k++) gbuf_fill(&buffer, k, x + k * cols, cols, quantize);
+        for (int64_t k = 0; k < n; k++)
+            inputs[k] = gg_input(x + k * cols, cols, type, precise, gbuf_at(memory + k * per_input, cols));
         int tid, team, lo, hi;
         team_position(&tid, &team);
         split_rows((int)rows, team, tid, 4, &lo, &hi);
-        gg_rows(type, (const uint8_t *)w, row_bytes, (int)cols, lo, hi, buffer.v, (int)n, y, rows, bias, 0);
+        gg_rows(type, precise, (const uint8_t *)w, row_bytes, (int)cols, lo, hi, inputs, (int)n, y, rows, bias, 0);
     }
-    gbuf_free(&buffer);
+    free(memory), free(inputs);
     return 0;
 }
 
 /* The decode step on a GGUF model's own blocks: one token through the decoder, each matrix in its file type (a Q4_K_M
  * file mixes Q4_K and Q6_K per tensor), its K/V written at `pos`, the next token's logits into `logits`.
- * Argument tables (their order is app/core/fastpath/gguf.py's, checked against hearth_gg_layout):
+ * Argument tables (their order is app/core/fastpath/blocks.py's, checked against hearth_gg_layout):
  *   cfg:    layers, hidden, heads, kv_heads, head_dim, inter, vocab, kv_bf16, threads, rope_pairs, embed_type,
- *           head_type
+ *           head_type, precise
  *   cfgf:   eps, attention scale
  *   glob:   embedding rows, final norm, head rows, inv_freq [head_dim / 2]
  *   types:  per layer q, k, v, o, gate, up, down (GG_ types)
  *   layers: per layer attn_norm, ffn_norm, q, k, v, o, gate, up, down, q_bias, k_bias, v_bias, K slab, V slab
- * rope_pairs: RoPE on adjacent pairs (llama.cpp's layout of llama/mistral Q and K rows) instead of halves. Returns 0,
- * or a negative code for arguments it refuses. */
+ * rope_pairs: RoPE on adjacent pairs (llama.cpp's layout of llama/mistral Q and K rows) instead of halves. precise: a
+ * bit per matrix input taken at 15 bits (PRECISE_ bits below). Returns 0, or a negative code for arguments it
+ * refuses. */
 enum { GC_LAYERS, GC_HIDDEN, GC_HEADS, GC_KV_HEADS, GC_HEAD_DIM, GC_INTER, GC_VOCAB, GC_KV_BF16, GC_THREADS,
-       GC_ROPE_PAIRS, GC_EMBED_TYPE, GC_HEAD_TYPE, GC_COUNT };
+       GC_ROPE_PAIRS, GC_EMBED_TYPE, GC_HEAD_TYPE, GC_PRECISE, GC_COUNT };
 enum { GG_EMBED, GG_FINAL_NORM, GG_HEAD, GG_INV_FREQ, GG_GLOBAL_COUNT };
 enum { GT_Q, GT_K, GT_V, GT_O, GT_GATE, GT_UP, GT_DOWN, GT_COUNT };
 enum { GL_ATTN_NORM, GL_FFN_NORM, GL_Q, GL_K, GL_V, GL_O, GL_GATE, GL_UP, GL_DOWN, GL_Q_BIAS, GL_K_BIAS, GL_V_BIAS,
        GL_K_CACHE, GL_V_CACHE, GL_COUNT };
+enum { PRECISE_QKV = 1, PRECISE_O = 2, PRECISE_GATE_UP = 4, PRECISE_DOWN = 8, PRECISE_HEAD = 16 };
 
 int hearth_gg_layout(int which) {
     switch (which) {
@@ -2099,10 +2182,8 @@ int hearth_gg_layout(int which) {
     }
 }
 
-/* Per thread: the normalized residual and one matrix input's quantization (int8, scales, offsets, sums, n16). */
-static int64_t gg_thread_floats(int64_t hidden, int64_t widest) {
-    return hidden + widest + widest / 4 + 3 * (widest / QBLOCK) + widest / 32 + 16;
-}
+/* Per thread: the normalized residual and one matrix input's quantization buffers. */
+static int64_t gg_thread_floats(int64_t hidden, int64_t widest) { return hidden + (gbuf_bytes(widest) + 127) / 4; }
 
 int64_t hearth_gg_scratch_floats(const int64_t *cfg, int64_t capacity) {
     const int64_t hidden = cfg[GC_HIDDEN], heads = cfg[GC_HEADS], kv = cfg[GC_KV_HEADS], hd = cfg[GC_HEAD_DIM];
@@ -2126,7 +2207,7 @@ int hearth_gg_step(const int64_t *cfg, const float *cfgf, void *const *glob, con
     const int n_layers = (int)cfg[GC_LAYERS], hidden = (int)cfg[GC_HIDDEN], heads = (int)cfg[GC_HEADS];
     const int kv_heads = (int)cfg[GC_KV_HEADS], hd = (int)cfg[GC_HEAD_DIM], inter = (int)cfg[GC_INTER];
     const int vocab = (int)cfg[GC_VOCAB], kv_bf16 = (int)cfg[GC_KV_BF16], pairs = (int)cfg[GC_ROPE_PAIRS];
-    const int embed_type = (int)cfg[GC_EMBED_TYPE], head_type = (int)cfg[GC_HEAD_TYPE];
+    const int embed_type = (int)cfg[GC_EMBED_TYPE], head_type = (int)cfg[GC_HEAD_TYPE], precise = (int)cfg[GC_PRECISE];
     const int threads = cfg[GC_THREADS] > 0 ? (int)cfg[GC_THREADS] : 1;
     const float eps = cfgf[0], attn_scale = cfgf[1];
     const int half = hd / 2, qdim = heads * hd, kvdim = kv_heads * hd, units = heads + 2 * kv_heads;
@@ -2165,24 +2246,25 @@ int hearth_gg_step(const int64_t *cfg, const float *cfgf, void *const *glob, con
         team_position(&tid, &team);
         /* Each thread normalizes and quantizes its matrix inputs privately: no barrier or shared write for them. */
         float *xn = per_thread + (int64_t)tid * gg_thread_floats(hidden, widest);
-        float *xd = xn + hidden, *xs = xd + widest / QBLOCK;
-        int32_t *xt = (int32_t *)(xs + widest / QBLOCK);
-        int16_t *x16 = (int16_t *)(xt + widest / QBLOCK);
-        int8_t *xq = (int8_t *)(x16 + widest / 16 + 32);
+        const gbuf buffer = gbuf_at(xn + hidden, widest);
         gvec in;
         for (int l = 0; l < n_layers; l++) {
             void *const *p = layers + (int64_t)l * GL_COUNT;
             const int64_t *t = types + (int64_t)l * GT_COUNT;
             rmsnorm(x, (const float *)p[GL_ATTN_NORM], xn, hidden, eps);
-            gg_quantize(xn, hidden, xq, xd, xs, xt, x16);
-            in = (gvec){xn, xq, xd, xs, x16};
+            const int qkv_precise = (precise & PRECISE_QKV) != 0;
+            /* q, k and v read one quantization (a float matrix among them reads xn itself) */
+            const int qkv_type = !gg_is_float((int)t[GT_Q]) ? (int)t[GT_Q] : !gg_is_float((int)t[GT_K]) ? (int)t[GT_K] : (int)t[GT_V];
+            in = gg_input(xn, hidden, qkv_type, qkv_precise, buffer);
 #pragma omp for schedule(static)
             for (int u = 0; u < units; u++) {
                 const int which = u < heads ? 0 : u < heads + kv_heads ? 1 : 2; /* q, k, v */
                 const int row0 = (u - (which == 0 ? 0 : which == 1 ? heads : heads + kv_heads)) * hd;
                 float *base = qkv + (which == 0 ? 0 : which == 1 ? qdim : qdim + kvdim);
-                gg_rows((int)t[GT_Q + which], (const uint8_t *)p[GL_Q + which], gg_row_bytes((int)t[GT_Q + which], hidden),
-                        hidden, row0, row0 + hd, &in, 1, base, 0, (const float *)p[GL_Q_BIAS + which], 0);
+                const int kind = (int)t[GT_Q + which];
+                gg_rows(kind, qkv_precise && !gg_is_float(kind), (const uint8_t *)p[GL_Q + which],
+                        gg_row_bytes(kind, hidden), hidden, row0, row0 + hd, &in, 1, base, 0,
+                        (const float *)p[GL_Q_BIAS + which], 0);
                 float *out = base + row0;
                 if (which < 2) {
                     if (pairs)
@@ -2196,34 +2278,35 @@ int hearth_gg_step(const int64_t *cfg, const float *cfgf, void *const *glob, con
             }
             attend(qkv, p[GL_K_CACHE], p[GL_V_CACHE], kv_bf16, heads, kv_heads, hd, pos, capacity, attn_scale, threads,
                    scores, partial, part_max, part_sum, max_chunks, att);
-            gg_quantize(att, qdim, xq, xd, xs, xt, x16);
-            in = (gvec){att, xq, xd, xs, x16};
+            const int o_precise = (precise & PRECISE_O) && !gg_is_float((int)t[GT_O]);
+            in = gg_input(att, qdim, (int)t[GT_O], o_precise, buffer);
             split_rows(hidden, team, tid, 4, &lo, &hi);
-            gg_rows((int)t[GT_O], (const uint8_t *)p[GL_O], gg_row_bytes((int)t[GT_O], qdim), qdim, lo, hi, &in, 1, x, 0,
-                    NULL, 1);
+            gg_rows((int)t[GT_O], o_precise, (const uint8_t *)p[GL_O], gg_row_bytes((int)t[GT_O], qdim), qdim, lo, hi,
+                    &in, 1, x, 0, NULL, 1);
 #pragma omp barrier
             rmsnorm(x, (const float *)p[GL_FFN_NORM], xn, hidden, eps);
-            gg_quantize(xn, hidden, xq, xd, xs, xt, x16);
-            in = (gvec){xn, xq, xd, xs, x16};
+            const int gu_precise = (precise & PRECISE_GATE_UP) != 0;
+            in = gg_input(xn, hidden, !gg_is_float((int)t[GT_GATE]) ? (int)t[GT_GATE] : (int)t[GT_UP], gu_precise, buffer);
             split_rows(inter, team, tid, 4, &lo, &hi);
-            gg_rows((int)t[GT_GATE], (const uint8_t *)p[GL_GATE], gg_row_bytes((int)t[GT_GATE], hidden), hidden, lo, hi,
-                    &in, 1, gate, 0, NULL, 0);
-            gg_rows((int)t[GT_UP], (const uint8_t *)p[GL_UP], gg_row_bytes((int)t[GT_UP], hidden), hidden, lo, hi, &in,
-                    1, up, 0, NULL, 0);
+            gg_rows((int)t[GT_GATE], gu_precise && !gg_is_float((int)t[GT_GATE]), (const uint8_t *)p[GL_GATE],
+                    gg_row_bytes((int)t[GT_GATE], hidden), hidden, lo, hi, &in, 1, gate, 0, NULL, 0);
+            gg_rows((int)t[GT_UP], gu_precise && !gg_is_float((int)t[GT_UP]), (const uint8_t *)p[GL_UP],
+                    gg_row_bytes((int)t[GT_UP], hidden), hidden, lo, hi, &in, 1, up, 0, NULL, 0);
             for (int r = lo; r < hi; r++) gate[r] = gate[r] / (1.0f + expf(-gate[r])) * up[r];
 #pragma omp barrier
-            gg_quantize(gate, inter, xq, xd, xs, xt, x16);
-            in = (gvec){gate, xq, xd, xs, x16};
+            const int down_precise = (precise & PRECISE_DOWN) && !gg_is_float((int)t[GT_DOWN]);
+            in = gg_input(gate, inter, (int)t[GT_DOWN], down_precise, buffer);
             split_rows(hidden, team, tid, 4, &lo, &hi);
-            gg_rows((int)t[GT_DOWN], (const uint8_t *)p[GL_DOWN], gg_row_bytes((int)t[GT_DOWN], inter), inter, lo, hi,
-                    &in, 1, x, 0, NULL, 1);
+            gg_rows((int)t[GT_DOWN], down_precise, (const uint8_t *)p[GL_DOWN], gg_row_bytes((int)t[GT_DOWN], inter), inter,
+                    lo, hi, &in, 1, x, 0, NULL, 1);
 #pragma omp barrier
         }
         rmsnorm(x, (const float *)glob[GG_FINAL_NORM], xn, hidden, eps);
-        gg_quantize(xn, hidden, xq, xd, xs, xt, x16);
-        in = (gvec){xn, xq, xd, xs, x16};
+        const int head_precise = (precise & PRECISE_HEAD) && !gg_is_float(head_type);
+        in = gg_input(xn, hidden, head_type, head_precise, buffer);
         split_rows(vocab, team, tid, 4, &lo, &hi);
-        gg_rows(head_type, (const uint8_t *)glob[GG_HEAD], head_row, hidden, lo, hi, &in, 1, logits, 0, NULL, 0);
+        gg_rows(head_type, head_precise, (const uint8_t *)glob[GG_HEAD], head_row, hidden, lo, hi, &in, 1, logits, 0,
+                NULL, 0);
     }
     return 0;
 }
