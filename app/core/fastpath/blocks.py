@@ -78,9 +78,9 @@ def declare(lib: Any) -> str:
     lib.hearth_gg_layout.restype = flag
     lib.hearth_gg_layout.argtypes = [flag]
     lib.hearth_gg_scratch_floats.restype = size
-    lib.hearth_gg_scratch_floats.argtypes = [pointer, size]
-    lib.hearth_gg_step.restype = flag
-    lib.hearth_gg_step.argtypes = [pointer] * 5 + [size] * 3 + [pointer] * 2
+    lib.hearth_gg_scratch_floats.argtypes = [pointer, size, size]
+    lib.hearth_gg_forward.restype = flag
+    lib.hearth_gg_forward.argtypes = [pointer] * 6 + [size] * 3 + [pointer, size, pointer, size]
     layout = tuple(lib.hearth_gg_layout(i) for i in range(4))
     if layout != (len(STEP_SIZES), len(STEP_GLOBALS), len(STEP_TYPES), len(STEP_LAYER)):
         return f"its GGUF step layout {layout} does not match this Hearth"
@@ -127,8 +127,8 @@ def matmul(
     return out
 
 
-class GGStepArguments:
-    """hearth_gg_step's argument arrays for one model (sizes, eps and attention scale, the global pointers, each
+class GGForward:
+    """hearth_gg_forward's argument arrays for one model (sizes, eps and attention scale, the global pointers, each
     layer's matrix types and pointers; the K/V slabs bound per cache by `bind_kv`) and its scratch buffer. Whoever
     builds it keeps every array its pointers point into alive."""
 
@@ -156,27 +156,36 @@ class GGStepArguments:
         self.scratch = np.empty(0, dtype=np.float32)
 
     def bind_kv(self, keys: Sequence[int], values: Sequence[int], capacity: int) -> None:
+        """Point every layer at its K and V slabs (all of `capacity` positions)."""
         stride = len(STEP_LAYER)
         for index, (key, value) in enumerate(zip(keys, values, strict=True)):
             self.layer_args[index * stride + stride - 2] = key
             self.layer_args[index * stride + stride - 1] = value
-        needed = int(self.lib.hearth_gg_scratch_floats(ctypes.addressof(self.sizes), capacity))
-        if self.scratch.size < needed:
-            self.scratch = np.empty(needed, dtype=np.float32)
         self.capacity = capacity
 
-    def run(self, token: int, position: int, logits: int) -> int:
+    def scratch_floats(self, tokens: int) -> int:
+        return int(self.lib.hearth_gg_scratch_floats(ctypes.addressof(self.sizes), tokens, self.capacity))
+
+    def run(self, tokens: npt.NDArray[np.int64], position: int, logits: Floats) -> int:
+        """`tokens` at positions position.. through the model; the logits of its last logits.shape[0] tokens into
+        `logits` ([rows, vocab] fp32); hearth_gg_forward's code (0: done)."""
+        needed = self.scratch_floats(len(tokens))
+        if self.scratch.size < needed:
+            self.scratch = np.empty(needed, dtype=np.float32)
         return int(
-            self.lib.hearth_gg_step(
+            self.lib.hearth_gg_forward(
                 ctypes.addressof(self.sizes),
                 ctypes.addressof(self.floats),
                 ctypes.addressof(self.glob),
                 ctypes.addressof(self.types),
                 ctypes.addressof(self.layer_args),
-                token,
+                tokens.ctypes.data,
+                len(tokens),
                 position,
                 self.capacity,
-                logits,
+                logits.ctypes.data,
+                logits.shape[0] if logits.ndim == 2 else 1,
                 self.scratch.ctypes.data,
+                self.scratch.size,
             )
         )

@@ -10,6 +10,7 @@ the file's length before any pointer reaches the kernel.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,9 @@ from app.core.engines.lite.runtime import (
     PREFILL_CHUNK,
     DecoderRuntime,
     Floats,
+    LiteCache,
     LiteConfig,
     LiteUnavailable,
-    _silu_times,
 )
 from app.core.errors import HearthError
 from app.core.fastpath import blocks
@@ -311,48 +312,45 @@ class GGUFModel(DecoderRuntime):
             for name, bias in self.biases[index].items():
                 fields[f"{name}_bias"] = bias.ctypes.data if bias is not None else None
             layers.append(fields)
-        self.arguments = blocks.GGStepArguments(self.lib, sizes, config.eps, glob, types, layers)
+        self.arguments = blocks.GGForward(self.lib, sizes, config.eps, glob, types, layers)
 
     def _bind_kv(self, keys: list[int], values: list[int], capacity: int) -> None:
         self.arguments.bind_kv(keys, values, capacity)
 
     def _run_step(self, token: int, position: int, logits: Floats) -> int:
-        return self.arguments.run(token, position, logits.ctypes.data)
+        return self.arguments.run(np.array([token], dtype=np.int64), position, logits[None, :])
 
-    # -- prefill's products
-    def _product(self, matrix: Matrix, x: Floats, site: int, bias: Floats | None = None) -> Floats:
-        precise = bool(self.precise & site)
-        return blocks.matmul(self.lib, matrix.kind, matrix.data, matrix.rows, x, self.threads, bias, precise)
+    # -- prefill: the decode step's own C forward, PREFILL_CHUNK tokens a call (each token computed as one step is)
+    def prefill(self, ids: Sequence[int], cache: LiteCache) -> Floats:
+        """Run `ids` after the cache's positions; the logits after the last [vocab]."""
+        return self.forward(ids, cache, 1)[0]
 
-    def _embed(self, ids: Any) -> Floats:
-        row_bytes = blocks.row_bytes(self.embedding.kind, self.config.hidden)
-        out = np.empty((len(ids), self.config.hidden), dtype=np.float32)
-        for slot, token in enumerate(ids):
-            if not 0 <= int(token) < self.config.vocab:
-                raise ValueError(f"token id {token} is outside the model's {self.config.vocab}-token vocabulary")
-            row = self.embedding.data[int(token) * row_bytes : (int(token) + 1) * row_bytes]
-            out[slot] = blocks.dequantize(self.lib, self.embedding.kind, row, self.config.hidden)
-        return out
-
-    def _qkv(self, h: Floats, index: int) -> tuple[Floats, Floats, Floats]:
-        layer, bias = self.layers[index], self.biases[index]
-        site = blocks.PRECISE_QKV
-        return (
-            self._product(layer["q"], h, site, bias["q"]),
-            self._product(layer["k"], h, site, bias["k"]),
-            self._product(layer["v"], h, site, bias["v"]),
-        )
-
-    def _out(self, attended: Floats, index: int) -> Floats:
-        return self._product(self.layers[index]["o"], attended, blocks.PRECISE_O)
-
-    def _mlp(self, h: Floats, index: int) -> Floats:
-        layer, site = self.layers[index], blocks.PRECISE_GATE_UP
-        gate_up = np.concatenate([self._product(layer["gate"], h, site), self._product(layer["up"], h, site)], axis=1)
-        return self._product(layer["down"], _silu_times(gate_up, self.config.inter), blocks.PRECISE_DOWN)
-
-    def _lm_head(self, x: Floats) -> Floats:
-        return self._product(self.head, x, blocks.PRECISE_HEAD)
+    def forward(self, ids: Sequence[int], cache: LiteCache, logit_rows: int) -> Floats:
+        """Run `ids` after the cache's positions; the logits after each of the last `logit_rows` of them
+        [logit_rows, vocab] (the quality bench and a speculative check read every position's)."""
+        if not ids:
+            raise ValueError("prefill needs at least one token")
+        tokens = np.asarray(ids, dtype=np.int64)
+        bad = tokens[(tokens < 0) | (tokens >= self.config.vocab)]
+        if bad.size:
+            raise ValueError(f"token id {int(bad[0])} is outside the model's {self.config.vocab}-token vocabulary")
+        logits = np.empty((logit_rows, self.config.vocab), dtype=np.float32)
+        cache.reserve(cache.length + len(ids))
+        self._bind(cache)
+        first_wanted = len(ids) - logit_rows  # the logits asked for are those of a suffix of ids
+        for start in range(0, len(ids), PREFILL_CHUNK):
+            chunk = tokens[start : start + PREFILL_CHUNK]
+            end = start + len(chunk)
+            rows = max(0, end - max(start, first_wanted))  # a suffix of this chunk
+            out = logits[end - rows - first_wanted : end - first_wanted]
+            code = self.arguments.run(chunk, cache.length, out)
+            if code != 0:
+                raise RuntimeError(
+                    f"the GGUF forward refused {len(chunk)} tokens at position {cache.length} (code {code})"
+                )
+            cache.length += len(chunk)
+            cache.ids.extend(int(token) for token in chunk)
+        return logits
 
 
 def open_gguf_model(path: Path, threads: int | None = None, precise: int = PRECISE_INPUTS) -> GGUFModel:

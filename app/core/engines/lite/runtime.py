@@ -368,7 +368,7 @@ class DecoderRuntime:
         self.lib = library.lib
         self.config = config
         self.threads = threads or (_threads() if library.threaded else 1)
-        self._bound: tuple[int, int, int] | None = None  # (id of the cache, its version, capacity) last bound
+        self._bound: tuple[LiteCache, int, int] | None = None  # (the cache, its version, capacity) last bound
         self._executor: ThreadPoolExecutor | None = None
 
     # -- what a subclass supplies
@@ -413,13 +413,8 @@ class DecoderRuntime:
     def step(self, token: int, cache: LiteCache) -> Floats:
         """Run `token` at the cache's next position; the next token's logits [vocab] (fp32)."""
         position = cache.length
-        bound = self._bound
-        if bound is None or bound[0] != id(cache) or bound[1] != cache.version or position >= bound[2]:
-            cache.reserve(position + 1)
-            self._bind_kv(
-                [slab.ctypes.data for slab in cache.keys], [slab.ctypes.data for slab in cache.values], cache.capacity
-            )
-            bound = self._bound = (id(cache), cache.version, cache.capacity)
+        cache.reserve(position + 1)
+        self._bind(cache)
         if not 0 <= token < self.config.vocab:
             raise ValueError(f"token id {token} is outside the model's {self.config.vocab}-token vocabulary")
         logits = np.empty(self.config.vocab, dtype=np.float32)
@@ -429,6 +424,17 @@ class DecoderRuntime:
         cache.length = position + 1
         cache.ids.append(int(token))
         return logits
+
+    def _bind(self, cache: LiteCache) -> None:
+        """Point the C step at the cache's slabs, unless it already points at these (reserve() replaces them). The
+        bound cache is held, not just its id(): a new cache may get a freed one's id, and the step would then write
+        into freed slabs."""
+        bound = self._bound
+        if bound is None or bound[0] is not cache or bound[1:] != (cache.version, cache.capacity):
+            self._bind_kv(
+                [slab.ctypes.data for slab in cache.keys], [slab.ctypes.data for slab in cache.values], cache.capacity
+            )
+            self._bound = (cache, cache.version, cache.capacity)
 
     # -- prefill
     def prefill(self, ids: Sequence[int], cache: LiteCache) -> Floats:

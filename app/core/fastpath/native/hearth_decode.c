@@ -2152,8 +2152,12 @@ int hearth_gg_matmul(int type, const void *w, int64_t rows, int64_t cols, const 
     return 0;
 }
 
-/* The decode step on a GGUF model's own blocks: one token through the decoder, each matrix in its file type (a Q4_K_M
- * file mixes Q4_K and Q6_K per tensor), its K/V written at `pos`, the next token's logits into `logits`.
+/* The forward pass on a GGUF model's own blocks: n tokens at positions pos..pos+n-1 through the decoder, each matrix
+ * in its file type (a Q4_K_M file mixes Q4_K and Q6_K per tensor), their K/V written into the cache, and the logits of
+ * the last `logit_rows` of them. A decode step is n = 1; a prefill chunk is n > 1 and computes each token exactly as
+ * a decode step would (the products are row-invariant, the attention below is split into chunks of fixed length
+ * whatever the threads, and every other operation is per token): a reply is the same bits whether its prompt came
+ * from one prefill, a reused prefix or token-by-token decoding.
  * Argument tables (their order is app/core/fastpath/blocks.py's, checked against hearth_gg_layout):
  *   cfg:    layers, hidden, heads, kv_heads, head_dim, inter, vocab, kv_bf16, threads, rope_pairs, embed_type,
  *           head_type, precise
@@ -2162,8 +2166,8 @@ int hearth_gg_matmul(int type, const void *w, int64_t rows, int64_t cols, const 
  *   types:  per layer q, k, v, o, gate, up, down (GG_ types)
  *   layers: per layer attn_norm, ffn_norm, q, k, v, o, gate, up, down, q_bias, k_bias, v_bias, K slab, V slab
  * rope_pairs: RoPE on adjacent pairs (llama.cpp's layout of llama/mistral Q and K rows) instead of halves. precise: a
- * bit per matrix input taken at 15 bits (PRECISE_ bits below). Returns 0, or a negative code for arguments it
- * refuses. */
+ * bit per matrix input taken at 15 bits (PRECISE_ bits below). Returns 0; -1 for a token or position out of range,
+ * -2 for sizes or types it does not take, -3 when the scratch is too small. */
 enum { GC_LAYERS, GC_HIDDEN, GC_HEADS, GC_KV_HEADS, GC_HEAD_DIM, GC_INTER, GC_VOCAB, GC_KV_BF16, GC_THREADS,
        GC_ROPE_PAIRS, GC_EMBED_TYPE, GC_HEAD_TYPE, GC_PRECISE, GC_COUNT };
 enum { GG_EMBED, GG_FINAL_NORM, GG_HEAD, GG_INV_FREQ, GG_GLOBAL_COUNT };
@@ -2171,6 +2175,7 @@ enum { GT_Q, GT_K, GT_V, GT_O, GT_GATE, GT_UP, GT_DOWN, GT_COUNT };
 enum { GL_ATTN_NORM, GL_FFN_NORM, GL_Q, GL_K, GL_V, GL_O, GL_GATE, GL_UP, GL_DOWN, GL_Q_BIAS, GL_K_BIAS, GL_V_BIAS,
        GL_K_CACHE, GL_V_CACHE, GL_COUNT };
 enum { PRECISE_QKV = 1, PRECISE_O = 2, PRECISE_GATE_UP = 4, PRECISE_DOWN = 8, PRECISE_HEAD = 16 };
+#define SPAN 256 /* positions per attention chunk: fixed, so a token's attention never depends on the thread count */
 
 int hearth_gg_layout(int which) {
     switch (which) {
@@ -2182,18 +2187,6 @@ int hearth_gg_layout(int which) {
     }
 }
 
-/* Per thread: the normalized residual and one matrix input's quantization buffers. */
-static int64_t gg_thread_floats(int64_t hidden, int64_t widest) { return hidden + (gbuf_bytes(widest) + 127) / 4; }
-
-int64_t hearth_gg_scratch_floats(const int64_t *cfg, int64_t capacity) {
-    const int64_t hidden = cfg[GC_HIDDEN], heads = cfg[GC_HEADS], kv = cfg[GC_KV_HEADS], hd = cfg[GC_HEAD_DIM];
-    const int64_t inter = cfg[GC_INTER], threads = cfg[GC_THREADS] > 0 ? cfg[GC_THREADS] : 1;
-    const int64_t widest = max3((int)hidden, (int)(heads * hd), (int)inter);
-    const int64_t chunks = (capacity + ATT_CHUNK - 1) / ATT_CHUNK;
-    return hidden + (heads + 2 * kv) * hd + heads * hd + 2 * inter + hd + heads * capacity + heads * chunks * (hd + 2) +
-           threads * gg_thread_floats(hidden, widest);
-}
-
 static void rope_pairs(float *v, const float *cosv, const float *sinv, int half) {
     for (int i = 0; i < half; i++) {
         const float a = v[2 * i], b = v[2 * i + 1];
@@ -2202,8 +2195,94 @@ static void rope_pairs(float *v, const float *cosv, const float *sinv, int half)
     }
 }
 
-int hearth_gg_step(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types, void *const *layers,
-                   int64_t token, int64_t pos, int64_t capacity, float *logits, float *scratch) {
+/* One chunk [t0, t1) of a KV head's positions against its `group` query heads (q: group * hd floats): per head the
+ * chunk's max score, its sum of exp(score - max) and the unnormalized output sum exp(score - max) v (pout: hd floats
+ * per head, `stride` apart), each V row read once for the whole group. */
+static void attend_chunk(const float *q, int group, const char *kbase, const char *vbase, int kv_bf16, int hd,
+                         int64_t t0, int64_t t1, float scale, float *scores, float *pmax, float *psum, float *pout,
+                         int64_t stride) {
+    const size_t elem = kv_bf16 ? 2 : 4;
+    for (int j = 0; j < group; j++) {
+        float *sc = scores + (int64_t)j * SPAN;
+        float top = -INFINITY;
+        for (int64_t t = t0; t < t1; t++) {
+            sc[t - t0] = dot_kv(kbase + (size_t)t * hd * elem, kv_bf16, q + (int64_t)j * hd, hd) * scale;
+            if (sc[t - t0] > top) top = sc[t - t0];
+        }
+        float total = 0.0f;
+        for (int64_t t = t0; t < t1; t++) {
+            sc[t - t0] = expf(sc[t - t0] - top);
+            total += sc[t - t0];
+        }
+        pmax[j * stride] = top, psum[j * stride] = total;
+        memset(pout + (int64_t)j * stride * hd, 0, (size_t)hd * sizeof(float));
+    }
+    for (int64_t t = t0; t < t1; t++) {
+        const char *vrow = vbase + (size_t)t * hd * elem;
+        for (int j = 0; j < group; j++) axpy_kv(pout + (int64_t)j * stride * hd, scores[(int64_t)j * SPAN + t - t0], vrow, kv_bf16, hd);
+    }
+}
+
+/* A head's output from its chunks' partials (`chunks` of them, consecutive), in chunk order. */
+static void attend_merge(int chunks, const float *pmax, const float *psum, const float *pout, int hd, float *out) {
+    float top = -INFINITY, total = 0.0f;
+    for (int c = 0; c < chunks; c++) top = fmaxf(top, pmax[c]);
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int c = 0; c < chunks; c++) {
+        const float weight = expf(pmax[c] - top);
+        total += weight * psum[c];
+        for (int i = 0; i < hd; i++) out[i] += weight * pout[(int64_t)c * hd + i];
+    }
+    const float inv = 1.0f / total;
+    for (int i = 0; i < hd; i++) out[i] *= inv;
+}
+
+/* Scratch layout for n tokens: x, xn [n][hidden]; qkv [n][units hd]; att [n][heads hd]; gate, up [n][inter];
+ * cos, sin [n][half]; per (token, head) attention partials [n][heads][chunks][hd + 2]; the chunk scores per thread
+ * [threads][group][SPAN]; the inputs' quantization buffers [n]. */
+typedef struct {
+    float *x, *xn, *qkv, *att, *gate, *up, *cosv, *sinv, *pout, *pmax, *psum, *scores;
+    char *quant;
+    int64_t quant_stride, chunks;
+} gg_scratch;
+
+static int64_t gg_layout_scratch(const int64_t *cfg, int64_t n, int64_t capacity, float *base, gg_scratch *out) {
+    const int64_t hidden = cfg[GC_HIDDEN], heads = cfg[GC_HEADS], kv = cfg[GC_KV_HEADS], hd = cfg[GC_HEAD_DIM];
+    const int64_t inter = cfg[GC_INTER], threads = cfg[GC_THREADS] > 0 ? cfg[GC_THREADS] : 1;
+    const int64_t widest = max3((int)hidden, (int)(heads * hd), (int)inter), units = heads + 2 * kv;
+    const int64_t chunks = (capacity + SPAN - 1) / SPAN, group = kv > 0 ? heads / kv : 1;
+    const int64_t quant_stride = (gbuf_bytes(widest) + 63) / 64 * 16; /* floats, 64-byte multiples */
+    int64_t at = 0;
+    gg_scratch s;
+#define TAKE(field, count) (s.field = base ? base + at : NULL, at += (count))
+    TAKE(x, n * hidden);
+    TAKE(xn, n * hidden);
+    TAKE(qkv, n * units * hd);
+    TAKE(att, n * heads * hd);
+    TAKE(gate, n * inter);
+    TAKE(up, n * inter);
+    TAKE(cosv, n * (hd / 2));
+    TAKE(sinv, n * (hd / 2));
+    TAKE(pout, n * heads * chunks * hd);
+    TAKE(pmax, n * heads * chunks);
+    TAKE(psum, n * heads * chunks);
+    TAKE(scores, threads * group * SPAN);
+#undef TAKE
+    at = (at + 15) / 16 * 16;
+    s.quant = base ? (char *)(base + at) : NULL;
+    at += n * quant_stride;
+    s.quant_stride = quant_stride * 4, s.chunks = chunks;
+    if (out) *out = s;
+    return at;
+}
+
+int64_t hearth_gg_scratch_floats(const int64_t *cfg, int64_t n, int64_t capacity) {
+    return gg_layout_scratch(cfg, n, capacity, NULL, NULL);
+}
+
+int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types,
+                      void *const *layers, const int64_t *tokens, int64_t n, int64_t pos, int64_t capacity,
+                      float *logits, int64_t logit_rows, float *scratch, int64_t scratch_floats) {
     const int n_layers = (int)cfg[GC_LAYERS], hidden = (int)cfg[GC_HIDDEN], heads = (int)cfg[GC_HEADS];
     const int kv_heads = (int)cfg[GC_KV_HEADS], hd = (int)cfg[GC_HEAD_DIM], inter = (int)cfg[GC_INTER];
     const int vocab = (int)cfg[GC_VOCAB], kv_bf16 = (int)cfg[GC_KV_BF16], pairs = (int)cfg[GC_ROPE_PAIRS];
@@ -2211,8 +2290,9 @@ int hearth_gg_step(const int64_t *cfg, const float *cfgf, void *const *glob, con
     const int threads = cfg[GC_THREADS] > 0 ? (int)cfg[GC_THREADS] : 1;
     const float eps = cfgf[0], attn_scale = cfgf[1];
     const int half = hd / 2, qdim = heads * hd, kvdim = kv_heads * hd, units = heads + 2 * kv_heads;
-    const int widest = max3(hidden, qdim, inter);
-    if (token < 0 || token >= vocab || pos < 0 || pos >= capacity) return -1;
+    if (n < 1 || pos < 0 || pos + n > capacity || logit_rows < 0 || logit_rows > n) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab) return -1;
     if (kv_heads <= 0 || heads % kv_heads || hidden % QBLOCK || qdim % QBLOCK || inter % QBLOCK || hd % 2) return -2;
     const int64_t embed_row = gg_row_bytes(embed_type, hidden), head_row = gg_row_bytes(head_type, hidden);
     if (embed_row < 0 || head_row < 0) return -2;
@@ -2220,93 +2300,133 @@ int hearth_gg_step(const int64_t *cfg, const float *cfgf, void *const *glob, con
         const int in = (i % GT_COUNT) == GT_O ? qdim : (i % GT_COUNT) == GT_DOWN ? inter : hidden;
         if (gg_row_bytes((int)types[i], in) < 0) return -2;
     }
-
-    float *x = scratch;
-    float *qkv = x + hidden;
-    float *att = qkv + (int64_t)units * hd;
-    float *gate = att + qdim, *up = gate + inter;
-    float *cosv = up + inter, *sinv = cosv + half;
-    float *scores = sinv + half;
-    const int max_chunks = (int)((capacity + ATT_CHUNK - 1) / ATT_CHUNK);
-    float *partial = scores + (int64_t)heads * capacity;
-    float *part_max = partial + (int64_t)heads * max_chunks * hd, *part_sum = part_max + (int64_t)heads * max_chunks;
-    float *per_thread = part_sum + (int64_t)heads * max_chunks;
-
-    if (hearth_gg_dequant(embed_type, (const uint8_t *)glob[GG_EMBED] + token * embed_row, hidden, x) != 0) return -2;
+    if (scratch_floats < hearth_gg_scratch_floats(cfg, n, capacity)) return -3;
+    gg_scratch s;
+    gg_layout_scratch(cfg, n, capacity, scratch, &s);
+    const int group = heads / kv_heads;
+    const int64_t chunks_max = s.chunks;
     const float *inv_freq = (const float *)glob[GG_INV_FREQ];
-    for (int i = 0; i < half; i++) {
-        const float angle = (float)pos * inv_freq[i];
-        cosv[i] = cosf(angle);
-        sinv[i] = sinf(angle);
+    gvec *inputs = malloc((size_t)n * sizeof(gvec));
+    if (!inputs) return -3;
+    for (int64_t i = 0; i < n; i++) {
+        hearth_gg_dequant(embed_type, (const uint8_t *)glob[GG_EMBED] + tokens[i] * embed_row, hidden,
+                          s.x + i * hidden);
+        for (int k = 0; k < half; k++) {
+            const float angle = (float)(pos + i) * inv_freq[k];
+            s.cosv[i * half + k] = cosf(angle);
+            s.sinv[i * half + k] = sinf(angle);
+        }
     }
 
 #pragma omp parallel num_threads(threads)
     {
         int tid, team, lo, hi;
         team_position(&tid, &team);
-        /* Each thread normalizes and quantizes its matrix inputs privately: no barrier or shared write for them. */
-        float *xn = per_thread + (int64_t)tid * gg_thread_floats(hidden, widest);
-        const gbuf buffer = gbuf_at(xn + hidden, widest);
-        gvec in;
+        float *my_scores = s.scores + (int64_t)tid * group * SPAN;
         for (int l = 0; l < n_layers; l++) {
             void *const *p = layers + (int64_t)l * GL_COUNT;
             const int64_t *t = types + (int64_t)l * GT_COUNT;
-            rmsnorm(x, (const float *)p[GL_ATTN_NORM], xn, hidden, eps);
+            /* q, k and v read one quantization of the normalized input (a float matrix among them reads xn itself) */
             const int qkv_precise = (precise & PRECISE_QKV) != 0;
-            /* q, k and v read one quantization (a float matrix among them reads xn itself) */
             const int qkv_type = !gg_is_float((int)t[GT_Q]) ? (int)t[GT_Q] : !gg_is_float((int)t[GT_K]) ? (int)t[GT_K] : (int)t[GT_V];
-            in = gg_input(xn, hidden, qkv_type, qkv_precise, buffer);
 #pragma omp for schedule(static)
-            for (int u = 0; u < units; u++) {
-                const int which = u < heads ? 0 : u < heads + kv_heads ? 1 : 2; /* q, k, v */
-                const int row0 = (u - (which == 0 ? 0 : which == 1 ? heads : heads + kv_heads)) * hd;
-                float *base = qkv + (which == 0 ? 0 : which == 1 ? qdim : qdim + kvdim);
-                const int kind = (int)t[GT_Q + which];
-                gg_rows(kind, qkv_precise && !gg_is_float(kind), (const uint8_t *)p[GL_Q + which],
-                        gg_row_bytes(kind, hidden), hidden, row0, row0 + hd, &in, 1, base, 0,
-                        (const float *)p[GL_Q_BIAS + which], 0);
-                float *out = base + row0;
-                if (which < 2) {
-                    if (pairs)
-                        rope_pairs(out, cosv, sinv, half);
-                    else
-                        rope(out, cosv, sinv, half);
-                }
-                if (which > 0)
-                    store_kv(p[which == 1 ? GL_K_CACHE : GL_V_CACHE], kv_bf16, ((int64_t)(row0 / hd) * capacity + pos) * hd,
-                             out, hd);
+            for (int64_t i = 0; i < n; i++) {
+                rmsnorm(s.x + i * hidden, (const float *)p[GL_ATTN_NORM], s.xn + i * hidden, hidden, eps);
+                inputs[i] = gg_input(s.xn + i * hidden, hidden, qkv_type, qkv_precise, gbuf_at(s.quant + i * s.quant_stride, hidden));
             }
-            attend(qkv, p[GL_K_CACHE], p[GL_V_CACHE], kv_bf16, heads, kv_heads, hd, pos, capacity, attn_scale, threads,
-                   scores, partial, part_max, part_sum, max_chunks, att);
+            for (int which = 0; which < 3; which++) { /* q, k, v: each thread its rows of each, for every token */
+                const int kind = (int)t[GT_Q + which], rows = which == 0 ? qdim : kvdim;
+                split_rows(rows, team, tid, 4, &lo, &hi);
+                gg_rows(kind, qkv_precise && !gg_is_float(kind), (const uint8_t *)p[GL_Q + which], gg_row_bytes(kind, hidden),
+                        hidden, lo, hi, inputs, (int)n, s.qkv + (which == 0 ? 0 : which == 1 ? qdim : qdim + kvdim),
+                        (int64_t)units * hd, (const float *)p[GL_Q_BIAS + which], 0);
+            }
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t unit = 0; unit < n * (heads + 2 * kv_heads); unit++) { /* RoPE on q and k, K/V into the cache */
+                const int64_t i = unit / units;
+                const int u = (int)(unit % units);
+                float *out = s.qkv + i * units * hd + (int64_t)u * hd;
+                if (u < heads + kv_heads) {
+                    if (pairs)
+                        rope_pairs(out, s.cosv + i * half, s.sinv + i * half, half);
+                    else
+                        rope(out, s.cosv + i * half, s.sinv + i * half, half);
+                }
+                if (u >= heads) {
+                    const int is_v = u >= heads + kv_heads, head = (u - heads) % kv_heads;
+                    store_kv(p[is_v ? GL_V_CACHE : GL_K_CACHE], kv_bf16, ((int64_t)head * capacity + pos + i) * hd, out, hd);
+                }
+            }
+            /* attention: each (token, kv head, chunk) unit's partials, then each (token, head)'s merge in chunk order */
+            const size_t elem = kv_bf16 ? 2 : 4;
+            const int64_t last_chunks = (pos + n + SPAN - 1) / SPAN;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t unit = 0; unit < n * kv_heads * last_chunks; unit++) {
+                const int64_t c = unit % last_chunks, g = (unit / last_chunks) % kv_heads, i = unit / (last_chunks * kv_heads);
+                const int64_t positions = pos + i + 1, t0 = c * SPAN;
+                if (t0 >= positions) continue;
+                const int64_t t1 = t0 + SPAN < positions ? t0 + SPAN : positions;
+                const int64_t slot = (i * heads + g * group) * chunks_max + c;
+                attend_chunk(s.qkv + i * units * hd + g * group * hd, group,
+                             (const char *)p[GL_K_CACHE] + (size_t)g * capacity * hd * elem,
+                             (const char *)p[GL_V_CACHE] + (size_t)g * capacity * hd * elem, kv_bf16, hd, t0, t1,
+                             attn_scale, my_scores, s.pmax + slot, s.psum + slot, s.pout + slot * hd, chunks_max);
+            }
+#pragma omp for schedule(static)
+            for (int64_t unit = 0; unit < n * heads; unit++) {
+                const int64_t i = unit / heads, h = unit % heads, slot = (i * heads + h) * chunks_max;
+                const int chunks = (int)((pos + i + 1 + SPAN - 1) / SPAN);
+                attend_merge(chunks, s.pmax + slot, s.psum + slot, s.pout + slot * hd, hd, s.att + i * qdim + h * hd);
+            }
             const int o_precise = (precise & PRECISE_O) && !gg_is_float((int)t[GT_O]);
-            in = gg_input(att, qdim, (int)t[GT_O], o_precise, buffer);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < n; i++)
+                inputs[i] = gg_input(s.att + i * qdim, qdim, (int)t[GT_O], o_precise, gbuf_at(s.quant + i * s.quant_stride, qdim));
             split_rows(hidden, team, tid, 4, &lo, &hi);
             gg_rows((int)t[GT_O], o_precise, (const uint8_t *)p[GL_O], gg_row_bytes((int)t[GT_O], qdim), qdim, lo, hi,
-                    &in, 1, x, 0, NULL, 1);
+                    inputs, (int)n, s.x, hidden, NULL, 1);
 #pragma omp barrier
-            rmsnorm(x, (const float *)p[GL_FFN_NORM], xn, hidden, eps);
             const int gu_precise = (precise & PRECISE_GATE_UP) != 0;
-            in = gg_input(xn, hidden, !gg_is_float((int)t[GT_GATE]) ? (int)t[GT_GATE] : (int)t[GT_UP], gu_precise, buffer);
+            const int gu_type = !gg_is_float((int)t[GT_GATE]) ? (int)t[GT_GATE] : (int)t[GT_UP];
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < n; i++) {
+                rmsnorm(s.x + i * hidden, (const float *)p[GL_FFN_NORM], s.xn + i * hidden, hidden, eps);
+                inputs[i] = gg_input(s.xn + i * hidden, hidden, gu_type, gu_precise, gbuf_at(s.quant + i * s.quant_stride, hidden));
+            }
             split_rows(inter, team, tid, 4, &lo, &hi);
             gg_rows((int)t[GT_GATE], gu_precise && !gg_is_float((int)t[GT_GATE]), (const uint8_t *)p[GL_GATE],
-                    gg_row_bytes((int)t[GT_GATE], hidden), hidden, lo, hi, &in, 1, gate, 0, NULL, 0);
+                    gg_row_bytes((int)t[GT_GATE], hidden), hidden, lo, hi, inputs, (int)n, s.gate, inter, NULL, 0);
             gg_rows((int)t[GT_UP], gu_precise && !gg_is_float((int)t[GT_UP]), (const uint8_t *)p[GL_UP],
-                    gg_row_bytes((int)t[GT_UP], hidden), hidden, lo, hi, &in, 1, up, 0, NULL, 0);
-            for (int r = lo; r < hi; r++) gate[r] = gate[r] / (1.0f + expf(-gate[r])) * up[r];
+                    gg_row_bytes((int)t[GT_UP], hidden), hidden, lo, hi, inputs, (int)n, s.up, inter, NULL, 0);
+            for (int64_t i = 0; i < n; i++)
+                for (int r = lo; r < hi; r++) {
+                    float *g = s.gate + i * inter + r;
+                    *g = *g / (1.0f + expf(-*g)) * s.up[i * inter + r];
+                }
 #pragma omp barrier
             const int down_precise = (precise & PRECISE_DOWN) && !gg_is_float((int)t[GT_DOWN]);
-            in = gg_input(gate, inter, (int)t[GT_DOWN], down_precise, buffer);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < n; i++)
+                inputs[i] = gg_input(s.gate + i * inter, inter, (int)t[GT_DOWN], down_precise, gbuf_at(s.quant + i * s.quant_stride, inter));
             split_rows(hidden, team, tid, 4, &lo, &hi);
             gg_rows((int)t[GT_DOWN], down_precise, (const uint8_t *)p[GL_DOWN], gg_row_bytes((int)t[GT_DOWN], inter), inter,
-                    lo, hi, &in, 1, x, 0, NULL, 1);
+                    lo, hi, inputs, (int)n, s.x, hidden, NULL, 1);
 #pragma omp barrier
         }
-        rmsnorm(x, (const float *)glob[GG_FINAL_NORM], xn, hidden, eps);
-        const int head_precise = (precise & PRECISE_HEAD) && !gg_is_float(head_type);
-        in = gg_input(xn, hidden, head_type, head_precise, buffer);
-        split_rows(vocab, team, tid, 4, &lo, &hi);
-        gg_rows(head_type, head_precise, (const uint8_t *)glob[GG_HEAD], head_row, hidden, lo, hi, &in, 1, logits, 0,
-                NULL, 0);
+        if (logit_rows > 0) {
+            const int head_precise = (precise & PRECISE_HEAD) && !gg_is_float(head_type);
+            const int64_t first = n - logit_rows;
+#pragma omp for schedule(static)
+            for (int64_t i = first; i < n; i++) {
+                rmsnorm(s.x + i * hidden, (const float *)glob[GG_FINAL_NORM], s.xn + i * hidden, hidden, eps);
+                inputs[i] = gg_input(s.xn + i * hidden, hidden, head_type, head_precise, gbuf_at(s.quant + i * s.quant_stride, hidden));
+            }
+            split_rows(vocab, team, tid, 4, &lo, &hi);
+            gg_rows(head_type, head_precise, (const uint8_t *)glob[GG_HEAD], head_row, hidden, lo, hi, inputs + first,
+                    (int)logit_rows, logits, vocab, NULL, 0);
+        }
     }
+    free(inputs);
     return 0;
 }

@@ -222,18 +222,38 @@ def test_llama3_rope_factors_are_read_from_the_file(tmp_path: Path) -> None:
         model.close()
 
 
-def test_a_decode_step_continues_a_prefill_as_a_longer_prefill_would(tmp_path: Path) -> None:
-    model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K))
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q5_0 (llama.cpp's Q4_K_M at widths K-quants can't take)", "F16 untied"])
+def test_a_prompt_gives_the_same_bits_in_one_prefill_in_pieces_or_token_by_token(mix: str, tmp_path: Path) -> None:
+    """Every token is computed as a decode step computes it (row-invariant products, attention in fixed chunks of
+    positions, the same C code): a reused prefix, a chunked prefill and plain decoding give the same logits."""
+    model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", **MIXES[mix]))
     try:
-        whole = model.prefill(IDS, model.new_cache())
+        whole = model.prefill(IDS, model.new_cache())  # its cache freed at once: a new one may get its id()
+        pieces = model.new_cache()
+        model.prefill(IDS[:5], pieces)
+        model.prefill(IDS[5:9], pieces)
+        in_pieces = model.prefill(IDS[9:], pieces)
+        stepped = model.new_cache()
+        model.prefill(IDS[:1], stepped)
+        for token in IDS[1:]:
+            by_steps = model.step(token, stepped)
+        every = model.forward(IDS, model.new_cache(), len(IDS))
+        assert np.array_equal(whole, in_pieces) and np.array_equal(whole, by_steps) and np.array_equal(whole, every[-1])
+        for position in (0, 6):  # every position's logits are what a prefill up to it gives
+            assert np.array_equal(every[position], model.prefill(IDS[: position + 1], model.new_cache()))
+    finally:
+        model.close()
+
+
+def test_tokens_outside_the_vocabulary_are_refused_with_their_id(tmp_path: Path) -> None:
+    model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q8_0))
+    try:
         cache = model.new_cache()
-        model.prefill(IDS[:-1], cache)
-        stepped = model.step(IDS[-1], cache)
-        assert relative_error(stepped, whole) < 0.03 and stepped.argmax() == whole.argmax()
         with pytest.raises(ValueError, match="token id 5000 is outside the model's 404-token vocabulary"):
             model.step(5000, cache)
         with pytest.raises(ValueError, match="token id -1 is outside"):
-            model.prefill([-1], model.new_cache())
+            model.prefill([3, -1], cache)
+        assert cache.length == 0  # nothing ran
     finally:
         model.close()
 
