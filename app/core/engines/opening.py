@@ -1,18 +1,21 @@
 """The one load path of the window's worker and the command line: a LoadRequest in, a ChatBackend out.
 
-Torch-free until it has to be: a q4 model on the CPU with its packed copy cached runs on the torch-free runtime
-(app.core.engines.lite; the process then never imports torch), a remote engine's model opens a RemoteBackend, and
-everything else loads through torch (app.core.engines.local), which also writes the packed copy a later load uses.
-HEARTH_RUNTIME=torch always loads through torch; HEARTH_RUNTIME=lite refuses a load the runtime can't take.
+Torch-free until it has to be: on the CPU, a GGUF file runs on its own blocks and a q4 model folder with its packed
+copy cached runs from that copy, on the torch-free runtime (app.core.engines.lite; the process then never imports
+torch); a remote engine's model opens a RemoteBackend; everything else loads through torch (app.core.engines.local),
+which also writes the packed copy a later load uses. A GGUF the runtime can't run goes through torch with a notice
+saying why. HEARTH_RUNTIME=torch always loads through torch; HEARTH_RUNTIME=lite refuses a load the runtime can't
+take.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 
 from app.core.engines.backend import ChatBackend, LoadRequest, ProgressCallback
-from app.core.engines.lite.backend import LiteRefused, open_lite_backend, runtime_choice
+from app.core.engines.lite.backend import GGUF_DECLINED, LiteRefused, open_lite_backend, runtime_choice
 from app.core.memory.types import MemoryPlan
 
 log = logging.getLogger(__name__)
@@ -32,6 +35,7 @@ def open_backend(
 
         return open_remote_backend(request)
     choice = runtime or runtime_choice()
+    declined = ""  # why the torch-free runtime did not take the load
     if choice != "torch":
         lite = open_lite_backend(request, progress, cancel)
         if not isinstance(lite, str):
@@ -39,9 +43,17 @@ def open_backend(
         if choice == "lite":
             raise LiteRefused(f"The torch-free runtime can't run this model: {lite}.")
         log.info("loading through torch: %s", lite)
+        declined = lite
     from app.core.engines.local import open_engine_backend
 
-    return open_engine_backend(request, progress, cancel)
+    backend = open_engine_backend(request, progress, cancel)
+    if declined.startswith(GGUF_DECLINED):  # said, never silent: another path, slower and bigger
+        said = (
+            f"Hearth's own CPU runtime can't run this file ({declined.removeprefix(GGUF_DECLINED)}): it was loaded "
+            "through PyTorch instead, dequantized in memory, which is slower and takes more memory."
+        )
+        backend.info = replace(backend.info, notices=(*backend.info.notices, said))
+    return backend
 
 
 def plan_load(request: LoadRequest, free_bytes: int | None = None, cpu_free_bytes: int | None = None) -> MemoryPlan:

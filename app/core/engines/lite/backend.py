@@ -70,6 +70,9 @@ RUNTIME_CHOICES = ("auto", "torch", "lite")
 RUNTIME_FLOOR_BYTES = 64 << 20  # the interpreter, numpy and the tokenizer before any weight (~45 MiB measured)
 
 
+GGUF_DECLINED = "this GGUF file: "  # begins the reason when the runtime would take the load but not this file
+
+
 class LiteRefused(HearthError):
     """HEARTH_RUNTIME=lite, and this load can't run without torch."""
 
@@ -139,7 +142,7 @@ def lite_candidate(request: LoadRequest) -> LiteCandidate | str:
         return f"the model could not be resolved here ({exc})"
     if gguf is not None:
         reason = gguf_support(gguf)
-        return reason or LiteCandidate(source, None, None, notices, gguf)
+        return GGUF_DECLINED + reason if reason else LiteCandidate(source, None, None, notices, gguf)
     try:
         packed = packed_copy(source.path)
     except LiteUnavailable as exc:
