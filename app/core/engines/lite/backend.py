@@ -35,17 +35,20 @@ from app.core.engines.kv_pool import POOL_MEMORY_SHARE, ConversationCaches, Pref
 from app.core.engines.lite.engine import LiteEngine, eos_ids, load_tokenizer
 from app.core.engines.lite.gguf_model import (
     file_type_label,
+    forward_scratch_bytes,
     gguf_config,
     gguf_support,
     open_gguf_model,
     parameter_counts,
     resident_weight_bytes,
+    runtime_bytes,
 )
 from app.core.engines.lite.runtime import (
     PREFILL_CHUNK,
     DecoderRuntime,
     LiteConfig,
     LiteUnavailable,
+    default_threads,
     open_model,
     packed_copy,
 )
@@ -68,6 +71,7 @@ log = logging.getLogger(__name__)
 RUNTIME_ENV = "HEARTH_RUNTIME"  # "auto" (torch-free where it can run), "torch" (never), "lite" (refuse otherwise)
 RUNTIME_CHOICES = ("auto", "torch", "lite")
 RUNTIME_FLOOR_BYTES = 64 << 20  # the interpreter, numpy and the tokenizer before any weight (~45 MiB measured)
+IMPORTS_BYTES = 68 << 20  # the interpreter, numpy, tokenizers and the load path imported (measured: 68-69 MiB)
 
 
 GGUF_DECLINED = "this GGUF file: "  # begins the reason when the runtime would take the load but not this file
@@ -186,8 +190,12 @@ def memory_plan(
     the memory available now. `gguf_type`: the GGUF file's type (e.g. Q4_K_M), "" for a packed copy."""
     free = int(psutil.virtual_memory().available) if free_bytes is None else free_bytes
     per_token = config.kv_bytes_per_token
-    activations = PREFILL_CHUNK * (2 * config.inter + 3 * config.hidden + config.heads * config.head_dim) * 4 * 3
-    runtime = RUNTIME_FLOOR_BYTES
+    if gguf_type:  # the C forward's scratch for a full prefill chunk, and the tokenizer by its vocabulary
+        activations = forward_scratch_bytes(config, default_threads(), min(PREFILL_CHUNK, window), window)
+        runtime = IMPORTS_BYTES + runtime_bytes(config.vocab)
+    else:
+        activations = PREFILL_CHUNK * (2 * config.inter + 3 * config.hidden + config.heads * config.head_dim) * 4 * 3
+        runtime = RUNTIME_FLOOR_BYTES
     fixed = weights + activations + runtime
     room = int(min(max(0, (free - fixed) // per_token), config.context_window))
     total = fixed + per_token * window

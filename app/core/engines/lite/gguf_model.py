@@ -410,3 +410,28 @@ def parameter_counts(header: GGUFHeader) -> tuple[int, int]:
     """(every weight, the quantized ones): what the plan's parameters line shows."""
     quantized = sum(tensor.elements for tensor in header.tensors if blocks.GEOMETRY.get(tensor.kind, (32, 0))[0] > 1)
     return header.parameters, quantized
+
+
+SPAN = 256  # positions per attention chunk (hearth_decode.c's SPAN)
+TOKENIZER_FLOOR_BYTES = 16 << 20  # a GGUF's tokenizer before its vocabulary (measured: 27 MiB at 49k, 44 at 128k)
+TOKENIZER_BYTES_PER_TOKEN = 220
+
+
+def forward_scratch_bytes(config: LiteConfig, threads: int, tokens: int, capacity: int) -> int:
+    """What hearth_gg_forward's scratch holds for `tokens` tokens and a cache of `capacity` positions: its
+    gg_layout_scratch, mirrored (tests hold the two equal)."""
+    hidden, heads, kv, hd, inter = config.hidden, config.heads, config.kv_heads, config.head_dim, config.inter
+    widest, units, group = max(hidden, heads * hd, inter), heads + 2 * kv, heads // kv
+    chunks = -(-capacity // SPAN)
+    partial_heads = heads if tokens == 1 else threads * group
+    floats = tokens * (2 * hidden + units * hd + heads * hd + 2 * inter + 2 * (hd // 2))
+    floats += partial_heads * chunks * (hd + 2) + threads * group * SPAN
+    floats = -(-floats // 16) * 16
+    quantized = 2 * widest + 2 * (widest // 32) * 4 + (widest // 16) * 4  # gbuf_bytes: h, l, d, s, n16
+    floats += tokens * (-(-quantized // 64) * 16)
+    return 4 * floats
+
+
+def runtime_bytes(vocab: int) -> int:
+    """The tokenizer's memory for a vocabulary of `vocab` tokens (besides the interpreter's own floor)."""
+    return TOKENIZER_FLOOR_BYTES + TOKENIZER_BYTES_PER_TOKEN * vocab

@@ -338,7 +338,7 @@ def _blas_controller() -> ThreadpoolController:
     return ThreadpoolController()
 
 
-def _threads() -> int:
+def default_threads() -> int:
     """One thread per physical core this process may run on, as torch's default (decode is bound by memory: a
     core's second hardware thread adds barrier cost, not bandwidth)."""
     try:
@@ -367,7 +367,7 @@ class DecoderRuntime:
         self.library = library
         self.lib = library.lib
         self.config = config
-        self.threads = threads or (_threads() if library.threaded else 1)
+        self.threads = threads or (default_threads() if library.threaded else 1)
         self._bound: tuple[LiteCache, int, int] | None = None  # (the cache, its version, capacity) last bound
         self._executor: ThreadPoolExecutor | None = None
 

@@ -1906,19 +1906,18 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
                                               scaled[k], voff[k]);
                 }
             } else {
-                const float d = gg_half(p), dmin = gg_half(p + 2);
-                uint32_t u[4]; /* ggml's unpacking of the 12 bytes: bytes 0-7 the scales, 8-15 the mins */
-                memcpy(u, p + 4, 12);
-                u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-                const uint32_t mins_low = u[1] & 0x3f3f3f3fu;
-                u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-                u[2] = mins_low;
-                u[0] &= 0x3f3f3f3fu;
-                const __m128i unpacked = _mm_loadu_si128((const __m128i *)u);
+                uint32_t dd, u0, u1, u2; /* d and dmin; ggml's unpacking of the 12 bytes, in registers (no store) */
+                memcpy(&dd, p, 4), memcpy(&u0, p + 4, 4), memcpy(&u1, p + 8, 4), memcpy(&u2, p + 12, 4);
+                const __m128 both = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)); /* lane 0 d, lane 1 dmin: exact */
+                const uint32_t scales_low = u0 & 0x3f3f3f3fu, mins_low = u1 & 0x3f3f3f3fu;
+                const uint32_t scales_high = (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4);
+                const uint32_t mins_high = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
+                const __m128i unpacked = _mm_set_epi32((int)mins_high, (int)mins_low, (int)scales_high, (int)scales_low);
                 const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(unpacked));
                 const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(unpacked, 8)));
-                const __m256 a = _mm256_mul_ps(sc, _mm256_set1_ps(d));
-                const __m256 bb = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(mn, _mm256_set1_ps(dmin)));
+                const __m256 a = _mm256_mul_ps(sc, _mm256_broadcastss_ps(both));
+                const __m256 bb = _mm256_sub_ps(_mm256_setzero_ps(),
+                                                _mm256_mul_ps(mn, _mm256_broadcastss_ps(_mm_movehdup_ps(both))));
                 for (int k = 0; k < count; k++) {
                     scaled[k] = _mm256_mul_ps(a, _mm256_loadu_ps(x[k].d + j0));
                     voff[k] = _mm256_fmadd_ps(bb, _mm256_loadu_ps(x[k].s + j0), voff[k]);
@@ -2238,8 +2237,9 @@ static void attend_merge(int chunks, const float *pmax, const float *psum, const
 }
 
 /* Scratch layout for n tokens: x, xn [n][hidden]; qkv [n][units hd]; att [n][heads hd]; gate, up [n][inter];
- * cos, sin [n][half]; per (token, head) attention partials [n][heads][chunks][hd + 2]; the chunk scores per thread
- * [threads][group][SPAN]; the inputs' quantization buffers [n]. */
+ * cos, sin [n][half]; attention partials per thread [threads][group][chunks][hd + 2] (a prefill's (token, kv head)
+ * units each run on one thread) or, for one token, shared [heads][chunks][hd + 2] (its (kv head, chunk) units spread
+ * over the threads); the chunk scores per thread [threads][group][SPAN]; the inputs' quantization buffers [n]. */
 typedef struct {
     float *x, *xn, *qkv, *att, *gate, *up, *cosv, *sinv, *pout, *pmax, *psum, *scores;
     char *quant;
@@ -2263,9 +2263,10 @@ static int64_t gg_layout_scratch(const int64_t *cfg, int64_t n, int64_t capacity
     TAKE(up, n * inter);
     TAKE(cosv, n * (hd / 2));
     TAKE(sinv, n * (hd / 2));
-    TAKE(pout, n * heads * chunks * hd);
-    TAKE(pmax, n * heads * chunks);
-    TAKE(psum, n * heads * chunks);
+    const int64_t partial_heads = n == 1 ? heads : threads * group; /* partials held at once */
+    TAKE(pout, partial_heads * chunks * hd);
+    TAKE(pmax, partial_heads * chunks);
+    TAKE(psum, partial_heads * chunks);
     TAKE(scores, threads * group * SPAN);
 #undef TAKE
     at = (at + 15) / 16 * 16;
@@ -2358,26 +2359,43 @@ int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                     store_kv(p[is_v ? GL_V_CACHE : GL_K_CACHE], kv_bf16, ((int64_t)head * capacity + pos + i) * hd, out, hd);
                 }
             }
-            /* attention: each (token, kv head, chunk) unit's partials, then each (token, head)'s merge in chunk order */
+            /* attention: the same chunks of positions and the same merge in chunk order, however they are shared
+             * out (so one token's result never depends on the threads or on the other tokens of the call) */
             const size_t elem = kv_bf16 ? 2 : 4;
-            const int64_t last_chunks = (pos + n + SPAN - 1) / SPAN;
+            if (n == 1) { /* one token: its (kv head, chunk) units over the threads, then each head's merge */
+                const int64_t chunks = (pos + 1 + SPAN - 1) / SPAN;
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t unit = 0; unit < n * kv_heads * last_chunks; unit++) {
-                const int64_t c = unit % last_chunks, g = (unit / last_chunks) % kv_heads, i = unit / (last_chunks * kv_heads);
-                const int64_t positions = pos + i + 1, t0 = c * SPAN;
-                if (t0 >= positions) continue;
-                const int64_t t1 = t0 + SPAN < positions ? t0 + SPAN : positions;
-                const int64_t slot = (i * heads + g * group) * chunks_max + c;
-                attend_chunk(s.qkv + i * units * hd + g * group * hd, group,
-                             (const char *)p[GL_K_CACHE] + (size_t)g * capacity * hd * elem,
-                             (const char *)p[GL_V_CACHE] + (size_t)g * capacity * hd * elem, kv_bf16, hd, t0, t1,
-                             attn_scale, my_scores, s.pmax + slot, s.psum + slot, s.pout + slot * hd, chunks_max);
-            }
+                for (int64_t unit = 0; unit < kv_heads * chunks; unit++) {
+                    const int64_t c = unit % chunks, g = unit / chunks, t0 = c * SPAN;
+                    const int64_t t1 = t0 + SPAN < pos + 1 ? t0 + SPAN : pos + 1;
+                    const int64_t slot = g * group * chunks_max + c;
+                    attend_chunk(s.qkv + g * group * hd, group, (const char *)p[GL_K_CACHE] + (size_t)g * capacity * hd * elem,
+                                 (const char *)p[GL_V_CACHE] + (size_t)g * capacity * hd * elem, kv_bf16, hd, t0, t1,
+                                 attn_scale, my_scores, s.pmax + slot, s.psum + slot, s.pout + slot * hd, chunks_max);
+                }
 #pragma omp for schedule(static)
-            for (int64_t unit = 0; unit < n * heads; unit++) {
-                const int64_t i = unit / heads, h = unit % heads, slot = (i * heads + h) * chunks_max;
-                const int chunks = (int)((pos + i + 1 + SPAN - 1) / SPAN);
-                attend_merge(chunks, s.pmax + slot, s.psum + slot, s.pout + slot * hd, hd, s.att + i * qdim + h * hd);
+                for (int h = 0; h < heads; h++) {
+                    const int64_t slot = (int64_t)h * chunks_max;
+                    attend_merge((int)chunks, s.pmax + slot, s.psum + slot, s.pout + slot * hd, hd, s.att + (int64_t)h * hd);
+                }
+            } else { /* many tokens: each (token, kv head) unit on one thread, chunk after chunk, then its merges */
+                float *my_max = s.pmax + (int64_t)tid * group * chunks_max, *my_sum = s.psum + (int64_t)tid * group * chunks_max;
+                float *my_out = s.pout + (int64_t)tid * group * chunks_max * hd;
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t unit = 0; unit < n * kv_heads; unit++) {
+                    const int64_t i = unit / kv_heads, g = unit % kv_heads, positions = pos + i + 1;
+                    const int64_t chunks = (positions + SPAN - 1) / SPAN;
+                    for (int64_t c = 0; c < chunks; c++) {
+                        const int64_t t0 = c * SPAN, t1 = t0 + SPAN < positions ? t0 + SPAN : positions;
+                        attend_chunk(s.qkv + i * units * hd + g * group * hd, group,
+                                     (const char *)p[GL_K_CACHE] + (size_t)g * capacity * hd * elem,
+                                     (const char *)p[GL_V_CACHE] + (size_t)g * capacity * hd * elem, kv_bf16, hd, t0,
+                                     t1, attn_scale, my_scores, my_max + c, my_sum + c, my_out + c * hd, chunks_max);
+                    }
+                    for (int j = 0; j < group; j++)
+                        attend_merge((int)chunks, my_max + (int64_t)j * chunks_max, my_sum + (int64_t)j * chunks_max,
+                                     my_out + (int64_t)j * chunks_max * hd, hd, s.att + i * qdim + (g * group + j) * hd);
+                }
             }
             const int o_precise = (precise & PRECISE_O) && !gg_is_float((int)t[GT_O]);
 #pragma omp for schedule(static)

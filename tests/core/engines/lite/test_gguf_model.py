@@ -382,3 +382,60 @@ def test_a_reply_from_the_default_gguf_never_imports_torch(tmp_path: Path) -> No
     assert (name, path, quantization) == ("LiteBackend", "lite-gguf", "Q4_1")
     assert text.strip() and finish in ("stop", "length")
     assert imported is False
+
+
+def test_long_prompts_give_the_same_bits_across_attention_chunks(tmp_path: Path) -> None:
+    """Past 256 positions attention runs in chunks of positions: a prefill's tokens (each on one thread) and a decode
+    step's (chunks spread over the threads) still merge them in the same order."""
+    model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K))
+    try:
+        ids = [int(i) for i in np.random.default_rng(7).integers(3, 400, size=500)]  # the context is 512
+        whole = model.prefill(ids, model.new_cache())
+        cache = model.new_cache()
+        model.prefill(ids[:250], cache)
+        model.prefill(ids[250:470], cache)
+        for token in ids[470:]:
+            stepped = model.step(token, cache)
+        assert np.array_equal(whole, stepped)
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize(("tokens", "capacity"), [(1, 512), (7, 512), (256, 8192)])
+def test_the_plan_counts_the_forward_s_scratch_exactly(tokens: int, capacity: int, tmp_path: Path) -> None:
+    from app.core.engines.lite.gguf_model import forward_scratch_bytes
+
+    model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q8_0))
+    try:
+        model.arguments.bind_kv([0] * model.config.layers, [0] * model.config.layers, capacity)
+        expected = 4 * model.arguments.scratch_floats(tokens)
+        assert forward_scratch_bytes(model.config, model.threads, tokens, capacity) == expected
+    finally:
+        model.close()
+
+
+def test_the_planned_memory_is_what_a_load_and_a_long_prompt_take(tmp_path: Path) -> None:
+    """The default model's file in a fresh process, a prompt past a full prefill chunk: its peak resident memory
+    (mapped weights included) within 5 % of the plan's weights, overhead and the cache it holds."""
+    script = (
+        "import json, threading\n"
+        "from app.core.engines.backend import LoadRequest, ReplyRequest\n"
+        "from app.core.engines.opening import open_backend, plan_load\n"
+        "from app.core.chat.events import ChatMessage\n"
+        "from app.core.chat.sampling import SamplingParams\n"
+        "request = LoadRequest(None, device='cpu', response_cache=False, context_length=1024)\n"
+        "backend = open_backend(request)\n"
+        "text = 'The river town kept its records in a stone house by the bridge. ' * 40\n"
+        "list(backend.generate(ReplyRequest([ChatMessage('user', text)], SamplingParams(temperature=0,"
+        " max_new_tokens=4)), threading.Event()))\n"
+        "peak = next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
+        "plan = plan_load(request)\n"
+        "print(json.dumps([peak, plan.weights_bytes + plan.overhead_bytes, backend.memory().devices[0].kv_bytes]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False,
+        cwd=Path(__file__).resolve().parents[4],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    peak, planned, kv = json.loads(result.stdout.strip().splitlines()[-1])
+    assert abs((planned + kv) / peak - 1) < 0.05, (peak, planned, kv)

@@ -231,6 +231,6 @@ def test_a_reply_through_the_app_never_imports_torch(q4_default: Any, tmp_path: 
 
 def test_threads_follow_the_physical_cores_the_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime.psutil, "cpu_count", lambda logical=True: 1 if not logical else 2)
-    assert runtime._threads() == 1  # a second hardware thread on the same core is not another thread
+    assert runtime.default_threads() == 1  # a second hardware thread on the same core is not another thread
     monkeypatch.setattr(runtime.psutil, "cpu_count", lambda logical=True: None)
-    assert runtime._threads() >= 1  # unknown: every CPU the process may run on
+    assert runtime.default_threads() >= 1  # unknown: every CPU the process may run on
