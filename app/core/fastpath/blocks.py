@@ -163,6 +163,9 @@ class GGForward:
             self.layer_args[index * stride + stride - 1] = value
         self.capacity = capacity
 
+    def set_threads(self, threads: int) -> None:
+        self.sizes[STEP_SIZES.index("threads")] = threads
+
     def scratch_floats(self, tokens: int) -> int:
         return int(self.lib.hearth_gg_scratch_floats(ctypes.addressof(self.sizes), tokens, self.capacity))
 

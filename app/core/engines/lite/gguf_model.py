@@ -266,7 +266,11 @@ class GGUFModel(DecoderRuntime):
         kernel = {4: "AVX-512 VNNI", 3: "AVX2", 2: "NEON DotProd", 1: "NEON", 0: "scalar"}.get(
             int(self.lib.hearth_q4_kernel()), "?"
         )
-        threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
+        threads = (
+            f"up to {self.threads} threads, as many as the cores free measure fastest"
+            if self.threads > 1 and self.decode_team.explore_every
+            else f"{self.threads} thread{'s' if self.threads > 1 else ''}"
+        )
         activations = (
             "activations at 15 bits per 32 values"
             if self.precise == PRECISE_INPUTS
@@ -318,7 +322,9 @@ class GGUFModel(DecoderRuntime):
         self.arguments.bind_kv(keys, values, capacity)
 
     def _run_step(self, token: int, position: int, logits: Floats) -> int:
-        return self.arguments.run(np.array([token], dtype=np.int64), position, logits[None, :])
+        with self.decode_team.timed(1) as threads:
+            self.arguments.set_threads(threads)
+            return self.arguments.run(np.array([token], dtype=np.int64), position, logits[None, :])
 
     # -- prefill: the decode step's own C forward, PREFILL_CHUNK tokens a call (each token computed as one step is)
     def prefill(self, ids: Sequence[int], cache: LiteCache) -> Floats:
@@ -343,7 +349,9 @@ class GGUFModel(DecoderRuntime):
             end = start + len(chunk)
             rows = max(0, end - max(start, first_wanted))  # a suffix of this chunk
             out = logits[end - rows - first_wanted : end - first_wanted]
-            code = self.arguments.run(chunk, cache.length, out)
+            with self.prefill_team.timed(len(chunk)) as threads:
+                self.arguments.set_threads(threads)
+                code = self.arguments.run(chunk, cache.length, out)
             if code != 0:
                 raise RuntimeError(
                     f"the GGUF forward refused {len(chunk)} tokens at position {cache.length} (code {code})"

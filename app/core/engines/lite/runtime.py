@@ -31,9 +31,11 @@ import psutil
 from threadpoolctl import ThreadpoolController
 
 from app.core.engines.kv_pool import shared_prefix
+from app.core.engines.lite.team import EXPLORE_EVERY, TeamChooser
 from app.core.errors import HearthError
 from app.core.fastpath import integrity
 from app.core.fastpath.kernel import (
+    CFG_FIELDS,
     HEAD_RECORD,
     Q4_GROUP,
     Q4_RECORD,
@@ -367,7 +369,10 @@ class DecoderRuntime:
         self.library = library
         self.lib = library.lib
         self.config = config
-        self.threads = threads or (default_threads() if library.threaded else 1)
+        self.threads = threads or (default_threads() if library.threaded else 1)  # the most a call uses
+        # a fixed `threads` is kept as asked (tests, benchmarks); else each call's team follows the free cores
+        self.decode_team = TeamChooser(self.threads, explore_every=0 if threads else EXPLORE_EVERY)
+        self.prefill_team = TeamChooser(self.threads, explore_every=0 if threads else EXPLORE_EVERY)
         self._bound: tuple[LiteCache, int, int] | None = None  # (the cache, its version, capacity) last bound
         self._executor: ThreadPoolExecutor | None = None
 
@@ -650,7 +655,9 @@ class LiteModel(DecoderRuntime):
         self.embedding.read_into(token, self._row)
         if self._row_f32 is not None:
             self._row_f32[:] = self._row.view(np.float16)
-        return self.arguments.run(0, position, logits.ctypes.data)
+        with self.decode_team.timed(1) as threads:
+            self.arguments.cfg[CFG_FIELDS.index("threads")] = threads
+            return self.arguments.run(0, position, logits.ctypes.data)
 
     def close(self) -> None:
         super().close()

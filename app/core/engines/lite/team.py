@@ -1,0 +1,91 @@
+"""How many threads a forward call runs on, chosen from what each team size measured: a team that follows the cores
+actually free. Torch-free.
+
+Why: the kernel's team meets at several barriers per layer. On a quiet machine two threads on two cores decode about
+twice as fast as one; beside a browser or a build, one thread of the team is often descheduled and the other waits at
+every barrier for it: measured on the 2-core CI machine with other jobs running (load average 12), a 1B decode step on
+two threads ran at a third of one thread's speed, and llama.cpp's likewise. A desktop app shares its CPU, so the team
+size is measured, not assumed.
+
+The policy: time every call per token, keep a moving average per team size, use the fastest, and now and then (after
+the first few calls, then every `explore_every`) try another size for a few calls so a change in load is noticed.
+Decode steps and prefill chunks each have their own chooser (their times per token differ a hundredfold). The
+kernel's results do not depend on the team size (row-invariant products, attention in fixed chunks), so switching
+never changes a reply.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+SMOOTHING = 0.3  # weight of the newest measurement in a team size's average
+EXPLORE_EVERY = 48  # calls between tries of another team size
+EXPLORE_CALLS = 3  # calls per try
+FIRST_TRY = 4  # the first try comes early: a machine may be busy from the start
+
+
+@dataclass
+class TeamChooser:
+    """The team size for the next call (`size`), learned from `record`ed seconds per token of each size."""
+
+    largest: int
+    explore_every: int = EXPLORE_EVERY  # 0: never try another size (a team size asked for outright)
+    explore_calls: int = EXPLORE_CALLS
+    clock: Callable[[], float] = time.perf_counter
+    average: dict[int, float] = field(default_factory=dict)  # team size -> seconds per token
+    _calls: int = 0
+    _trying: int = 0  # the size under trial, 0 when none
+    _tried: int = 0  # calls of the current trial so far
+
+    def __post_init__(self) -> None:
+        self.largest = max(1, self.largest)
+
+    def candidates(self) -> list[int]:
+        """Team sizes worth trying: the largest, halvings of it, and one."""
+        sizes, size = [], self.largest
+        while size > 1:
+            sizes.append(size)
+            size //= 2
+        return [*sizes, 1]
+
+    @property
+    def best(self) -> int:
+        measured = {size: value for size, value in self.average.items() if size in self.candidates()}
+        return min(measured, key=lambda size: measured[size]) if measured else self.largest
+
+    @property
+    def size(self) -> int:
+        return self._trying or self.best
+
+    def record(self, size: int, seconds: float, tokens: int) -> None:
+        """One call's wall time on `size` threads for `tokens` tokens; starts or ends a trial of another size."""
+        per_token = seconds / max(1, tokens)
+        previous = self.average.get(size)
+        fresh = previous is None or (self._trying == size and self._tried == 0)  # a try's first call: old news gone
+        self.average[size] = per_token if fresh else (1 - SMOOTHING) * previous + SMOOTHING * per_token
+        self._calls += 1
+        if self._trying:
+            self._tried += 1
+            if self._tried >= self.explore_calls:
+                self._trying = 0
+            return
+        if (
+            self.largest > 1
+            and self.explore_every > 0
+            and (self._calls == FIRST_TRY or self._calls % self.explore_every == 0)
+        ):
+            others = [candidate for candidate in self.candidates() if candidate != self.best]
+            untried = [candidate for candidate in others if candidate not in self.average]
+            # the least recently sure: an untried size first, else the next one in turn
+            self._trying = (untried or others)[(self._calls // self.explore_every) % len(untried or others)]
+            self._tried = 0
+
+    @contextmanager
+    def timed(self, tokens: int) -> Iterator[int]:
+        """`with chooser.timed(tokens) as threads:` run the call on `threads`; its time is recorded."""
+        size, started = self.size, self.clock()
+        yield size
+        self.record(size, self.clock() - started, tokens)

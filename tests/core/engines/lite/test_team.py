@@ -1,0 +1,59 @@
+"""The team size chooser: it follows what each size measured, tries the others now and then, and a fixed team stays
+fixed. Timings are fed in (no clock): behaviour, not speed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from app.core.engines.lite.gguf_model import open_gguf_model
+from app.core.engines.lite.team import FIRST_TRY, TeamChooser
+from app.core.fastpath import blocks
+from tests.core.engines.lite.test_gguf_model import IDS, tiny_gguf
+
+
+def run(chooser: TeamChooser, seconds_per_token: dict[int, float], calls: int) -> list[int]:
+    used = []
+    for _ in range(calls):
+        size = chooser.size
+        used.append(size)
+        chooser.record(size, seconds_per_token[size], 1)
+    return used
+
+
+def test_a_busy_machine_moves_the_team_to_one_thread_and_back_when_it_is_quiet() -> None:
+    chooser = TeamChooser(2, explore_every=10, explore_calls=2)
+    busy = run(chooser, {2: 0.8, 1: 0.25}, 30)
+    assert busy[:FIRST_TRY] == [2] * FIRST_TRY  # starts with every core
+    assert busy[FIRST_TRY] == 1 and busy[-10:].count(1) == 8  # tried one early, kept it (two tried now and then)
+    quiet = run(chooser, {2: 0.02, 1: 0.04}, 30)
+    assert quiet[-15:].count(2) >= 13  # the next try of two finds it faster again
+
+
+def test_sizes_tried_are_halvings_down_to_one() -> None:
+    assert TeamChooser(8).candidates() == [8, 4, 2, 1]
+    assert TeamChooser(1).candidates() == [1]
+    single = TeamChooser(1)
+    assert run(single, {1: 0.1}, 100) == [1] * 100
+
+
+def test_a_fixed_team_is_never_changed() -> None:
+    chooser = TeamChooser(2, explore_every=0)
+    assert run(chooser, {2: 1.0, 1: 0.001}, 100) == [2] * 100
+
+
+def test_a_reply_does_not_depend_on_the_team_size(tmp_path: Path) -> None:
+    """The chooser may switch team sizes between any two calls: every size gives the same bits."""
+    path = tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K)
+    results = []
+    for threads in (1, 2):
+        model = open_gguf_model(path, threads=threads)
+        try:
+            cache = model.new_cache()
+            model.prefill(IDS[:-2], cache)
+            model.step(IDS[-2], cache)
+            results.append(model.step(IDS[-1], cache))
+        finally:
+            model.close()
+    assert np.array_equal(results[0], results[1])
