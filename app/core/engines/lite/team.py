@@ -64,8 +64,10 @@ class TeamChooser:
         """One call's wall time on `size` threads for `tokens` tokens; starts or ends a trial of another size."""
         per_token = seconds / max(1, tokens)
         previous = self.average.get(size)
-        fresh = previous is None or (self._trying == size and self._tried == 0)  # a try's first call: old news gone
-        self.average[size] = per_token if fresh else (1 - SMOOTHING) * previous + SMOOTHING * per_token
+        if previous is None or (self._trying == size and self._tried == 0):  # a try's first call: old news gone
+            self.average[size] = per_token
+        else:
+            self.average[size] = (1 - SMOOTHING) * previous + SMOOTHING * per_token
         self._calls += 1
         if self._trying:
             self._tried += 1
