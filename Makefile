@@ -64,6 +64,13 @@ bench-peer: $(STAMP)
 	@$(PEER_VENV)/bin/python -c "import llama_cpp" 2>/dev/null || $(PEER_VENV)/bin/python -m pip install -q "llama-cpp-python==0.3.36" numpy
 	$(BIN)/python bench/peer.py --peer-python $(PEER_VENV)/bin/python
 
+# The wheels bench/gpu_check.sh needs on the lent GPU machine and its image lacks (bench/gpu_wheels.txt), for CPython
+# 3.12 on manylinux x86-64, bitsandbytes trimmed to its CUDA 13 library: 15 wheels, 23 MiB, into .gpu-wheels/
+# (ignored). The device tool carries the folder (`carry: [".gpu-wheels"]`); the script installs it first.
+.PHONY: gpu-wheels
+gpu-wheels: $(STAMP)
+	$(BIN)/python bench/gpu_wheels.py --out .gpu-wheels
+
 # The cross toolchain tests/core/test_native_arm.py needs (the kernel's AArch64 build, run under qemu); .ci/run
 # runs this before `make test`. Best effort: where apt-get can't run (no apt, not root and no passwordless sudo,
 # offline) it says so and that test skips with the reason; `make test` never depends on it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,97 @@ MODEL_CACHE = Path(os.environ.get("HEARTH_TEST_CACHE", REPO_ROOT / ".cache" / "t
 def pytest_configure(config: pytest.Config) -> None:
     MODEL_CACHE.mkdir(parents=True, exist_ok=True)
     os.environ["HEARTH_CACHE_DIR"] = str(MODEL_CACHE)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Which kernel variant each path chose on this machine, so that a failure report names it."""
+    return kernel_report()
+
+
+# CPU flags that decide a kernel variant somewhere (the fused step, oneDNN, torch), in the header's order.
+VARIANT_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx512f", "avx2", "fma", "asimddp", "asimd")
+VARIANT_SWITCHES = ("HEARTH_KERNEL", "HEARTH_KERNEL_TARGET", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
+def kernel_report() -> list[str]:
+    import platform
+
+    import torch
+    from threadpoolctl import threadpool_info
+
+    from app.core.fastpath import kernel, prefill
+
+    flags = kernel.cpu_flags()
+    model = next(
+        (line.split(":", 1)[1].strip() for line in _cpuinfo_lines() if line.startswith(("model name", "Model"))),
+        platform.processor() or platform.machine(),
+    )
+    library = kernel.load_library()
+    if isinstance(library, str):
+        fused = f"fused step unavailable ({library})"
+    else:
+        q4 = kernel.Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
+        fused = f"fused step {library.origin or 'C kernel'} ({q4}, {'OpenMP' if library.threaded else '1 thread'})"
+    blas = [
+        f"{pool.get('internal_api')} {pool.get('version')} ({pool.get('architecture') or '?'})"
+        for pool in threadpool_info()
+        if pool.get("user_api") == "blas"
+    ]
+    mkl = next(
+        (line.split("Version", 1)[1].split("-")[0].strip() for line in _torch_config() if "Math Kernel" in line), ""
+    )
+    switches = [f"{name}={os.environ[name]}" for name in VARIANT_SWITCHES if os.environ.get(name)]
+    return [
+        f"cpu: {model}; {kernel.machine_arch()} {' '.join(f for f in VARIANT_FLAGS if f in flags) or 'no SIMD flags'}; "
+        f"{torch.get_num_threads()} torch threads; switches: {' '.join(switches) or 'none'}",
+        f"kernels: {fused}; lite runtime: the same library, numpy BLAS {', '.join(blas) or 'none found'}",
+        f"kernels: torch {torch.__version__} cpu capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"{_onednn_line(prefill.native_bf16_gemm())}, BLAS {'MKL ' + mkl if mkl else 'not MKL'}",
+    ]
+
+
+def _cpuinfo_lines() -> list[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            return handle.read().split("\n\n", 1)[0].splitlines()
+    except OSError:
+        return []
+
+
+def _torch_config() -> list[str]:
+    import torch
+
+    return str(torch.__config__.show()).splitlines()
+
+
+def _onednn_line(native_bf16: bool) -> str:
+    """oneDNN's version and ISA, and the kernel a bf16 linear layer runs, from oneDNN's own verbose lines (captured
+    from the process's stdout once, before any test)."""
+    import tempfile
+
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        return "no oneDNN"
+    with tempfile.TemporaryFile() as sink:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(sink.fileno(), 1)
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON), torch.inference_mode():
+                rows = torch.ones(16, 256, dtype=torch.bfloat16)
+                torch.nn.functional.linear(rows, torch.ones(256, 256, dtype=torch.bfloat16))
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        sink.seek(0)
+        lines = sink.read().decode(errors="replace").splitlines()
+    version = next((line.split("info,", 1)[1].split(" (")[0] for line in lines if ",info,oneDNN" in line), "")
+    isa = next((line.split("isa:", 1)[1] for line in lines if ",isa:" in line), "")
+    gemm = next((line.split(",")[6] for line in lines if ",exec,cpu,matmul," in line), "")
+    if not (native_bf16 and gemm):
+        return "oneDNN unused for bf16 GEMMs (torch's own kernel; prefill upcasts them to fp32)"
+    return f"{version} ({isa}), bf16 GEMM {gemm}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -168,12 +168,12 @@ def test_regenerate_and_edit_with_the_fused_step_give_identical_replies(default_
     fused = Engine(default_loaded_fp32, decode_path=path)
     assert fused.decode_path == path
     session = ChatSession(EngineBackend.wrap(fused), params=GREEDY, use_response_cache=False)
-    first, first_stats, _ = run(session.ask("What is 2 + 2?"))
+    first, _, _ = run(session.ask("What is 2 + 2?"))
     again, again_stats, _ = run(session.regenerate())
     assert again == first and again_stats.decode_path == fused.decode_path
-    assert again_stats.cached_tokens == first_stats.prompt_tokens - 1
+    assert again_stats.cached_tokens == 0  # the prompt was one prefill call: it runs again whole (as a fresh run's)
     edited, edited_stats, _ = run(session.edit(0, "What is 3 + 3?"))
-    assert 0 < edited_stats.cached_tokens < edited_stats.prompt_tokens
+    assert edited_stats.cached_tokens == 0  # (a reused prefix: tests/core/test_prefix_reuse.py, for every variant)
     fresh, _, _ = run(fused.generate(ReplyRequest([ChatMessage("user", "What is 3 + 3?")], GREEDY)))
     assert edited == fresh
 
@@ -248,9 +248,17 @@ def test_a_failing_compile_falls_back_with_the_compilers_error(
 def test_a_cpu_without_avx2_falls_back_with_the_reason(
     default_loaded: Any, fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
 ) -> None:
-    monkeypatch.setattr(kernel, "EXTRA_FLAGS", ("-mno-avx2", "-mno-fma"))  # builds the scalar kernel, as on such CPUs
+    monkeypatch.setenv(kernel.TARGET_ENV, "scalar")  # builds the plain C kernel, as on such CPUs
     choice = fastpath.apply_decode_path(default_loaded.model, "cpu", "bf16")
     assert choice.name == "eager" and "lacks AVX2+FMA" in choice.note
+
+
+def test_a_kernel_target_that_is_not_one_of_this_cpus_says_which_are(
+    fresh_library: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(kernel.TARGET_ENV, "avx9")
+    choices = ", ".join(kernel.TARGETS.get(kernel.machine_arch(), ())) or "nothing on this CPU"
+    assert kernel.load_library() == f"HEARTH_KERNEL_TARGET=avx9 is not one of {choices}"
 
 
 def test_the_kernel_and_the_packed_weights_are_cached_across_loads(
@@ -378,12 +386,14 @@ def test_long_contexts_take_the_chunked_attention_and_stay_within_the_bound(path
 def test_the_avx2_build_prefills_from_the_records_and_prefills_head_like_the_reference(
     fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
 ) -> None:
-    """The AVX2 branches of hearth_q4_prefill and hearth_lm_head, built and run here even on an AVX-512 CPU."""
-    monkeypatch.setattr(kernel, "EXTRA_FLAGS", ("-mno-avx512f",))
+    """The AVX2 branches of hearth_q4_prefill and hearth_lm_head, built and run here even on an AVX-512 CPU, through
+    the switch a user has (HEARTH_KERNEL_TARGET=avx2)."""
+    monkeypatch.setenv(kernel.TARGET_ENV, "avx2")
     library = kernel.load_library()
     if isinstance(library, str):
         pytest.skip(library)
     assert library.lib.hearth_q4_kernel() == 3  # the AVX2 kernel
+    assert "-mno-avx512f" in library.origin
     generator = torch.Generator().manual_seed(6)
     weight = torch.randn(48, 96, generator=generator)
     records = packed.interleave_q4(*native.quantize_q4_blocks(weight))

@@ -43,14 +43,17 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class KVState:
-    """A conversation's KV cache and the exact token ids it holds (cache length == len(ids))."""
+    """A conversation's KV cache, the exact token ids it holds (cache length == len(ids)), and the spans [start, end)
+    that prefill calls wrote (positions outside every span came from decode steps)."""
 
     cache: DynamicCache | None = None
     ids: list[int] = field(default_factory=list)
+    prefill_calls: list[tuple[int, int]] = field(default_factory=list)
 
     def reset(self) -> None:
         self.cache = None
         self.ids = []
+        self.prefill_calls = []
 
     def nbytes(self) -> int:
         return kv_cache_bytes(self.cache)
@@ -60,10 +63,16 @@ class KVState:
 
         At least one prompt token is always prefilled again: the next token's logits come from it. A cache
         as long as the new prompt would silently give wrong output (transformers would feed nothing new).
+
+        A prefix that ends inside a prefill call is cut back to that call's start: the call runs again whole, with
+        the same rows as before, so every row is computed by the same call (same shapes, same kernels) as in a run
+        without the cache. CPU kernels pick their blocking, split-K reduction and instruction set (AVX-512, AMX) by
+        a call's row count, so a row computed among 40 others and the same row computed among 12 can differ in
+        the last bits, which can flip a greedy near-tie (issue 28: an edited turn on an AMX Xeon).
         """
         if self.cache is None:
             return 0
-        common = shared_prefix(self.ids, prompt_ids[:-1])
+        common = call_start(self.prefill_calls, shared_prefix(self.ids, prompt_ids[:-1]))
         remove = len(self.ids) - common
         if remove and not _croppable(self.cache, remove):
             self.reset()
@@ -71,9 +80,19 @@ class KVState:
         if remove:
             self.cache.crop(-remove)
         self.ids = self.ids[:common]
+        self.prefill_calls = [(start, end) for start, end in self.prefill_calls if end <= common]
         if common == 0:
             self.reset()
         return common
+
+
+def call_start(calls: list[tuple[int, int]], position: int) -> int:
+    """The start of the prefill call that wrote `position` and the rows after it, else `position` itself (a call
+    boundary, or a position a decode step wrote)."""
+    for start, end in calls:
+        if start < position < end:
+            return start
+    return position
 
 
 def _croppable(cache: DynamicCache, remove: int) -> bool:
@@ -136,7 +155,10 @@ class Engine(ReplyEngine):
         return KVState()
 
     def _prefill(self, ids: list[int], kv: KVState) -> torch.Tensor:
-        return self._forward(ids, kv)
+        start = len(kv.ids)
+        logits = self._forward(ids, kv)
+        kv.prefill_calls.append((start, start + len(ids)))
+        return logits
 
     def _decode_step(self, token: int, kv: KVState) -> torch.Tensor:
         with self.path.step():

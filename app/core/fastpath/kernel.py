@@ -72,6 +72,19 @@ MANIFEST_FORMAT = 1
 # "prebuilt": never compile (the packaging test proves the bundle needs no compiler).
 KERNEL_ENV = "HEARTH_KERNEL"
 KERNEL_CHOICES = ("auto", "compile", "prebuilt")
+# The most the kernel may use, best first per architecture: prebuilt libraries above it are skipped and a compile
+# here adds its flags. Tests run every variant a CPU can (tests/core/test_kernel_variants.py); a user can rule out one
+# that misbehaves. "scalar" builds the plain C code, which the fused step refuses (slower than torch's kernels).
+TARGET_ENV = "HEARTH_KERNEL_TARGET"
+TARGETS: dict[str, tuple[str, ...]] = {"x86_64": ("avx512", "avx2", "scalar"), "aarch64": ("dotprod", "neon")}
+TARGET_FLAGS = {"avx2": ("-mno-avx512f",), "scalar": ("-mno-avx2", "-mno-fma"), "neon": ("-march=armv8-a",)}
+# Which caps each prebuilt target (packaging/build_kernels.py) fits under.
+PREBUILT_TARGET_CAPS = {
+    "x86-64-avx512": ("avx512",),
+    "x86-64-avx2": ("avx512", "avx2"),
+    "arm64-dotprod": ("dotprod",),
+    "arm64": ("dotprod", "neon"),
+}
 SPIN_ENV = "GOMP_SPINCOUNT"
 OPENMP_SPIN_COUNT = "30000"  # see _open_with_spin_count
 CACHE_TAG = "hashed-1"  # part of the compiled library's cache name: files from before sidecars are never looked at
@@ -302,10 +315,24 @@ def _machine_identity() -> str:
     return f"{platform.machine()}|{platform.processor()}|{text}"
 
 
+def kernel_target() -> str:
+    """The HEARTH_KERNEL_TARGET cap in force ("" for none: the best this CPU runs), or raise ValueError naming the
+    choices when it names none of this architecture's."""
+    target = os.environ.get(TARGET_ENV, "").strip().lower()
+    choices = TARGETS.get(machine_arch(), ())
+    if target and target not in choices:
+        raise ValueError(f"{TARGET_ENV}={target} is not one of {', '.join(choices) or 'nothing on this CPU'}")
+    return target
+
+
 def _build_and_load() -> NativeLibrary | str:
     mode = os.environ.get(KERNEL_ENV, "") or "auto"
     if mode not in KERNEL_CHOICES:
         return f"{KERNEL_ENV}={mode} is not one of {', '.join(KERNEL_CHOICES)}"
+    try:
+        kernel_target()
+    except ValueError as exc:
+        return str(exc)
     fallback = f"{KERNEL_ENV}=compile" if mode == "compile" else ""
     if mode != "compile":
         found = _load_prebuilt()
@@ -352,8 +379,12 @@ def _load_prebuilt() -> NativeLibrary | str:
     mine = [e for e in entries if e.get("arch") == arch and e.get("platform") == sys.platform]
     if not mine:
         return f"prebuilt kernels: none for {arch} on {sys.platform}"
+    cap = kernel_target()
     for entry in mine:  # best first, as the build script wrote them
         target = str(entry.get("target", "?"))
+        if cap and cap not in PREBUILT_TARGET_CAPS.get(target, ()):
+            reasons.append(f"{target} is above {TARGET_ENV}={cap}")
+            continue
         missing = sorted(set(entry.get("requires", [])) - flags)
         if missing:
             reasons.append(f"{target} needs {', '.join(missing)}")
@@ -403,6 +434,10 @@ def _compile_and_load() -> NativeLibrary | str:
     failures: list[str] = []
     # AArch64 compilers spell "this CPU" -mcpu=native (Apple's clang may refuse it: plain Armv8-A still has NEON).
     cpu_choices = [["-march=native"]] if machine_arch() == "x86_64" else [["-mcpu=native"], []]
+    cap = kernel_target()
+    if cap == "neon":  # -mcpu=native would bring DotProd back
+        cpu_choices = [[]]
+    capped = [*TARGET_FLAGS.get(cap, ())]
     attempts = [(cpu, threaded) for cpu in cpu_choices for threaded in (True, False)]
     for cpu_flags, threaded in attempts:  # OpenMP first; a compiler without it still gets a single-threaded kernel
         flags = [
@@ -413,6 +448,7 @@ def _compile_and_load() -> NativeLibrary | str:
             "-std=c11",
             "-ffp-contract=off",  # the float order the qemu-checked builds use (clang would fuse a*b+c)
             *(["-fopenmp"] if threaded else []),
+            *capped,
             *EXTRA_FLAGS,
         ]
         identity = "\n".join(
@@ -434,7 +470,8 @@ def _compile_and_load() -> NativeLibrary | str:
             if checked is None:  # changed between writing and loading: never load it
                 failures.append(f"the compiled kernel library {target} changed before it could be loaded")
                 continue
-        loaded = _load(target, threaded, built, compiler, checked.sha256, "compiled here (-march=native)")
+        origin = f"compiled here ({' '.join([*cpu_flags, *capped]) or 'plain'})"
+        loaded = _load(target, threaded, built, compiler, checked.sha256, origin)
         if isinstance(loaded, str):
             failures.append(loaded)
             continue

@@ -13,9 +13,11 @@ from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
 from app.core.engines.engine import Engine, KVState, greedy_pick
+from app.core.engines.generation import PREFILL_CHUNK
 from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
 from app.core.errors import ContextOverflowError
+from tests.core.prefix_reuse_probe import LONG_SYSTEM_PROMPT
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
 
@@ -116,16 +118,21 @@ def test_next_turn_reuses_the_cache_and_matches_a_fresh_run(exact_engine: Engine
 
 def test_regenerate_and_edit_reuse_the_prefix_with_identical_output(exact_engine: Engine) -> None:
     engine = exact_engine
-    session = ChatSession(EngineBackend.wrap(engine), params=GREEDY, use_response_cache=False)
+    session = ChatSession(
+        EngineBackend.wrap(engine), system_prompt=LONG_SYSTEM_PROMPT, params=GREEDY, use_response_cache=False
+    )
     first, first_stats, _, _ = run(session.ask("What is 2 + 2?"))
     again, again_stats, _, _ = run(session.regenerate())
     assert again == first  # greedy: same prompt, same reply
-    # The cache held prompt + reply; regenerate crops it back to the prompt minus one token.
-    assert again_stats.stats.cached_tokens == first_stats.stats.prompt_tokens - 1
+    # The cache held prompt + reply, the prompt prefilled in calls of PREFILL_CHUNK tokens; regenerate crops it back
+    # to the start of the call that wrote the prompt's last token, and runs that call again.
+    assert PREFILL_CHUNK < first_stats.stats.prompt_tokens < 2 * PREFILL_CHUNK
+    assert again_stats.stats.cached_tokens == PREFILL_CHUNK
 
     edited, edited_stats, _, _ = run(session.edit(0, "What is 3 + 3?"))
-    assert 0 < edited_stats.stats.cached_tokens < edited_stats.stats.prompt_tokens
-    fresh, _, _, _ = run(engine.generate(ReplyRequest([ChatMessage("user", "What is 3 + 3?")], GREEDY)))
+    assert edited_stats.stats.cached_tokens == PREFILL_CHUNK < edited_stats.stats.prompt_tokens
+    messages = [ChatMessage("system", LONG_SYSTEM_PROMPT), ChatMessage("user", "What is 3 + 3?")]
+    fresh, _, _, _ = run(engine.generate(ReplyRequest(messages, GREEDY)))
     assert edited == fresh
 
 
@@ -138,7 +145,7 @@ def test_stale_cache_as_long_as_the_prompt_is_cropped_not_trusted(exact_engine: 
     run(engine.generate(ReplyRequest(messages, GREEDY), kv=kv))
     replay, stats, _, _ = run(engine.generate(ReplyRequest(messages, GREEDY), kv=kv))
     assert replay == fresh
-    assert stats.stats.cached_tokens == stats.stats.prompt_tokens - 1
+    assert stats.stats.cached_tokens == 0  # the prompt was one prefill call: it runs again whole
     assert kv.nbytes() > 0 and kv.cache is not None and kv.cache.get_seq_length() == len(kv.ids)
 
 
