@@ -38,11 +38,11 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not rehearsal"
 
 # The quick loop: everything but the slow packaging build.
 test-quick: lint
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow and not rehearsal"
 
 # The one-folder bundle (dist/hearth, packaging/hearth.spec) and the installer for this OS: the .deb on Linux
 # (dpkg-deb, from Debian's dpkg), the .dmg on macOS. PyInstaller and Pillow come from the dev extras in .venv.
@@ -67,9 +67,14 @@ bench-peer: $(STAMP)
 # The wheels bench/gpu_check.sh needs on the lent GPU machine and its image lacks (bench/gpu_wheels.txt), for CPython
 # 3.12 on manylinux x86-64, bitsandbytes trimmed to its CUDA 13 library: 15 wheels, 23 MiB, into .gpu-wheels/
 # (ignored). The device tool carries the folder (`carry: [".gpu-wheels"]`); the script installs it first.
-.PHONY: gpu-wheels
+.PHONY: gpu-wheels gpu-rehearsal
 gpu-wheels: $(STAMP)
 	$(BIN)/python bench/gpu_wheels.py --out .gpu-wheels
+
+# The GPU check end to end on this CPU, in a venv holding only the GPU image's packages plus the carried wheels
+# (minutes: it builds that venv once and downloads the wheels); kept out of `make test` for CI's time budget.
+gpu-rehearsal: $(STAMP)
+	$(BIN)/python -m pytest -m rehearsal tests/core/test_gpu_rehearsal.py
 
 # The cross toolchain tests/core/test_native_arm.py needs (the kernel's AArch64 build, run under qemu); .ci/run
 # runs this before `make test`. Best effort: where apt-get can't run (no apt, not root and no passwordless sudo,

@@ -52,7 +52,7 @@ def image_venv() -> Path:
     return python
 
 
-@pytest.mark.slow
+@pytest.mark.rehearsal
 def test_the_gpu_check_runs_to_the_end_on_the_images_packages_plus_the_carried_wheels(tmp_path: Path) -> None:
     python = image_venv()
     missing = run([str(python), "-c", "import pydantic"])
