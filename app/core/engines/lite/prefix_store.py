@@ -1,0 +1,274 @@
+"""Prefill once: a prompt's KV cache kept on disk in blocks of BLOCK_TOKENS tokens, so a document, a long system
+prompt or a conversation pays its prefill one time, across restarts. Torch-free.
+
+Keying: a block's name is a chained sha256 (block i's key hashes block i-1's key and its own token ids), started from
+an identity digest of everything the cache's bits depend on: this format's version, the weights file's sha256
+(memoised by path, size and modification time), the tokenizer's and the chat template's digests, the KV dtype and
+layout, and RoPE's frequencies. The token ids are stored in the block and compared exactly on load, and the payload
+carries its own sha256: a block from another model, quantization, tokenizer or template can never load, and a
+truncated, flipped or hand-made file is moved aside (said once) instead of trusted.
+
+Files: one folder, plain regular files opened without following links; written as a temp file, fsynced and renamed,
+so a reader never sees half a block and two writers of the same block both leave a whole one. No pickle. Least
+recently used blocks go first when the folder is over its byte budget.
+
+Why it is exact: the runtime computes every token as a decode step does (app.core.fastpath.native's forward), so
+a block's K/V are the same bits whoever computed them; restored blocks plus the prefill of the rest give the reply a
+cold run gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import stat
+import struct
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+log = logging.getLogger(__name__)
+
+BLOCK_TOKENS = 256
+FORMAT = 1
+MAGIC = b"HKVB"
+# magic, format, block index, tokens, layers, kv heads, head dim, dtype (1: bf16), then 32 bytes of identity and 32
+# of the payload's sha256
+HEADER = struct.Struct("<4sIIIIIII32s32s")
+DAMAGED_FOLDER = "damaged"
+SUFFIX = ".kvb"
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def block_bytes(self) -> int:
+        """A block's K and V payload: every layer's [kv_heads][BLOCK_TOKENS][head_dim] bf16 twice."""
+        return 2 * self.layers * self.kv_heads * BLOCK_TOKENS * self.head_dim * 2
+
+
+def file_sha256(path: Path, memo: Path) -> str:
+    """The sha256 of a weights file, memoised in `memo` by its path, size and modification time (an 8B file takes
+    seconds to hash; a replaced or rewritten one gets a new entry)."""
+    info = path.stat()
+    key = f"{path.resolve()}|{info.st_size}|{info.st_mtime_ns}"
+    try:
+        known = json.loads(memo.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    digest = known.get(key)
+    if isinstance(digest, str) and len(digest) == 64:
+        return digest
+    hasher = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(8 << 20):
+            hasher.update(block)
+    known[key] = digest = hasher.hexdigest()
+    with contextlib.suppress(OSError):
+        _write_atomically(memo, json.dumps(known).encode())
+    return digest
+
+
+def identity_digest(parts: dict[str, object]) -> bytes:
+    """sha256 of every part a block's bits depend on, in a canonical JSON (sorted keys)."""
+    return hashlib.sha256(json.dumps({"format": FORMAT, **parts}, sort_keys=True).encode()).digest()
+
+
+def block_keys(identity: bytes, ids: Sequence[int], blocks: int) -> list[bytes]:
+    """The chained keys of the first `blocks` whole blocks of `ids`."""
+    keys, previous = [], identity
+    for index in range(blocks):
+        chunk = np.asarray(ids[index * BLOCK_TOKENS : (index + 1) * BLOCK_TOKENS], dtype="<u4").tobytes()
+        previous = hashlib.sha256(previous + chunk).digest()
+        keys.append(previous)
+    return keys
+
+
+class PrefixStore:
+    """One folder of KV blocks for one model identity, under a byte budget."""
+
+    def __init__(self, folder: Path, identity: bytes, shape: CacheShape, budget_bytes: int) -> None:
+        self.folder = folder
+        self.identity = identity
+        self.shape = shape
+        self.budget_bytes = budget_bytes
+        self.notices: list[str] = []  # said once each, then taken by the engine
+        self._said: set[str] = set()
+        self._lock = threading.Lock()
+
+    # -- reading
+    def path_of(self, key: bytes) -> Path:
+        return self.folder / f"{key.hex()}{SUFFIX}"
+
+    def available(self, ids: Sequence[int]) -> int:
+        """How many whole blocks from the start of `ids` (never its last token) are on disk, by name."""
+        blocks = (len(ids) - 1) // BLOCK_TOKENS
+        count = 0
+        for key in block_keys(self.identity, ids, blocks):
+            if not self.path_of(key).is_file():
+                break
+            count += 1
+        return count
+
+    def read_block(self, key: bytes, index: int, ids: Sequence[int]) -> npt.NDArray[np.uint16] | None:
+        """Block `index`'s payload as [2, layers, kv_heads, BLOCK_TOKENS, head_dim] bf16 bits, checked to the byte;
+        None (the file moved aside, said once) when it is not exactly what it must be."""
+        path = self.path_of(key)
+        try:
+            data = _read_regular(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._damaged(path, f"it could not be read ({exc.strerror or exc})")
+            return None
+        shape = self.shape
+        expected = HEADER.size + 4 * BLOCK_TOKENS + shape.block_bytes
+        if len(data) != expected:
+            self._damaged(path, f"it has {len(data):,} bytes, not {expected:,}")
+            return None
+        magic, version, block, tokens, layers, kv_heads, head_dim, dtype, identity, checksum = HEADER.unpack_from(data)
+        if magic != MAGIC or version != FORMAT or dtype != 1:
+            self._damaged(path, "it is not a Hearth KV block of this format")
+            return None
+        if (block, tokens, layers, kv_heads, head_dim) != (index, BLOCK_TOKENS, *(shape.layers, shape.kv_heads,
+                                                                                    shape.head_dim)):
+            self._damaged(path, "its shape or position is not this model's")
+            return None
+        stored = np.frombuffer(data, dtype="<u4", count=BLOCK_TOKENS, offset=HEADER.size)
+        wanted = np.asarray(ids[index * BLOCK_TOKENS : (index + 1) * BLOCK_TOKENS], dtype="<u4")
+        payload = memoryview(data)[HEADER.size + 4 * BLOCK_TOKENS :]
+        if identity != self.identity or not np.array_equal(stored, wanted):
+            self._damaged(path, "its model identity or token ids do not match its name")
+            return None
+        if hashlib.sha256(payload).digest() != checksum:
+            self._damaged(path, "its checksum does not match its contents")
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used
+        return np.frombuffer(payload, dtype="<u2").reshape(
+            2, shape.layers, shape.kv_heads, BLOCK_TOKENS, shape.head_dim
+        )
+
+    # -- writing
+    def write_block(self, key: bytes, index: int, ids: Sequence[int], payload: npt.NDArray[np.uint16]) -> bool:
+        """Write one block atomically; False (said once) when the disk is full or the folder unwritable."""
+        path = self.path_of(key)
+        if path.is_file():
+            return True
+        body = np.ascontiguousarray(payload, dtype="<u2").tobytes()
+        token_bytes = np.asarray(ids[index * BLOCK_TOKENS : (index + 1) * BLOCK_TOKENS], dtype="<u4").tobytes()
+        header = HEADER.pack(
+            MAGIC, FORMAT, index, BLOCK_TOKENS, self.shape.layers, self.shape.kv_heads, self.shape.head_dim, 1,
+            self.identity, hashlib.sha256(body).digest(),
+        )  # fmt: skip
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            _write_atomically(path, header + token_bytes + body)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                free = shutil.disk_usage(self.folder).free
+                self._say(
+                    f"The prompt cache in {self.folder} was not saved: the disk is full ({free:,} bytes free). "
+                    "Replies go on; prompts will be prefilled again."
+                )
+            else:
+                self._say(f"The prompt cache in {self.folder} could not be written ({exc.strerror or exc}).")
+            return False
+        return True
+
+    def evict(self) -> int:
+        """Remove the least recently used blocks until the folder is within its budget; bytes removed."""
+        with self._lock:
+            entries = []
+            for path in self.folder.glob(f"*{SUFFIX}"):
+                try:
+                    info = path.lstat()
+                except OSError:
+                    continue
+                if stat.S_ISREG(info.st_mode):
+                    entries.append((info.st_mtime_ns, info.st_size, path))
+            total = sum(size for _, size, _ in entries)
+            removed = 0
+            for _, size, path in sorted(entries):
+                if total - removed <= self.budget_bytes:
+                    break
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    removed += size
+            return removed
+
+    # -- notices
+    def take_notices(self) -> list[str]:
+        with self._lock:
+            taken, self.notices = self.notices, []
+            return taken
+
+    def _say(self, message: str) -> None:
+        log.warning("%s", message)
+        with self._lock:
+            if message not in self._said:
+                self._said.add(message)
+                self.notices.append(message)
+
+    def _damaged(self, path: Path, why: str) -> None:
+        moved = path.parent / DAMAGED_FOLDER / path.name
+        try:
+            moved.parent.mkdir(exist_ok=True)
+            os.replace(path, moved)
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        self._say(f"A saved prompt block ({path.name}) was damaged ({why}): it was moved aside and is recomputed.")
+
+
+def _read_regular(path: Path) -> bytes:
+    """A regular file's bytes, never through a symbolic link (O_NOFOLLOW)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    descriptor = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        with os.fdopen(descriptor, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(descriptor)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Temp file in the same folder, written, fsynced, renamed over `path`; the temp file removed on any failure."""
+    handle, temporary = tempfile.mkstemp(prefix=".partial-", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def budget_for(folder: Path, setting_bytes: int) -> int:
+    """The store's byte budget: the setting, never more than a quarter of the disk's free space now."""
+    try:
+        free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
+    except OSError:
+        free = 0
+    return max(0, min(setting_bytes, free // 4))
