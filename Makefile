@@ -36,6 +36,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check app tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/vulture
 
 test: lint
 	$(BIN)/python -m pytest
