@@ -145,7 +145,12 @@ def open_session(settings: Settings, args: argparse.Namespace) -> Any:
     if getattr(args, "engine", None):  # a remote engine instead of a local model
         from app.core.engines.remote.session import open_remote_session
 
-        return open_remote_session(settings, args, sampling_from_args(args, settings.sampling))
+        return open_remote_session(
+            settings,
+            args,
+            sampling_from_args(args, settings.sampling),
+            say=lambda note: print(f"hearth: note: {note}", file=sys.stderr),
+        )
     from app.core.engines.opening import open_backend
     from app.core.engines.session import ChatSession
 
