@@ -188,4 +188,8 @@ def test_tokens_events_are_text(default_loaded: Any) -> None:
             ReplyRequest([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4))
         )
     )
-    assert all(isinstance(e.text, str) and e.text for e in events if isinstance(e, TokenEvent))
+    pieces = [e.text for e in events if isinstance(e, TokenEvent)]
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.text.strip()  # four greedy tokens of an answer
+    assert pieces and all(isinstance(piece, str) and piece for piece in pieces)
+    assert "".join(pieces) == done.text  # every token reached the stream, none dropped or repeated
