@@ -65,6 +65,21 @@ def test_json_stdin_turns_share_one_conversation_and_its_cache() -> None:
     assert int(stats[1]["cached_tokens"]) > 10  # turn 2 reused turn 1's KV cache
 
 
+def test_a_turn_that_cannot_run_is_explained_and_the_chat_goes_on() -> None:
+    too_long = "word " * 200  # over the 64-token window: refused whole, never truncated
+    flags = ("chat", "-t", "0", "--quant", "bf16", "--context", "64", "--max-tokens", "4", "--no-response-cache")
+    plain = hearth(*flags, stdin=f"{too_long}\nSay hi.\n")
+    assert plain.returncode == 0, plain.stderr
+    refusal = [line for line in plain.stderr.splitlines() if line.startswith("hearth: The prompt is")]
+    assert len(refusal) == 1 and "context window is 64 tokens" in refusal[0], plain.stderr
+    assert plain.stdout.strip()  # the next turn was answered
+    as_json = hearth(*flags, "--json", stdin=f"{too_long}\nSay hi.\n")
+    assert as_json.returncode == 0, as_json.stderr
+    lines = events(as_json.stdout)
+    assert lines[0]["type"] == "error" and "context window is 64 tokens" in str(lines[0]["message"])
+    assert [e["type"] for e in lines[1:]][-1] == "done" and any(e["type"] == "token" for e in lines[1:])
+
+
 def test_stats_flag_prints_the_figures(tmp_path: Path) -> None:
     result = hearth(
         "chat", "--stats", "-t", "0", "--quant", "bf16", "--max-tokens", "4", "--no-response-cache", "Hello"

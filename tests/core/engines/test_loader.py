@@ -122,6 +122,11 @@ def test_corrupt_safetensors_gives_a_clear_error(tiny_model_dir: Any, tmp_path: 
     assert str(folder) in str(info.value)
 
 
+def test_an_unknown_device_is_named() -> None:
+    with pytest.raises(DeviceUnavailableError, match=r"Unknown device 'tpu': use auto, cuda, cpu or mps\."):
+        load_model(None, device="tpu")
+
+
 def test_truncated_and_fake_gguf_files_give_clear_errors(tmp_path: Path) -> None:
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(default_model_gguf().read_bytes()[:4096])
@@ -137,6 +142,10 @@ def test_truncated_and_fake_gguf_files_give_clear_errors(tmp_path: Path) -> None
 def test_missing_paths_and_uncached_repos_are_explained(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="does not exist"):
         resolve_model(str(tmp_path / "nope"))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model", encoding="utf-8")
+    with pytest.raises(ModelNotFoundError, match=r"notes\.txt is a file but not a GGUF model; give a \.gguf file"):
+        resolve_model(str(notes))
     with pytest.raises(ModelNotFoundError, match="hearth pull"):
         resolve_model("someone/not-downloaded-model")
     (tmp_path / "empty").mkdir()

@@ -78,6 +78,12 @@ def test_a_tokenizer_class_it_cannot_load_without_torch_is_a_reason(tmp_path: An
     (tmp_path / "tokenizer_config.json").write_text("{}")
     with pytest.raises(LiteUnavailable, match="names no tokenizer class"):
         load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": ', encoding="utf-8")  # cut short
+    with pytest.raises(LiteUnavailable, match=r"its tokenizer_config\.json could not be read \(Expecting value"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").unlink()
+    with pytest.raises(LiteUnavailable, match=r"its tokenizer_config\.json could not be read \(.*No such file"):
+        load_tokenizer(tmp_path)
 
 
 def run(backend: LiteBackend, request: ReplyRequest, cancel: threading.Event | None = None) -> list[Any]:
