@@ -24,6 +24,8 @@ $(STAMP): pyproject.toml Makefile $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 ifeq ($(LOCK_APPLIES),yes)
 	$(BIN)/python -m pip install -q --no-deps --require-hashes -r $(LOCK)
+	@# pip may say here that xgrammar wants triton: left out on purpose (only its CUDA kernels use it; a CUDA torch
+	@# brings its own). Every other dependency of torch is already in place from the lock.
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 else
