@@ -125,9 +125,11 @@ def test_stop_sequences() -> None:
     assert protocol.stop_sequences({}) == ()
     assert protocol.stop_sequences({"stop": "END"}) == ("END",)
     assert protocol.stop_sequences({"stop": ["a", "", "b", "x" * 200]}) == ("a", "b", "x" * 200)  # empty ones dropped
-    message = "'stop' takes at most 4 strings of at most 200 characters."
-    assert refusal(protocol.stop_sequences, {"stop": ["a", "b", "c", "d", "e"]}).message == message
-    assert refusal(protocol.stop_sequences, {"stop": ["x" * 201]}).message == message
+    message = ("'stop' takes at most 4 strings of at most 200 characters.", "stop")
+    too_many = refusal(protocol.stop_sequences, {"stop": ["a", "b", "c", "d", "e"]})
+    assert (too_many.message, too_many.param) == message
+    too_long = refusal(protocol.stop_sequences, {"stop": ["x" * 201]})
+    assert (too_long.message, too_long.param) == message
     error = refusal(protocol.stop_sequences, {"stop": ["a", 3]})
     assert (error.message, error.param) == ("'stop' must be a string or a list of strings.", "stop")
     assert refusal(protocol.stop_sequences, {"stop": 7}).param == "stop"
@@ -328,8 +330,13 @@ def test_completion_requests() -> None:
                                          LIMITS, 0)  # fmt: skip
     assert parsed.reply.raw_prompt == "Once" and parsed.reply.messages == () and parsed.endpoint == "completions"
     assert parsed.stream and parsed.include_usage and parsed.reply.use_response_cache is False
-    plain = protocol.completion_request({"prompt": "Once", "stop": ["."], "model": "m"}, LIMITS, 0)
+    plain = protocol.completion_request({"prompt": "Once", "stop": ["."], "model": "m", "temperature": 0}, LIMITS, 0)
     assert (plain.stream, plain.include_usage, plain.model, plain.reply.stop) == (False, False, "m", (".",))
+    assert plain.reply.params.greedy and plain.reply.params.max_new_tokens == 50  # the body's sampling, the default
+    assert protocol.completion_request({"prompt": "Once"}, LIMITS, 0).model == ""
+    # The context window bounds max_tokens here too.
+    assert protocol.completion_request({"prompt": "Once"}, LIMITS, 40).reply.params.max_new_tokens == 39
+    assert refusal(protocol.completion_request, {"prompt": "Once", "max_tokens": 40}, LIMITS, 40).param == "max_tokens"
     odd = protocol.completion_request({"prompt": "Once", "stream": True, "stream_options": "x"}, LIMITS, 0)
     assert not odd.include_usage
 
@@ -353,8 +360,8 @@ def test_tool_calls_are_read_from_a_reply() -> None:
     auto = ToolMode("auto", names=("lookup", "other"))
     text = (
         'Let me check. <tool_call>{"name": "lookup", "arguments": {"q": "é"}}</tool_call> and '
+        "<tool_call>not json</tool_call>"  # skipped, and the calls after it still read
         '<tool_call> {"name": "other", "parameters": {"n": 1}} </tool_call> <tool_call>{"name": "rm"}</tool_call>'
-        "<tool_call>not json</tool_call>"
     )
     assert protocol.parse_tool_calls(text, auto) == [
         {"name": "lookup", "arguments": json.dumps({"q": "é"}, ensure_ascii=False)},
