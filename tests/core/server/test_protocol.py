@@ -32,6 +32,7 @@ def test_error_bodies_are_openai_shaped() -> None:
     assert ApiError(400, "m").body()["error"]["type"] == "invalid_request_error"
     assert ApiError(418, "m").body()["error"]["type"] == "server_error"
     assert ApiError(503, "m", headers={"Retry-After": "3"}).headers == {"Retry-After": "3"}
+    assert str(error) == "Slow down."  # what logs and tracebacks show
 
 
 @pytest.mark.parametrize(
@@ -151,6 +152,7 @@ def test_response_formats() -> None:
     assert refusal(protocol.response_format, {"response_format": {"type": "json_schema"}}).param == "response_format"
     error = refusal(protocol.response_format, {"response_format": "json"})
     assert error.message == "'response_format.type' must be 'text', 'json_object' or 'json_schema'."
+    assert error.param == "response_format"
 
 
 def test_messages_roles_and_content() -> None:
@@ -167,6 +169,9 @@ def test_messages_roles_and_content() -> None:
     assert (tool.role, tool.content, tool.extra) == ("tool", "", {"tool_call_id": "7", "name": "lookup"})
     nameless = protocol.messages({"messages": [{"role": "tool", "content": "42"}]}, LIMITS)[0]
     assert nameless.extra == {"tool_call_id": ""}
+    # Only an assistant's message carries tool calls; on a user's the field is ignored, never parsed.
+    user_with_calls = {"role": "user", "content": "Hi", "tool_calls": ["not a call"]}
+    assert protocol.messages({"messages": [user_with_calls]}, LIMITS)[0].extra == {}
 
 
 @pytest.mark.parametrize(
@@ -233,6 +238,7 @@ def test_malformed_earlier_tool_calls_are_a_400(call: Any, message: str) -> None
 def test_tool_choices() -> None:
     assert protocol.tools({}) == ((), ToolMode())
     assert protocol.tools({"tool_choice": "auto"}) == ((), ToolMode())
+    assert protocol.tools({"tool_choice": "none"}) == ((), ToolMode())
     assert protocol.tools({"tools": [TOOL], "tool_choice": "none"}) == ((), ToolMode())
     tool_list, mode = protocol.tools({"tools": [TOOL, OTHER]})
     assert tool_list == (TOOL, OTHER) and mode == ToolMode("auto", names=("lookup", "other")) and not mode.forced
@@ -295,6 +301,7 @@ def test_chat_requests() -> None:
     unstreamed = protocol.chat_request({"messages": HI, "stream_options": {"include_usage": True}}, LIMITS, 0)
     assert not unstreamed.include_usage  # usage chunks belong to a stream
     assert protocol.chat_request({"messages": HI, "model": None}, LIMITS, 0).model == ""
+    assert protocol.chat_request({"messages": HI}, LIMITS, 40).reply.params.max_new_tokens == 39  # the window bounds it
 
 
 def test_a_forced_tool_call_becomes_a_json_schema_format() -> None:
