@@ -116,6 +116,12 @@ def test_sampling_refusals_name_the_field(body: dict[str, Any], message: str, pa
     assert (error.message, error.param) == (message, param)
 
 
+def test_a_long_bad_value_is_shown_cut_to_40_characters() -> None:
+    long, shown = "x" * 100, json.dumps("x" * 100)[:40]
+    assert refusal(protocol.sampling, {"top_p": long}, LIMITS, 0).message == f"'top_p' must be a number, not {shown}."
+    assert refusal(protocol.sampling, {"seed": long}, LIMITS, 0).message == f"'seed' must be an integer, not {shown}."
+
+
 def test_sampling_accepts_its_edges_and_passes_on_the_sampling_rules_sentence() -> None:
     assert protocol.sampling({"temperature": 2, "n": 1}, LIMITS, 0).temperature == 2.0
     error = refusal(protocol.sampling, {"top_p": 1.5}, LIMITS, 0)
