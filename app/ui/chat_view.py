@@ -25,45 +25,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.stats_text import WINDOW_SEPARATOR, reply_stats_text
 from app.ui.chat_model import ChatItem, ChatModel, Roles
-from app.ui.cost import reply_cost_text
 from app.ui.theme import Palette
 
 if TYPE_CHECKING:  # markdown-it and pygments load on the first rendered reply, not before the first paint
     from app.ui.markdown import MarkdownRenderer
 
-FINISH_LABELS = {
-    "stop": "finished",
-    "length": "stopped at the length limit",
-    "cancelled": "stopped by you",
-    "error": "failed",
-    "interrupted": "interrupted: Hearth closed before this reply finished (continue or regenerate it)",
-}
 CONTINUABLE = ("length", "interrupted")
 
 
 def format_stats(stats: dict[str, Any] | None, finish_reason: str | None) -> str:
-    """The line under a reply: time to first token, prompt tokens (cached / new), speeds, tokens, cost (when
-    priced), stop reason."""
-    parts: list[str] = []
-    if stats:
-        prompt = int(stats.get("prompt_tokens", 0))
-        cached = int(stats.get("cached_tokens", 0))
-        parts.append(f"first token {float(stats.get('ttft_s', 0.0)):.2f} s")
-        parts.append(f"prompt {prompt:,} tok ({cached:,} cached / {prompt - cached:,} new)")
-        if stats.get("from_response_cache"):
-            parts.append("replayed from the response cache")
-        else:
-            parts.append(f"prefill {float(stats.get('prefill_tokens_per_s', 0.0)):,.0f} tok/s")
-            decode = f"decode {float(stats.get('decode_tokens_per_s', 0.0)):.1f} tok/s"
-            path = str(stats.get("decode_path") or "")
-            parts.append(f"{decode} ({path})" if path else decode)  # which decode path ran; the why is the tooltip
-        parts.append(f"{int(stats.get('generated_tokens', 0)):,} generated")
-        if cost := reply_cost_text(stats):  # a hosted engine's price, or a local reply's comparison (estimates)
-            parts.append(cost)
-    if finish_reason:
-        parts.append(FINISH_LABELS.get(finish_reason, finish_reason))
-    return "  ·  ".join(parts)
+    """The line under a reply (app.core.stats_text words it for the window, `hearth chat --stats` and exports)."""
+    return reply_stats_text(stats, finish_reason, separator=WINDOW_SEPARATOR)
 
 
 class MessageBody(QTextBrowser):

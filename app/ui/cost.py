@@ -1,4 +1,4 @@
-"""What replies and conversations cost, in the window: the line under a reply and the conversation's total.
+"""What a conversation costs, in the window (the line under a reply words its cost with app.core.stats_text).
 
 Prices come from app.core.engines.remote.pricing (genai-prices' bundled list, never fetched) and are estimates; every
 text here says so. The conversation's total is summed from the history (every reply on every branch), so it is
@@ -13,16 +13,7 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QWidget
 
-from app.core.engines.remote.pricing import conversation_costs, format_cost
-
-
-def reply_cost_text(stats: Mapping[str, Any] | None) -> str:
-    """The reply's cost ("cost ~$0.0012 on openai/gpt-4o-mini (estimate) …"), or "" when it was not priced. The
-    running total is the conversation header's (the backend's own total restarts with each load)."""
-    cost = (stats or {}).get("cost")
-    if not isinstance(cost, Mapping):
-        return ""
-    return format_cost({key: value for key, value in cost.items() if key != "conversation_total_usd"})
+from app.core.engines.remote.pricing import conversation_costs
 
 
 def conversation_cost_text(replies: Iterable[Mapping[str, Any]]) -> str:

@@ -114,9 +114,6 @@ class ServerPanel(QWidget):
         worker.server_request.connect(self._on_request, queued)
 
     # -- the switch ---------------------------------------------------------------------------------------
-    def set_serving(self, on: bool) -> None:
-        self.switch.setChecked(on)
-
     @Slot(bool)
     def _switch_toggled(self, on: bool) -> None:
         if on and self.state == "off":

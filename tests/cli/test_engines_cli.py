@@ -139,14 +139,43 @@ def test_chat_stats_line_shows_the_cost(replay: ReplayServer, capsys: pytest.Cap
 
 def test_chat_engine_errors(replay: ReplayServer, capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     hearth(capsys, "engines", "add", "r", "--url", replay.base_url)
+    replay.models = ["small", "large"]
     code, _, err = hearth(capsys, "chat", "--engine", "r", "Hi")
-    assert code == 2 and "Choose a model for engine 'r' with --model" in err
+    assert code == 2 and err == (
+        "hearth: Choose a model for engine 'r' with --model, or set one with `hearth engines add --model`: "
+        "it serves large, small.\n"  # sorted, as GET /v1/models lists them here
+    )
+    replay.models = []
+    code, _, err = hearth(capsys, "chat", "--engine", "r", "Hi")
+    assert code == 2 and err.endswith("`hearth engines add --model`: it lists no models.\n")
     replay.queue_file("openai_404.json", status=404)
     code, _, err = hearth(capsys, "chat", "--engine", "r", "--model", "no-such-model", "Hi")
     assert code == 2 and err.startswith("hearth: Engine 'r'") and "has no model 'no-such-model'" in err
     replay.queue_file("error_chunk.sse")
     code, out, err = hearth(capsys, "chat", "--engine", "r", "--model", "m", "Hi")
     assert code == 1 and out.startswith("Half a") and "the reply failed: Engine 'r'" in err
+
+
+def test_chat_with_an_engine_that_serves_one_model_uses_it_and_says_so(
+    replay: ReplayServer, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    hearth(capsys, "engines", "add", "r", "--url", replay.base_url)  # no --model
+    replay.models = ["only-model"]
+    replay.queue_file("vllm_stream.sse")
+    code, out, err = hearth(capsys, "chat", "--engine", "r", "Hi")
+    assert code == 0 and out.startswith("Paris is the capital."), err
+    assert "hearth: note: engine 'r' serves one model, only-model: using it (--model picks another)" in err
+    assert replay.requests[-1].body is not None and replay.requests[-1].body["model"] == "only-model"
+
+
+def test_chat_with_an_engine_whose_model_list_cannot_be_read(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    hearth(capsys, "engines", "add", "gone", "--url", f"http://127.0.0.1:{port}/v1")
+    code, _, err = hearth(capsys, "chat", "--engine", "gone", "Hi")
+    assert code == 2 and err.startswith("hearth: Choose a model for engine 'gone' with --model")
+    assert "its model list could not be read:" in err and len(err.splitlines()) == 1
 
 
 def test_chat_with_an_engine_sends_attached_documents(

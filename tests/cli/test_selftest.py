@@ -51,7 +51,6 @@ def test_kv_check_fails_on_an_empty_cache(default_loaded: object) -> None:
 
 
 def test_snapshot_check_catches_a_cache_the_accounting_does_not_see(default_loaded: object) -> None:
-    pytest.importorskip("app.core.memory.accounting")
     from app.core.chat.events import ChatMessage
     from app.core.chat.sampling import SamplingParams
     from app.core.engines.engine import Engine, KVState
@@ -72,7 +71,6 @@ def test_snapshot_check_catches_a_cache_the_accounting_does_not_see(default_load
 
 
 def test_snapshot_check_passes_for_a_q4_model_whose_embedding_stays_mapped(tiny_model_dir: Any) -> None:
-    pytest.importorskip("app.core.memory.accounting")
     from app.core.chat.events import ChatMessage
     from app.core.chat.sampling import SamplingParams
     from app.core.engines.engine import Engine, KVState

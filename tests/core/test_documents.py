@@ -8,6 +8,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +37,7 @@ from app.core.documents import (
     split_passages,
     trim_to_tokens,
 )
+from app.core.documents import extract as extract_module
 from app.core.errors import HearthError
 from tests.helpers.document_files import (
     SECRET,
@@ -328,11 +330,19 @@ def test_every_document_error_is_a_hearth_error(tmp_path: Path) -> None:
         extract_document(tmp_path)
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root reads anything")
-def test_permission_denied(tmp_path: Path) -> None:
+def test_permission_denied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The read itself is refused, as the OS refuses it for a file the user may not read (a chmod would not stop
+    # root, which CI runs as).
     path = tmp_path / "secret.txt"
     path.write_text("hidden", encoding="utf-8")
-    path.chmod(0)
+    real_open = open
+
+    def refusing_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(file) == path:
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(extract_module, "open", refusing_open, raising=False)
     with pytest.raises(HearthError, match=r"secret\.txt could not be read \(permission denied\)"):
         extract_document(path)
 

@@ -236,12 +236,39 @@ def test_cpu_flags_are_read_from_this_machine() -> None:
     flags = kernel.cpu_flags()
     if sys.platform.startswith("linux"):
         text = Path("/proc/cpuinfo").read_text()
-        assert flags and all(flag in text for flag in flags)
+        listed = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.MULTILINE)
+        assert listed is not None and flags == frozenset(listed.group(1).split())  # whole names, the first CPU's
     if IS_X86:
         import torch
 
         level = torch.backends.cpu.get_cpu_capability()
         assert ("avx2" in flags) == (level in ("AVX2", "AVX512")) or not sys.platform.startswith("linux")
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "expected"),
+    [
+        ("processor\t: 0\nmodel name\t: Some x86\nflags\t\t: fpu sse2 avx2 fma\nbugs\t\t: spectre\n\n"
+         "processor\t: 1\nflags\t\t: fpu sse2\n", {"fpu", "sse2", "avx2", "fma"}),
+        ("processor\t: 0\nFeatures\t: fp asimd asimddp\nCPU part\t: 0xd0b\n", {"fp", "asimd", "asimddp"}),
+        ("processor\t: 0\nmodel name\t: flagless\n", set()),
+    ],
+    ids=["x86", "arm", "none"],
+)  # fmt: skip
+def test_cpu_flags_are_the_first_cpus_flag_names_on_linux(
+    cpuinfo: str, expected: set[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = tmp_path / "cpuinfo"
+    fake.write_text(cpuinfo, encoding="utf-8")
+    real_open = open
+
+    def fake_open(path: str, *args: Any, **kwargs: Any) -> Any:
+        return real_open(fake if path == "/proc/cpuinfo" else path, *args, **kwargs)
+
+    monkeypatch.setattr(kernel.sys, "platform", "linux")
+    monkeypatch.setattr(kernel, "machine_arch", lambda: "aarch64")  # no torch fallback: the file alone
+    monkeypatch.setattr(kernel, "open", fake_open, raising=False)
+    assert kernel.cpu_flags() == expected
 
 
 @pytest.mark.parametrize(

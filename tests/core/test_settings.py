@@ -75,3 +75,42 @@ def test_a_failed_write_leaves_the_old_file(monkeypatch: pytest.MonkeyPatch) -> 
             save_settings(Settings(system_prompt="new"))
     assert load_settings().system_prompt == "old"
     assert [p.name for p in settings_path().parent.iterdir()] == ["settings.json"]
+
+
+def test_sampling_edges_are_inside_their_ranges() -> None:
+    edges = SamplingParams(temperature=0, top_p=1, top_k=0, min_p=0, repetition_penalty=1e-6, max_new_tokens=1)
+    assert edges.greedy and edges.top_p == 1.0 and isinstance(edges.top_p, float) and edges.max_new_tokens == 1
+    assert not SamplingParams(temperature=1e-6).greedy
+    for changes, message in (
+        ({"top_p": 1.0000001}, r"top-p must be in \(0, 1\] \(got 1.0000001\)"),
+        ({"min_p": 1}, r"min-p must be in \[0, 1\) \(got 1\)"),
+        ({"temperature": -1e-9}, "temperature must be 0 or more"),
+        ({"top_k": -1}, r"top-k must be 0 \(off\) or more \(got -1\)"),
+        ({"repetition_penalty": 0.0}, "repetition penalty must be above 0"),
+        ({"max_new_tokens": 0}, r"max new tokens must be at least 1 \(got 0\)"),
+    ):
+        with pytest.raises(InvalidSettingError, match=message):
+            SamplingParams(**changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"temperature": "0.7"}, r'temperature must be a finite number \(got "0.7"\)'),
+        ({"seed": True}, "seed must be"),
+        ({"top_k": 2.5}, "top-k must be"),
+        ({"temperature": float("inf")}, "temperature must be"),
+        ({"top_p": float("nan")}, "top-p must be"),
+    ],
+)
+def test_sampling_is_strict_about_types(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidSettingError, match=message):
+        SamplingParams(**changes)  # type: ignore[arg-type]
+
+
+def test_sampling_from_a_dict_ignores_unknown_keys_and_refuses_bad_values() -> None:
+    params = SamplingParams.from_dict({"temperature": 0.2, "seed": 9, "beam_width": 4})
+    assert params == SamplingParams(temperature=0.2, seed=9)
+    assert SamplingParams.from_dict(params.to_dict()) == params
+    with pytest.raises(InvalidSettingError, match="temperature"):
+        SamplingParams.from_dict({"temperature": -3})

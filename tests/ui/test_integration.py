@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.core.chat.token_counter import load_token_counter
-from app.core.documents import document_block
+from transformers import AutoTokenizer
+
 from app.core.engines.backend import ModelInfo
 from app.core.settings import Settings
 from app.ui.settings_dialog import SettingsDialog
@@ -23,11 +23,17 @@ def test_attachment_chips_count_tokens_with_the_loaded_models_tokenizer(
     notes.write_text(text, encoding="utf-8")
     window.attachments.add_paths([notes])
     qtbot.waitUntil(lambda: not window.attachments.busy and window.attachments.token_counts() != [None], timeout=10_000)
-    count = load_token_counter(tokenizer_file)
-    document = window.attachments.documents()[0]
-    # The chip counts the document as the prompt holds it: its <document> block plus separators.
-    expected = count(document_block(document)) + 2
-    assert window.attachments.token_counts() == [expected] and expected > count(text) > 100
+    # The chip counts what the document adds to the prompt, by the model's own tokenizer (transformers', not the
+    # counter under test): the user message with the document block ahead of a question, less the question alone.
+    tokenizer = AutoTokenizer.from_pretrained(default_folder)
+
+    def tokens(message: str) -> int:
+        return len(tokenizer.encode(message, add_special_tokens=False))
+
+    question = "What is the launch code?"
+    block = f'<document name="notes.txt" type="text/plain">\n{text}\n</document>'
+    expected = tokens(f"{block}\n\n{question}") - tokens(question)
+    assert window.attachments.token_counts() == [expected] and expected > tokens(text) > 100
     assert window.attachments._remaining == 2048
 
 

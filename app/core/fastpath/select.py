@@ -324,10 +324,6 @@ def _dense_digest(folder: Path) -> str:
     return f"dense:{fingerprint}" if fingerprint else ""
 
 
-def remove_decode_path(model: Any) -> None:
-    int8.unpatch_linears(model)
-
-
 def _output_embedding_ids(model: Any) -> set[int]:
     """The lm_head stays as loaded: int8 is no faster for it (measured), and the logits keep full precision."""
     getter = getattr(model, "get_output_embeddings", None)

@@ -6,7 +6,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Fit = Literal["yes", "offload", "no"]
-FITS: tuple[Fit, ...] = ("yes", "offload", "no")
 
 
 @dataclass(frozen=True)

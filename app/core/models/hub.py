@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from app.core.errors import HearthError, ModelNotFoundError, UnsafeModelError
 from app.core.models.model_source import PICKLE_SUFFIXES
 from app.core.storage import paths, secrets
+from app.core.storage.schema import write_json_file
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +146,6 @@ class DownloadPlan:
     @property
     def remaining_bytes(self) -> int:
         return max(0, self.total_bytes - self.present_bytes)
-
-    @property
-    def weight_files(self) -> tuple[RepoFile, ...]:
-        return tuple(f for f in self.files if f.is_weight)
 
     @property
     def label(self) -> str:
@@ -328,10 +325,7 @@ def pending_downloads() -> list[PendingDownload]:
 
 
 def _save_pending(items: list[PendingDownload]) -> None:
-    path = _pending_path()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps([item.__dict__ for item in items], indent=1), encoding="utf-8")
-    tmp.replace(path)
+    write_json_file(_pending_path(), [item.__dict__ for item in items])
 
 
 def _remember_pending(item: PendingDownload) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from app.core.errors import HearthError, ModelNotFoundError
 from app.core.models.model_source import DEFAULT_MODEL_NAME, default_model_gguf
 from app.core.storage import paths
+from app.core.storage.schema import write_json_file
 
 log = logging.getLogger(__name__)
 
@@ -202,10 +203,7 @@ def user_paths() -> list[Path]:
 
 
 def _save_user_paths(items: list[Path]) -> None:
-    path = _user_list_path()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"paths": [str(p) for p in items]}, indent=1), encoding="utf-8")
-    tmp.replace(path)
+    write_json_file(_user_list_path(), {"paths": [str(p) for p in items]})
 
 
 def add_path(path: Path) -> LibraryModel:

@@ -47,7 +47,6 @@ class ServerHandle:
         self._server: object | None = None
         self._thread: threading.Thread | None = None
         self._port: int | None = None
-        self._failure: BaseException | None = None
 
     @property
     def running(self) -> bool:
@@ -80,14 +79,13 @@ class ServerHandle:
         )  # fmt: skip
         server = uvicorn.Server(uv_config)
         self._server = server
-        self._failure = None
         self.queue.start()
 
         def serve() -> None:
             try:
                 server.run()
-            except BaseException as exc:  # SystemExit when the port is taken
-                self._failure = exc
+            except BaseException as exc:  # SystemExit when the port is taken: start() says so
+                log.info("the HTTP server stopped: %r", exc)
 
         self._thread = threading.Thread(target=serve, name="hearth-server-http", daemon=True)
         self._thread.start()

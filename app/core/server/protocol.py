@@ -79,8 +79,8 @@ class ParsedRequest:
     endpoint: str = "chat"
 
 
-def _bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param, code=code)
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
 
 
 def decode_json(raw: bytes) -> dict[str, Any]:

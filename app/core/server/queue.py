@@ -73,7 +73,6 @@ class RequestQueue:
         self._thread: threading.Thread | None = None
         self._recent_s: collections.deque[float] = collections.deque(maxlen=16)
         self.last_memory: MemoryReading | None = None
-        self.served = 0
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -158,7 +157,6 @@ class RequestQueue:
                 _deliver(job, END)
                 with self._lock:
                     self._running = None
-                    self.served += 1
             try:
                 self.last_memory = self.model.memory()  # read here: the model's own thread, between requests
             except Exception:

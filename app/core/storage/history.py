@@ -1,11 +1,8 @@
-"""Conversations as message trees in SQLite: branches, streaming saves, exports, schema migrations.
+"""The conversation history store: message trees in SQLite, with branches, streaming saves and schema migrations.
 
-Plain stdlib (no torch, no Qt), so the GUI can open it before any model library is imported.
-
-Storage: one SQLite file (WAL, foreign keys on) with three tables. `conversations` holds the title, settings
-(JSON) and the active leaf; `messages` is the tree (each row points at its parent; a NULL parent is a root, so
-an edit or a regeneration is simply a second child of the same parent); `attachments` hangs off a message.
-`PRAGMA user_version` is the schema version, `PRAGMA application_id` marks the file as Hearth's.
+Plain stdlib (no torch, no Qt), so the GUI can open it before any model library is imported. What the tables and
+records are lives in history_schema, the JSON/Markdown exports and their import in history_transfer; the names
+callers use are re-exported here.
 
 Durability: every write is one transaction. WAL with synchronous=NORMAL survives the app being killed (the
 OS already holds the committed pages); only a power cut may lose the last commits, never corrupt the file.
@@ -14,144 +11,44 @@ OS already holds the committed pages); only a power cut may lose the last commit
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.core.errors import HearthError
-from app.core.storage import paths
+from app.core.storage import history_schema, history_transfer
+from app.core.storage.history_schema import (
+    APPLICATION_ID,
+    Attachment,
+    Conversation,
+    HistoryDamagedError,
+    HistoryError,
+    HistoryImportError,
+    HistoryNotFoundError,
+    Message,
+    check_finish_reason,
+    check_role,
+    clean_title,
+    default_history_path,
+)
 
-ROLES: tuple[str, ...] = ("system", "user", "assistant")
-FINISH_REASONS: tuple[str, ...] = ("stop", "length", "cancelled", "error")
+__all__ = [
+    "Attachment",
+    "Conversation",
+    "HistoryDamagedError",
+    "HistoryError",
+    "HistoryImportError",
+    "HistoryNotFoundError",
+    "HistoryStore",
+    "Message",
+    "default_history_path",
+]
 
-# 'HRTH': tells our files apart from other SQLite databases that happen to sit at the path.
-APPLICATION_ID = 0x48525448
-EXPORT_FORMAT = "hearth-conversation"
-EXPORT_VERSION = 1
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _BUSY_TIMEOUT_S = 10.0
-
-
-class HistoryError(HearthError):
-    """The history database cannot be used as asked."""
-
-
-class HistoryDamagedError(HistoryError):
-    """The file at the history's path is not a usable Hearth history (not SQLite, damaged, another program's).
-    It is never modified; the user may move it aside and start a new history (HistoryStore.move_aside)."""
-
-
-class HistoryNotFoundError(HistoryError):
-    """A conversation or message id that does not exist (any more)."""
-
-
-class HistoryImportError(HistoryError):
-    """A conversation file that cannot be imported; nothing was written."""
-
-
-@dataclass(frozen=True)
-class Attachment:
-    name: str
-    mime_type: str
-    size_bytes: int
-    sha256: str  # of the original file's bytes
-    text: str  # the extracted text the model sees
-    token_count: int | None = None
-
-
-@dataclass(frozen=True)
-class Message:
-    id: int
-    conversation_id: int
-    parent_id: int | None
-    role: str  # "system" | "user" | "assistant"
-    content: str
-    created_at: float
-    finish_reason: str | None  # None while a reply streams (or if the app died while it did)
-    stats: dict[str, Any] | None  # ReplyStats.to_dict()
-    attachments: tuple[Attachment, ...]
-    model: str | None
-
-
-@dataclass(frozen=True)
-class Conversation:
-    id: int
-    title: str
-    created_at: float
-    updated_at: float  # last change to its messages; the list is ordered by it
-    active_leaf_id: int | None
-    settings: dict[str, Any]
-
-
-def default_history_path() -> Path:
-    return paths.data_dir() / "history.sqlite"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Schema migrations: MIGRATIONS[i] upgrades a database from version i to i + 1, inside one transaction.
-# Append new ones; never edit a released one. A migration that must rebuild a table has to switch foreign keys
-# off around its transaction itself (the pragma is ignored inside one).
-
-
-def _migrate_to_1(db: sqlite3.Connection) -> None:
-    db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-    db.execute(
-        """CREATE TABLE conversations (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            title TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL,
-            active_leaf_id INTEGER REFERENCES messages(id) ON DELETE SET NULL,
-            settings TEXT NOT NULL DEFAULT '{}'
-        )"""
-    )
-    # parent_id has no cascade on purpose: a cascade recurses once per tree level and SQLite caps that depth,
-    # so subtrees are deleted explicitly in one statement (foreign keys are checked at its end).
-    db.execute(
-        """CREATE TABLE messages (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-            parent_id INTEGER REFERENCES messages(id),
-            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-            content TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            finish_reason TEXT CHECK (finish_reason IN ('stop', 'length', 'cancelled', 'error')),
-            stats TEXT,
-            model TEXT
-        )"""
-    )
-    db.execute("CREATE INDEX messages_by_parent ON messages(conversation_id, parent_id)")
-    db.execute("CREATE INDEX messages_parent ON messages(parent_id)")
-    db.execute(
-        """CREATE TABLE attachments (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
-            position INTEGER NOT NULL,
-            name TEXT NOT NULL,
-            mime_type TEXT NOT NULL,
-            size_bytes INTEGER NOT NULL,
-            sha256 TEXT NOT NULL,
-            text TEXT NOT NULL,
-            token_count INTEGER
-        )"""
-    )
-    db.execute("CREATE INDEX attachments_by_message ON attachments(message_id, position)")
-    db.execute("CREATE INDEX conversations_by_update ON conversations(updated_at)")
-
-
-Migration = Callable[[sqlite3.Connection], None]
-MIGRATIONS: list[Migration] = [_migrate_to_1]
-
-
-def schema_version() -> int:
-    """The schema version this code writes (the number of migrations)."""
-    return len(MIGRATIONS)
 
 
 def _lenient_text(raw: bytes) -> str:
@@ -266,15 +163,15 @@ class HistoryStore:
                 f"The file {self.path} is a SQLite database of another program, not Hearth's conversation "
                 "history; it was left untouched."
             )
-        if version > schema_version():
+        if version > history_schema.schema_version():
             raise HistoryError(
                 f"The history database {self.path} was written by a newer version of Hearth (schema {version}; "
-                f"this version understands up to {schema_version()}). Update Hearth to open it."
+                f"this version understands up to {history_schema.schema_version()}). Update Hearth to open it."
             )
 
     def _migrate(self, db: sqlite3.Connection) -> None:
         version = int(db.execute("PRAGMA user_version").fetchone()[0])
-        target = schema_version()
+        target = history_schema.schema_version()
         if version == target:
             return
         if version > 0:
@@ -286,7 +183,7 @@ class HistoryStore:
             finally:
                 backup.close()
         for index in range(version, target):
-            migration = MIGRATIONS[index]
+            migration = history_schema.MIGRATIONS[index]
             try:
                 db.execute("BEGIN IMMEDIATE")
                 migration(db)
@@ -465,13 +362,13 @@ class HistoryStore:
     # -- conversations -------------------------------------------------------------------------------------------
 
     def create_conversation(self, title: str = "New chat", settings: dict[str, Any] | None = None) -> Conversation:
-        clean_title = _clean_title(title)
+        title = clean_title(title)
         settings_json = json.dumps(settings or {})
         now = time.time()
         with self._writing() as db:
             cursor = db.execute(
                 "INSERT INTO conversations (title, created_at, updated_at, settings) VALUES (?, ?, ?, ?)",
-                (clean_title, now, now, settings_json),
+                (title, now, now, settings_json),
             )
             assert cursor.lastrowid is not None
             return self._fetch_conversation(db, cursor.lastrowid)
@@ -496,10 +393,10 @@ class HistoryStore:
             return [self._conversation_from_row(row) for row in db.execute(query, params)]
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
-        clean_title = _clean_title(title)
+        title = clean_title(title)
         with self._writing() as db:
             self._fetch_conversation(db, conversation_id)
-            db.execute("UPDATE conversations SET title = ? WHERE id = ?", (clean_title, conversation_id))
+            db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
 
     def update_conversation_settings(self, conversation_id: int, settings: dict[str, Any]) -> None:
         settings_json = json.dumps(settings)
@@ -531,8 +428,8 @@ class HistoryStore:
         Regenerating a reply adds an assistant message under the same user message; editing a user message adds
         a user message under the edited one's parent. The earlier branch stays, reachable via siblings/switch_to.
         """
-        _check_role(role)
-        _check_finish_reason(finish_reason)
+        check_role(role)
+        check_finish_reason(finish_reason)
         attachment_list = list(attachments)
         stats_json = json.dumps(stats) if stats is not None else None
         with self._writing() as db:
@@ -601,7 +498,7 @@ class HistoryStore:
     ) -> None:
         """Overwrite the given fields (None leaves a field as it is). Cheap enough to call every second while a
         reply streams: one small transaction, committed to the WAL without waiting for the disk."""
-        _check_finish_reason(finish_reason)
+        check_finish_reason(finish_reason)
         changes: dict[str, Any] = {}
         if content is not None:
             changes["content"] = content
@@ -711,7 +608,7 @@ class HistoryStore:
     # -- export and import ---------------------------------------------------------------------------------------
 
     def export_json(self, conversation_id: int) -> dict[str, Any]:
-        """The whole tree (every branch) as plain JSON data; ids are renumbered 1..n in creation order."""
+        """The whole tree (every branch) as plain JSON data (history_transfer.export_json)."""
         with self._reading() as db:
             conversation = self._fetch_conversation(db, conversation_id)
             rows = db.execute(
@@ -719,68 +616,17 @@ class HistoryStore:
                 (conversation_id,),
             ).fetchall()
             messages = self._messages_from_rows(db, rows)
-        local_ids = {message.id: index + 1 for index, message in enumerate(messages)}
-        return {
-            "format": EXPORT_FORMAT,
-            "version": EXPORT_VERSION,
-            "exported_at": time.time(),
-            "conversation": {
-                "title": conversation.title,
-                "created_at": conversation.created_at,
-                "updated_at": conversation.updated_at,
-                "settings": conversation.settings,
-                "active_leaf_id": local_ids.get(conversation.active_leaf_id)
-                if conversation.active_leaf_id is not None
-                else None,
-            },
-            "messages": [
-                {
-                    "id": local_ids[message.id],
-                    "parent_id": local_ids[message.parent_id] if message.parent_id is not None else None,
-                    "role": message.role,
-                    "content": message.content,
-                    "created_at": message.created_at,
-                    "finish_reason": message.finish_reason,
-                    "model": message.model,
-                    "stats": message.stats,
-                    "attachments": [
-                        {
-                            "name": attachment.name,
-                            "mime_type": attachment.mime_type,
-                            "size_bytes": attachment.size_bytes,
-                            "sha256": attachment.sha256,
-                            "token_count": attachment.token_count,
-                            "text": attachment.text,
-                        }
-                        for attachment in message.attachments
-                    ],
-                }
-                for message in messages
-            ],
-        }
+        return history_transfer.export_json(conversation, messages)
 
     def export_markdown(self, conversation_id: int) -> str:
-        """The active branch as readable Markdown, with a stats line under each reply and attachments listed."""
-        conversation = self.get_conversation(conversation_id)
-        branch = self.active_branch(conversation_id)
-        lines = [f"# {conversation.title}", ""]
-        lines.append(f"*Exported from Hearth on {time.strftime('%Y-%m-%d %H:%M', time.localtime())}.*")
-        for message in branch:
-            lines += ["", f"## {_ROLE_HEADINGS[message.role]}", ""]
-            if message.attachments:
-                lines.append("Attachments:")
-                lines += [f"- {_describe_attachment(attachment)}" for attachment in message.attachments]
-                lines.append("")
-            lines.append(message.content.rstrip("\n") if message.content.strip() else "*(empty)*")
-            if message.role == "assistant":
-                summary = _reply_summary(message)
-                if summary:
-                    lines += ["", f"*{summary}*"]
-        return "\n".join(lines) + "\n"
+        """The active branch as readable Markdown (history_transfer.export_markdown)."""
+        return history_transfer.export_markdown(
+            self.get_conversation(conversation_id), self.active_branch(conversation_id)
+        )
 
     def import_json(self, data: Any) -> Conversation:
         """Import an `export_json` document as a new conversation, all of it or (on any error) nothing."""
-        parsed = _parse_export(data)
+        parsed = history_transfer.parse_export(data)
         with self._writing() as db:
             header = parsed.conversation
             cursor = db.execute(
@@ -811,236 +657,4 @@ class HistoryStore:
 
     def import_json_file(self, path: Path) -> Conversation:
         """Read a `.json` export from disk and import it; unreadable or non-JSON files raise HistoryImportError."""
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as err:
-            raise HistoryImportError(f"Cannot import {path}: {err.strerror or err}.") from err
-        except UnicodeDecodeError as err:
-            raise HistoryImportError(f"Cannot import {path}: it is not a UTF-8 text file.") from err
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise HistoryImportError(
-                f"Cannot import {path}: it is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})."
-            ) from err
-        return self.import_json(data)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Validation and formatting helpers.
-
-
-def _clean_title(title: str) -> str:
-    clean = " ".join(str(title).split())
-    if not clean:
-        raise HistoryError("A conversation title cannot be empty.")
-    return clean
-
-
-def _check_role(role: str) -> None:
-    if role not in ROLES:
-        raise HistoryError(f"A message role must be one of {', '.join(ROLES)} (got {role!r}).")
-
-
-def _check_finish_reason(finish_reason: str | None) -> None:
-    if finish_reason is not None and finish_reason not in FINISH_REASONS:
-        raise HistoryError(f"A finish reason must be one of {', '.join(FINISH_REASONS)} (got {finish_reason!r}).")
-
-
-_ROLE_HEADINGS = {"system": "System prompt", "user": "User", "assistant": "Assistant"}
-_FINISH_NOTES = {"length": "stopped at the length limit", "cancelled": "stopped by the user", "error": "failed"}
-
-
-def _human_size(size_bytes: int) -> str:
-    if size_bytes < 1024:
-        return f"{size_bytes} bytes"
-    size = size_bytes / 1024
-    for unit in ("KB", "MB"):
-        if size < 1024:
-            return f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GB"
-
-
-def _describe_attachment(attachment: Attachment) -> str:
-    parts = [attachment.mime_type, _human_size(attachment.size_bytes)]
-    if attachment.token_count is not None:
-        parts.append(f"{attachment.token_count:,} tokens")
-    return f"`{attachment.name}` ({', '.join(parts)})"
-
-
-def _reply_summary(message: Message) -> str:
-    """One line of numbers under a reply, from the stored ReplyStats dict (any field may be missing)."""
-    parts: list[str] = []
-    stats = message.stats or {}
-    if isinstance(stats.get("generated_tokens"), int):
-        parts.append(f"{stats['generated_tokens']:,} tokens")
-    speed = stats.get("decode_tokens_per_s")
-    if isinstance(speed, int | float) and math.isfinite(speed) and speed > 0:
-        parts.append(f"{speed:.1f} tok/s")
-    ttft = stats.get("ttft_s")
-    if isinstance(ttft, int | float) and math.isfinite(ttft):
-        parts.append(f"first token after {ttft:.2f} s")
-    prompt_tokens = stats.get("prompt_tokens")
-    if isinstance(prompt_tokens, int):
-        cached = stats.get("cached_tokens")
-        cached_note = f" ({cached:,} cached)" if isinstance(cached, int) and cached else ""
-        parts.append(f"prompt {prompt_tokens:,} tokens{cached_note}")
-    if stats.get("from_response_cache"):
-        parts.append("replayed from the response cache")
-    if message.model:
-        parts.append(message.model)
-    cost = stats.get("cost")
-    if isinstance(cost, dict) and isinstance(cost.get("total_usd"), int | float):
-        what = "would cost" if cost.get("hypothetical") else "cost"
-        parts.append(f"{what} ~${cost['total_usd']:.4f} on {cost.get('provider')}/{cost.get('model')} (estimate)")
-    if message.finish_reason in _FINISH_NOTES:
-        parts.append(_FINISH_NOTES[message.finish_reason])
-    return " · ".join(parts)
-
-
-@dataclass(frozen=True)
-class _ImportedConversation:
-    title: str
-    created_at: float
-    updated_at: float
-    settings: dict[str, Any]
-    active_leaf_id: int | None
-
-
-@dataclass(frozen=True)
-class _ImportedMessage:
-    file_id: int
-    parent_id: int | None
-    role: str
-    content: str
-    created_at: float
-    finish_reason: str | None
-    model: str | None
-    stats: dict[str, Any] | None
-    attachments: tuple[Attachment, ...]
-
-
-@dataclass(frozen=True)
-class _ParsedExport:
-    conversation: _ImportedConversation
-    messages: list[_ImportedMessage]
-
-
-def _bad(where: str, problem: str) -> HistoryImportError:
-    return HistoryImportError(f"This is not a valid Hearth conversation file: {where} {problem}.")
-
-
-def _field(
-    data: dict[str, Any], key: str, where: str, kinds: type | tuple[type, ...], *, optional: bool = False
-) -> Any:
-    """data[key], checked against `kinds` (bool is never accepted as a number)."""
-    if key not in data:
-        if optional:
-            return None
-        raise _bad(f"{where}.{key}", "is missing")
-    value = data[key]
-    if value is None and optional:
-        return None
-    kinds_tuple = kinds if isinstance(kinds, tuple) else (kinds,)
-    numeric = any(kind in (int, float) for kind in kinds_tuple)
-    if not isinstance(value, kinds_tuple) or (numeric and isinstance(value, bool)):
-        names = " or ".join(_TYPE_NAMES.get(kind, kind.__name__) for kind in kinds_tuple)
-        raise _bad(f"{where}.{key}", f"must be {names} (got {_TYPE_NAMES.get(type(value), type(value).__name__)})")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _bad(f"{where}.{key}", "must be a finite number")
-    return value
-
-
-_TYPE_NAMES: dict[type, str] = {
-    str: "text",
-    int: "a whole number",
-    float: "a number",
-    bool: "true/false",
-    dict: "an object",
-    list: "a list",
-    type(None): "null",
-}
-
-
-def _parse_export(data: Any) -> _ParsedExport:
-    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
-        raise HistoryImportError(
-            'This file is not a Hearth conversation export (it lacks "format": "hearth-conversation").'
-        )
-    version = data.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise _bad("version", "must be a whole number from 1 up")
-    if version > EXPORT_VERSION:
-        raise HistoryImportError(
-            f"This conversation was exported by a newer version of Hearth (format version {version}; this version "
-            f"reads up to {EXPORT_VERSION}). Update Hearth to import it."
-        )
-    header = _field(data, "conversation", "file", dict)
-    title = _field(header, "title", "conversation", str)
-    try:
-        title = _clean_title(title)
-    except HistoryError:
-        raise _bad("conversation.title", "is empty") from None
-    conversation = _ImportedConversation(
-        title=title,
-        created_at=float(_field(header, "created_at", "conversation", (int, float))),
-        updated_at=float(_field(header, "updated_at", "conversation", (int, float))),
-        settings=_field(header, "settings", "conversation", dict, optional=True) or {},
-        active_leaf_id=_field(header, "active_leaf_id", "conversation", int, optional=True),
-    )
-    raw_messages = _field(data, "messages", "file", list)
-    messages: list[_ImportedMessage] = []
-    seen: set[int] = set()
-    for index, raw in enumerate(raw_messages):
-        where = f"messages[{index}]"
-        if not isinstance(raw, dict):
-            raise _bad(where, "must be an object")
-        file_id = _field(raw, "id", where, int)
-        if file_id in seen:
-            raise _bad(f"{where}.id", f"repeats id {file_id}")
-        parent_id = _field(raw, "parent_id", where, int, optional=True)
-        # Parents must come first: this also rules out cycles.
-        if parent_id is not None and parent_id not in seen:
-            raise _bad(f"{where}.parent_id", f"refers to message {parent_id}, which does not come before it")
-        role = _field(raw, "role", where, str)
-        if role not in ROLES:
-            raise _bad(f"{where}.role", f"must be one of {', '.join(ROLES)} (got {role!r})")
-        finish_reason = _field(raw, "finish_reason", where, str, optional=True)
-        if finish_reason is not None and finish_reason not in FINISH_REASONS:
-            raise _bad(f"{where}.finish_reason", f"must be one of {', '.join(FINISH_REASONS)} (got {finish_reason!r})")
-        raw_attachments = _field(raw, "attachments", where, list, optional=True) or []
-        attachments: list[Attachment] = []
-        for position, raw_attachment in enumerate(raw_attachments):
-            attachment_where = f"{where}.attachments[{position}]"
-            if not isinstance(raw_attachment, dict):
-                raise _bad(attachment_where, "must be an object")
-            attachments.append(
-                Attachment(
-                    name=_field(raw_attachment, "name", attachment_where, str),
-                    mime_type=_field(raw_attachment, "mime_type", attachment_where, str),
-                    size_bytes=_field(raw_attachment, "size_bytes", attachment_where, int),
-                    sha256=_field(raw_attachment, "sha256", attachment_where, str),
-                    text=_field(raw_attachment, "text", attachment_where, str),
-                    token_count=_field(raw_attachment, "token_count", attachment_where, int, optional=True),
-                )
-            )
-        messages.append(
-            _ImportedMessage(
-                file_id=file_id,
-                parent_id=parent_id,
-                role=role,
-                content=_field(raw, "content", where, str),
-                created_at=float(_field(raw, "created_at", where, (int, float))),
-                finish_reason=finish_reason,
-                model=_field(raw, "model", where, str, optional=True),
-                stats=_field(raw, "stats", where, dict, optional=True),
-                attachments=tuple(attachments),
-            )
-        )
-        seen.add(file_id)
-    if conversation.active_leaf_id is not None and conversation.active_leaf_id not in seen:
-        raise _bad(
-            "conversation.active_leaf_id", f"refers to message {conversation.active_leaf_id}, which is not in the file"
-        )
-    return _ParsedExport(conversation=conversation, messages=messages)
+        return self.import_json(history_transfer.read_export_file(path))

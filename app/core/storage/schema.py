@@ -114,15 +114,6 @@ def field_names(cls: type) -> tuple[str, ...]:
     return tuple(item.name for item in dataclasses.fields(cls))
 
 
-def default_of(cls: type, name: str) -> Any:
-    item = next(f for f in dataclasses.fields(cls) if f.name == name)
-    if item.default is not dataclasses.MISSING:
-        return item.default
-    if item.default_factory is not dataclasses.MISSING:
-        return item.default_factory()
-    raise KeyError(name)
-
-
 @dataclass(frozen=True)
 class Parsed:
     """A settings object read from a mapping: bad values replaced by defaults, each one reported."""

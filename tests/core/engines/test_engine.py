@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,12 +13,13 @@ from app.core.chat.events import ChatMessage, DoneEvent, Event, PromptEvent, Sta
 from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
-from app.core.engines.engine import Engine, KVState, greedy_pick
+from app.core.engines.engine import Engine, KVState, TorchSampler, greedy_pick
 from app.core.engines.generation import PREFILL_CHUNK
 from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
 from app.core.errors import ContextOverflowError
 from tests.core.prefix_reuse_probe import LONG_SYSTEM_PROMPT
+from tests.helpers.warpers import WARPED_PARAMS, distance_from_warped, kept_tokens
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
 
@@ -194,12 +196,28 @@ def test_same_seed_same_reply_and_different_seed_differs(engine: Engine) -> None
     assert a != c
 
 
-def test_sampling_filters_run(engine: Engine) -> None:
-    params = SamplingParams(
-        temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3, max_new_tokens=8, seed=7
-    )
-    text, _, done, _ = run(engine.generate(ReplyRequest([ChatMessage("user", "Hello!")], params)))
-    assert done.finish_reason in ("stop", "length") and text
+@pytest.mark.parametrize("params", WARPED_PARAMS)
+def test_the_torch_sampler_draws_as_transformers_warpers_say(params: SamplingParams) -> None:
+    rng = np.random.default_rng(1)
+    logits = (rng.standard_normal(500) * 3).astype(np.float32)
+    seen = [3, 7, 7, 11]
+    sampler = TorchSampler(SamplingParams(**{**params.to_dict(), "seed": 5}), seen, torch.device("cpu"))
+    drawn = [sampler.pick(torch.from_numpy(logits.copy())[None]) for _ in range(2000)]
+    assert set(drawn) <= kept_tokens(params, logits, seen) and len(set(drawn)) > 1
+    assert distance_from_warped(drawn, params, logits, seen) < 0.05  # and as often as the warpers say (~0.015)
+
+
+def test_the_engine_samples_through_its_filters(engine: Engine) -> None:
+    # top-k 1 leaves only the best token, whatever the temperature: the reply must be the greedy one. Without the
+    # filters, a temperature of 1.5 over SmolLM2's 49k tokens leaves the greedy path within a few tokens.
+    request = [ChatMessage("user", "Name three colours.")]
+    greedy, _, _, _ = run(engine.generate(ReplyRequest(request, GREEDY, use_response_cache=False)))
+    top_one = SamplingParams(temperature=1.5, top_k=1, max_new_tokens=24, seed=7)
+    sampled, _, _, _ = run(engine.generate(ReplyRequest(request, top_one, use_response_cache=False)))
+    assert sampled == greedy
+    loose = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, max_new_tokens=24, seed=7)
+    unfiltered, _, _, _ = run(engine.generate(ReplyRequest(request, loose, use_response_cache=False)))
+    assert unfiltered != greedy  # the check above can fail: sampling without the cut-off does leave the path
 
 
 def test_context_overflow_raises_a_specific_error(default_loaded: Any) -> None:

@@ -122,6 +122,11 @@ def test_corrupt_safetensors_gives_a_clear_error(tiny_model_dir: Any, tmp_path: 
     assert str(folder) in str(info.value)
 
 
+def test_an_unknown_device_is_named() -> None:
+    with pytest.raises(DeviceUnavailableError, match=r"Unknown device 'tpu': use auto, cuda, cpu or mps\."):
+        load_model(None, device="tpu")
+
+
 def test_truncated_and_fake_gguf_files_give_clear_errors(tmp_path: Path) -> None:
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(default_model_gguf().read_bytes()[:4096])
@@ -137,6 +142,10 @@ def test_truncated_and_fake_gguf_files_give_clear_errors(tmp_path: Path) -> None
 def test_missing_paths_and_uncached_repos_are_explained(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="does not exist"):
         resolve_model(str(tmp_path / "nope"))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model", encoding="utf-8")
+    with pytest.raises(ModelNotFoundError, match=r"notes\.txt is a file but not a GGUF model; give a \.gguf file"):
+        resolve_model(str(notes))
     with pytest.raises(ModelNotFoundError, match="hearth pull"):
         resolve_model("someone/not-downloaded-model")
     (tmp_path / "empty").mkdir()
@@ -188,4 +197,8 @@ def test_tokens_events_are_text(default_loaded: Any) -> None:
             ReplyRequest([ChatMessage("user", "Hi")], SamplingParams(temperature=0, max_new_tokens=4))
         )
     )
-    assert all(isinstance(e.text, str) and e.text for e in events if isinstance(e, TokenEvent))
+    pieces = [e.text for e in events if isinstance(e, TokenEvent)]
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and done.text.strip()  # four greedy tokens of an answer
+    assert pieces and all(isinstance(piece, str) and piece for piece in pieces)
+    assert "".join(pieces) == done.text  # every token reached the stream, none dropped or repeated

@@ -11,6 +11,7 @@ import pytest
 
 from app.core.errors import ModelNotFoundError
 from app.core.memory import verdict as fit
+from app.core.memory.planner import plan_memory
 from app.core.models import library
 from app.core.models.library import LibraryError
 from app.core.storage import paths
@@ -179,11 +180,10 @@ def test_verdict_without_a_config_is_unknown_with_the_reason() -> None:
 
 
 def test_verdicts_come_from_the_memory_planner() -> None:
-    planner = pytest.importorskip("app.core.memory.planner", reason="the memory planner (issue 3) has not landed")
     entry = next(e for e in library.recommended_models() if e.repo_id == "Qwen/Qwen2.5-7B-Instruct")
     for free in (64 * 2**30, 2 * 2**30):
         verdict = fit.model_verdict(entry.config, quantization="nf4", device="cuda", free_bytes=free)
-        plan = planner.plan_memory(entry.config, quantization="nf4", context=8192, device="cuda", free_bytes=free)
+        plan = plan_memory(entry.config, quantization="nf4", context=8192, device="cuda", free_bytes=free)
         assert (verdict.fits, verdict.total_bytes, verdict.parameters) == (plan.fits, plan.total_bytes, plan.parameters)
     assert fit.model_verdict(entry.config, quantization="nf4", device="cuda", free_bytes=64 * 2**30).fits == "yes"
     # The verdict is for a chat-sized context (8k), and says how far the context could grow.

@@ -21,30 +21,45 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 
 
 class CancelProbe:
-    """Wraps a backend: records every request, and how many tokens came out after its cancel was set."""
+    """Wraps a backend: records every request, how many tokens came out after its cancel was set, and how many
+    replies were generating at once. With a `gate`, the first reply holds after its first token until the gate
+    opens, so a test decides when it may go on instead of racing it."""
 
-    def __init__(self, backend: ScriptedBackend) -> None:
+    def __init__(self, backend: ScriptedBackend, gate: threading.Event | None = None) -> None:
         self.backend = backend
         self.info = backend.info
+        self.gate = gate
         self.requests: list[ReplyRequest] = []
         self.tokens_after_cancel: list[int] = []
         self.generated: list[int] = []
         self.finish: list[str] = []
         self.finished = threading.Event()
+        self.active = self.most_active = 0
+        self._count = threading.Lock()
 
     def generate(self, request: ReplyRequest, cancel: threading.Event) -> Any:
         self.requests.append(request)
         events = self.backend.generate(request, cancel)
+        gate = self.gate if len(self.requests) == 1 else None
 
         def watch() -> Any:
+            with self._count:
+                self.active += 1
+                self.most_active = max(self.most_active, self.active)
             late = tokens = 0
-            for event in events:
-                if event.type == "token":
-                    tokens += 1
-                    late += int(cancel.is_set())
-                if event.type == "done":
-                    self.finish.append(event.finish_reason)
-                yield event
+            try:
+                for event in events:
+                    if event.type == "token":
+                        tokens += 1
+                        late += int(cancel.is_set())
+                    if event.type == "done":
+                        self.finish.append(event.finish_reason)
+                    yield event
+                    if gate is not None and tokens == 1:
+                        assert gate.wait(30), "the test never opened the gate"
+            finally:
+                with self._count:
+                    self.active -= 1
             self.tokens_after_cancel.append(late)
             self.generated.append(tokens)
             self.finished.set()
@@ -418,7 +433,8 @@ def test_the_windows_chat_shares_the_queue_while_a_client_streams(serve: Any) ->
     from app.core.chat.events import ChatMessage, TokenEvent
     from app.core.server.queue import End
 
-    probe = CancelProbe(ScriptedBackend(replies=[LONG_REPLY[:200], "From the window."], tokens_per_s=100))
+    gate = threading.Event()
+    probe = CancelProbe(ScriptedBackend(replies=[LONG_REPLY[:200], "From the window."]), gate=gate)
     server = serve(probe)
     window_text: list[str] = []
     with httpx.Client(timeout=30) as http, http.stream(
@@ -437,6 +453,12 @@ def test_the_windows_chat_shares_the_queue_while_a_client_streams(serve: Any) ->
 
         window = threading.Thread(target=chat)
         window.start()
+        # The client's reply is held after its first token: the window's request must wait, not start beside it.
+        deadline = time.monotonic() + 10
+        while server.handle.queue.waiting != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.handle.queue.waiting == 1 and probe.active == 1
+        gate.set()
         client_text = "".join(
             json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
             for line in lines if line.startswith("data: {") and '"choices":[{' in line
@@ -445,6 +467,7 @@ def test_the_windows_chat_shares_the_queue_while_a_client_streams(serve: Any) ->
     assert client_text == LONG_REPLY[:200]
     assert "".join(window_text) == "From the window."
     assert [r.conversation_id for r in probe.requests] == [None, 3]  # one after the other, in arrival order
+    assert probe.most_active == 1  # never two replies at once
 
 
 def test_auto_tool_call_is_read_from_the_reply(serve: Any) -> None:
@@ -472,7 +495,8 @@ def test_auto_tool_call_is_read_from_the_reply(serve: Any) -> None:
 
 
 def test_a_client_that_leaves_while_waiting_is_skipped(serve: Any) -> None:
-    probe = CancelProbe(ScriptedBackend(replies=[LONG_REPLY[:300], "Second."], tokens_per_s=50))
+    gate = threading.Event()  # the first reply holds after its first token until the second client has left
+    probe = CancelProbe(ScriptedBackend(replies=[LONG_REPLY[:300], "Second."]), gate=gate)
     server = serve(probe)
     body = {"messages": HELLO, "stream": True}
     with httpx.Client(timeout=30) as http, http.stream("POST", f"{server.base_url}/chat/completions", json=body) as r1:
@@ -480,10 +504,12 @@ def test_a_client_that_leaves_while_waiting_is_skipped(serve: Any) -> None:
         next(lines)
         with pytest.raises(httpx.ReadTimeout):  # waits behind the first, then gives up
             httpx.post(f"{server.base_url}/chat/completions", json={"messages": HELLO}, timeout=0.5)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10
         while server.handle.queue.waiting and time.monotonic() < deadline:
             time.sleep(0.01)
         assert server.handle.queue.waiting == 0  # a request whose client left no longer counts
+        gate.set()
+        assert "".join(lines).endswith("[DONE]")  # the first client's reply goes on to its end
     reply = server.client().chat.completions.create(model="m", messages=HELLO)
     assert reply.choices[0].message.content == "Second."
     assert len(probe.requests) == 2  # the abandoned request never reached the model

@@ -15,15 +15,16 @@ from typing import Any
 import pytest
 
 from app.core.chat.events import ReplyStats
-from app.core.storage import history
+from app.core.storage import history_schema
 from app.core.storage.history import (
     Attachment,
     HistoryError,
     HistoryImportError,
     HistoryNotFoundError,
     HistoryStore,
-    schema_version,
+    Message,
 )
+from app.core.storage.history_schema import schema_version
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -61,7 +62,7 @@ def store(db_path: Path):
         yield opened
 
 
-def contents(messages: list[history.Message]) -> list[str]:
+def contents(messages: list[Message]) -> list[str]:
     return [message.content for message in messages]
 
 
@@ -104,7 +105,7 @@ def test_new_database_is_versioned_wal_and_marked_as_hearths(store: HistoryStore
     raw = sqlite3.connect(db_path)
     try:
         assert raw.execute("PRAGMA user_version").fetchone()[0] == schema_version() >= 1
-        assert raw.execute("PRAGMA application_id").fetchone()[0] == history.APPLICATION_ID
+        assert raw.execute("PRAGMA application_id").fetchone()[0] == history_schema.APPLICATION_ID
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         raw.close()
@@ -445,8 +446,10 @@ def test_markdown_export_shows_the_active_branch_with_stats_and_attachments(stor
     assert (
         "## User\n\nAttachments:\n- `report.pdf` (application/pdf, 12.5 KB, 9 tokens)\n\nPlan a day in Lyon" in markdown
     )
-    assert "## Assistant\n\nEat at a bouchon.\n\n*42 tokens · 15.5 tok/s · first token after 0.25 s · " in markdown
-    assert "prompt 120 tokens (100 cached) · SmolLM2 · stopped at the length limit*" in markdown
+    assert (
+        "## Assistant\n\nEat at a bouchon.\n\n*first token 0.25 s · prompt 120 tok (100 cached / 20 new) · "
+        "prefill 400 tok/s · decode 15.5 tok/s (eager) · 42 generated · SmolLM2 · stopped at the length limit*"
+    ) in markdown
     assert "See the lights on Fourvière." in markdown
     # Only the active branch.
     assert "Visit the old town." not in markdown
@@ -623,7 +626,7 @@ def test_migrations_upgrade_an_existing_database_and_keep_a_backup(
 ) -> None:
     with HistoryStore(db_path) as store:
         parts = build_branchy_conversation(store)
-    monkeypatch.setattr(history, "MIGRATIONS", [*history.MIGRATIONS, add_pinned_column])
+    monkeypatch.setattr(history_schema, "MIGRATIONS", [*history_schema.MIGRATIONS, add_pinned_column])
     with HistoryStore(db_path) as upgraded:
         assert schema_version() == 2
         assert contents(upgraded.active_branch(parts["chat"].id))[-1] == "See the lights on Fourvière."
@@ -638,7 +641,7 @@ def test_migrations_upgrade_an_existing_database_and_keep_a_backup(
 def test_backup_holds_the_old_version(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with HistoryStore(db_path) as store:
         build_branchy_conversation(store)
-    monkeypatch.setattr(history, "MIGRATIONS", [*history.MIGRATIONS, add_pinned_column])
+    monkeypatch.setattr(history_schema, "MIGRATIONS", [*history_schema.MIGRATIONS, add_pinned_column])
     HistoryStore(db_path).close()
     raw = sqlite3.connect(db_path.with_name("history.sqlite.v1.bak"))
     try:
@@ -656,7 +659,7 @@ def test_a_failing_migration_rolls_back_and_says_so(db_path: Path, monkeypatch: 
         add_pinned_column(db)
         raise ValueError("no space left")
 
-    monkeypatch.setattr(history, "MIGRATIONS", [*history.MIGRATIONS, half_done])
+    monkeypatch.setattr(history_schema, "MIGRATIONS", [*history_schema.MIGRATIONS, half_done])
     with pytest.raises(
         HistoryError, match=r"could not be upgraded to schema 2 \(no space left\); it was left at schema 1"
     ):

@@ -159,20 +159,6 @@ def conversation_costs(stats: Iterable[Mapping[str, Any]]) -> tuple[Conversation
     return spent, compared
 
 
-def format_cost(cost: dict[str, Any]) -> str:
-    """One short line for `--stats` and the window: `~$0.0013 (history $0.0008, caching saved $0.0005)`."""
-    what = "would cost" if cost.get("hypothetical") else "cost"
-    text = f"{what} ~${cost['total_usd']:.4f} on {cost['provider']}/{cost['model']} (estimate)"
-    extras = []
-    if cost.get("history_usd"):
-        extras.append(f"re-sent history ${cost['history_usd']:.4f}")
-    if cost.get("cache_saved_usd"):
-        extras.append(f"caching saved ${cost['cache_saved_usd']:.4f}")
-    if cost.get("conversation_total_usd") is not None:
-        extras.append(f"conversation ${cost['conversation_total_usd']:.4f}")
-    return text + (f" ({', '.join(extras)})" if extras else "")
-
-
 def price_local_reply(stats: Any, model: str, provider: str, history_tokens: int = 0) -> Any:
     """A local reply's ReplyStats with `cost` set to what the same tokens would have cost on a hosted model
     (hypothetical=True), or unchanged when the price list does not know the model. The local engine's prefix

@@ -9,16 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from transformers import AutoTokenizer
-from transformers.generation.logits_process import (
-    LogitsProcessorList,
-    MinPLogitsWarper,
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
 from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
 from app.core.chat.sampling import SamplingParams
@@ -28,6 +19,7 @@ from app.core.engines.lite.engine import NumpySampler, load_tokenizer
 from app.core.engines.lite.runtime import LiteUnavailable
 from app.core.errors import HearthError
 from app.core.fastpath import kernel
+from tests.helpers.warpers import WARPED_PARAMS, distance_from_warped, kept_tokens
 
 KERNEL = kernel.load_library()
 needs_kernel = pytest.mark.skipif(isinstance(KERNEL, str), reason=f"no kernel library here: {KERNEL}")
@@ -46,38 +38,16 @@ def lite_backend() -> Iterator[LiteBackend]:
     opened.close()
 
 
-def kept_tokens(params: SamplingParams, logits: np.ndarray, seen: list[int]) -> set[int]:
-    """The tokens transformers' warpers leave a chance (the torch engine's processors, in its order)."""
-    processors = LogitsProcessorList()
-    if params.repetition_penalty != 1.0:
-        processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
-    processors.append(TemperatureLogitsWarper(params.temperature))
-    if params.top_k:
-        processors.append(TopKLogitsWarper(params.top_k))
-    if params.top_p < 1:
-        processors.append(TopPLogitsWarper(params.top_p))
-    if params.min_p:
-        processors.append(MinPLogitsWarper(params.min_p))
-    warped = processors(torch.tensor([seen]), torch.from_numpy(logits.copy())[None])
-    return set(np.flatnonzero(np.isfinite(warped[0].numpy())).tolist())
-
-
-@pytest.mark.parametrize(
-    "params",
-    [
-        SamplingParams(temperature=0.7, top_p=0.9, top_k=40),
-        SamplingParams(temperature=1.3, top_p=0.5, top_k=0, min_p=0.05),
-        SamplingParams(temperature=0.8, top_p=1.0, top_k=5, repetition_penalty=1.3),
-    ],
-)
+@pytest.mark.parametrize("params", WARPED_PARAMS)
 def test_sampling_draws_only_what_transformers_warpers_keep(params: SamplingParams) -> None:
     rng = np.random.default_rng(1)
     logits = (rng.standard_normal(500) * 3).astype(np.float32)
     seen = [3, 7, 7, 11]
     allowed = kept_tokens(params, logits, seen)
     sampler = NumpySampler(SamplingParams(**{**params.to_dict(), "seed": 5}), seen)
-    drawn = {sampler.pick(logits) for _ in range(400)}
-    assert drawn <= allowed and len(drawn) > 1
+    drawn = [sampler.pick(logits) for _ in range(2000)]
+    assert set(drawn) <= allowed and len(set(drawn)) > 1
+    assert distance_from_warped(drawn, params, logits, seen) < 0.05  # and as often as the warpers say (~0.015)
     again = NumpySampler(SamplingParams(**{**params.to_dict(), "seed": 5}), seen)
     first = NumpySampler(SamplingParams(**{**params.to_dict(), "seed": 5}), seen)
     assert [again.pick(logits) for _ in range(20)] == [first.pick(logits) for _ in range(20)]  # a seed repeats
@@ -107,6 +77,12 @@ def test_a_tokenizer_class_it_cannot_load_without_torch_is_a_reason(tmp_path: An
         load_tokenizer(tmp_path)
     (tmp_path / "tokenizer_config.json").write_text("{}")
     with pytest.raises(LiteUnavailable, match="names no tokenizer class"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": ', encoding="utf-8")  # cut short
+    with pytest.raises(LiteUnavailable, match=r"its tokenizer_config\.json could not be read \(Expecting value"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").unlink()
+    with pytest.raises(LiteUnavailable, match=r"its tokenizer_config\.json could not be read \(.*No such file"):
         load_tokenizer(tmp_path)
 
 

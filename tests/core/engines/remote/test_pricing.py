@@ -9,6 +9,7 @@ import pytest
 
 from app.core.engines.remote import pricing
 from app.core.engines.remote.pricing import ConversationCost, TokenUsage, price_reply
+from app.core.stats_text import format_cost
 
 # gpt-4o-mini in the bundled list: $0.15 / MTok input, $0.075 / MTok cached input, $0.60 / MTok output
 IN, CACHED, OUT = 0.15e-6, 0.075e-6, 0.60e-6
@@ -44,7 +45,7 @@ def test_conversation_sums() -> None:
 def test_a_local_reply_priced_as_a_hosted_model_says_so() -> None:
     cost = price_reply(TokenUsage(1_000_000, 0, 1_000_000), "gpt-4o-mini", "openai", hypothetical=True)
     assert cost.total_usd == pytest.approx(0.75) and cost.hypothetical
-    assert pricing.format_cost(cost.to_dict()).startswith("would cost ~$0.7500 on openai/gpt-4o-mini (estimate)")
+    assert format_cost(cost.to_dict()).startswith("would cost ~$0.7500 on openai/gpt-4o-mini (estimate)")
 
 
 def test_unknown_models_and_unpriced_engines() -> None:
