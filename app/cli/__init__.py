@@ -17,6 +17,7 @@ from app.core.errors import HearthError
 
 # Each module defines `register(subparsers)`, which adds its parser and sets `handler=run`.
 COMMANDS: tuple[str, ...] = (
+    "app.cli.cache",
     "app.cli.chat",
     "app.cli.engines",
     "app.cli.models",

@@ -41,6 +41,9 @@ class Settings:
     context_policy: Annotated[ContextPolicy, Rule("context policy")] = "error"
     theme: Annotated[Theme, Rule("theme")] = "system"
     response_cache: Annotated[bool, Rule("response cache")] = True
+    # prompts' KV blocks kept on disk (GiB; 0 = off): a document is prefilled once, across restarts. Never more than
+    # a quarter of the disk's free space.
+    prompt_cache_gib: Annotated[float, Field(ge=0, le=1024), Rule("prompt cache size", "0 to 1024 GiB")] = 4.0
     # the largest document file read into a prompt
     attachment_limit_mb: Annotated[int, Field(ge=1), Rule("attachment limit", "at least 1 MB")] = 50
     # For local replies, what the same tokens would have cost on this hosted model, as genai-prices names it

@@ -74,6 +74,9 @@ def reply_stats_text(
         new = max(prompt - cached, 0)
         parts.append(f"first token {_number(stats.get('ttft_s')):.2f} s")
         parts.append(f"prompt {prompt:,} tok ({cached:,} cached / {new:,} new)")
+        restored = _whole(stats.get("restored_tokens"))
+        if restored:
+            parts.append(f"restored {restored:,} tokens from disk in {_number(stats.get('restore_s')):.2f} s")
         if stats.get("from_response_cache"):
             parts.append("replayed from the response cache")
         else:

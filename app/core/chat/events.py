@@ -63,6 +63,9 @@ class ReplyStats:
     context_window: int = 0
     # What the reply cost, an estimate (app.core.engines.remote.pricing.ReplyCost.to_dict); None = not priced.
     cost: dict[str, Any] | None = None
+    # of cached_tokens, those read back from the prompt cache on disk (a document asked about again after a restart)
+    restored_tokens: int = 0
+    restore_s: float = 0.0
 
     @property
     def new_prompt_tokens(self) -> int:

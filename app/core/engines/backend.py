@@ -75,6 +75,7 @@ class LoadRequest:
     trust_remote_code: bool = False
     ignore_fit: bool = False  # load even when the memory planner says it will not fit (a per-load choice)
     response_cache: bool = True
+    prompt_cache_gib: float = 4.0  # prompts' KV blocks on disk, at most this much (0: off)
     # A remote engine's model instead of a local one (then `model`, quantization and device are not used, and
     # context_length, when set, is the window the context gauge shows: remote servers do not report theirs).
     remote: RemoteModel | None = None

@@ -147,6 +147,15 @@ class ReplyEngine(ABC):
     def _inference(self) -> AbstractContextManager[Any]:
         return nullcontext()
 
+    def _restore(self, prompt_ids: list[int], kv: Any, reused: int) -> int:
+        """Extend the cache's reused prefix of `prompt_ids` from a store of prefixes; the new reused length (an engine
+        with none keeps `reused`)."""
+        del prompt_ids, kv
+        return reused
+
+    def _after_reply(self, prompt_ids: list[int], kv: Any) -> None:  # noqa: B027 (optional: a prefix store's save)
+        """Called once a reply's last token is out: a chance to keep the prompt's cache for later."""
+
     # -- prompts ---------------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -343,6 +352,10 @@ class ReplyEngine(ABC):
         self._begin_reply()
         peak = self._memory_now()
         reused = kv.reuse_for(prompt_ids)
+        restore_started = time.perf_counter()
+        restored = self._restore(prompt_ids, kv, reused) - reused  # from the prompt cache on disk, where it has them
+        restore_s = time.perf_counter() - restore_started if restored else 0.0
+        reused += restored
         sampler = self._sampler(params, prompt_ids)
         detok = IncrementalDetokenizer(self.tokenizer)
         generated = 0
@@ -418,8 +431,11 @@ class ReplyEngine(ABC):
                 decode_path=self.decode_path,
                 decode_path_note=self.decode_path_note,
                 context_window=self.context_window,
+                restored_tokens=restored,
+                restore_s=restore_s,
             )
         )
+        self._after_reply(prompt_ids, kv)  # after the last token: never slows the reply
         yield DoneEvent(finish_reason=finish, text=detok.emitted[:stop_at] if stop_at is not None else detok.emitted)
 
 

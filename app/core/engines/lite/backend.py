@@ -9,6 +9,7 @@ models whose code or tokenizer only transformers' auto classes load, and every G
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
@@ -17,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -34,6 +36,7 @@ from app.core.engines.generation import token_ids
 from app.core.engines.kv_pool import POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
 from app.core.engines.lite.engine import LiteEngine, eos_ids, load_tokenizer
 from app.core.engines.lite.gguf_model import (
+    GGUFModel,
     file_type_label,
     forward_scratch_bytes,
     gguf_config,
@@ -42,6 +45,14 @@ from app.core.engines.lite.gguf_model import (
     parameter_counts,
     resident_weight_bytes,
     runtime_bytes,
+)
+from app.core.engines.lite.prefix_store import (
+    CacheShape,
+    PrefixCache,
+    PrefixStore,
+    budget_for,
+    file_sha256,
+    identity_digest,
 )
 from app.core.engines.lite.runtime import (
     PREFILL_CHUNK,
@@ -53,6 +64,7 @@ from app.core.engines.lite.runtime import (
     packed_copy,
 )
 from app.core.errors import HearthError, LoadCancelled
+from app.core.fastpath.kernel import ABI as KERNEL_ABI
 from app.core.fastpath.packed_cache import torch_version
 from app.core.memory.fit import window_that_fits
 from app.core.memory.types import DeviceMemory, MemoryPlan
@@ -65,6 +77,7 @@ from app.core.models.model_source import (
     resolve_model,
     weights_fingerprint,
 )
+from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +203,10 @@ def memory_plan(
     the memory available now. `gguf_type`: the GGUF file's type (e.g. Q4_K_M), "" for a packed copy."""
     free = int(psutil.virtual_memory().available) if free_bytes is None else free_bytes
     per_token = config.kv_bytes_per_token
-    if gguf_type:  # the C forward's scratch for a full prefill chunk, and the tokenizer by its vocabulary
+    if gguf_type:  # the C forward's scratch for a full prefill chunk, the tokenizer by its vocabulary, and the
+        # prompt cache's block being read back and the one being copied out
         activations = forward_scratch_bytes(config, default_threads(), min(PREFILL_CHUNK, window), window)
+        activations += 2 * CacheShape(config.layers, config.kv_heads, config.head_dim).block_bytes
         runtime = IMPORTS_BYTES + runtime_bytes(config.vocab)
     else:
         activations = PREFILL_CHUNK * (2 * config.inter + 3 * config.hidden + config.heads * config.head_dim) * 4 * 3
@@ -289,6 +304,8 @@ def open_lite_backend(
         quantization=label or "q4",
         response_cache=ResponseCache() if request.response_cache else None,
     )
+    if candidate.gguf is not None and request.prompt_cache_gib > 0:
+        start_prompt_cache(engine, gguf_model, candidate.gguf, tokenizer, request.prompt_cache_gib)
     if progress is not None:
         progress("Ready", 1.0)
     info = ModelInfo(
@@ -354,3 +371,48 @@ class LiteBackend:
         self._caches.clear()
         self._pool.clear()
         self.engine.close()
+
+
+PROMPT_CACHE_FOLDER = "prompt-cache"
+
+
+def prompt_cache_folder() -> Path:
+    return cache_dir() / PROMPT_CACHE_FOLDER
+
+
+def start_prompt_cache(engine: LiteEngine, model: GGUFModel, path: Path, tokenizer: Any, gib: float) -> None:
+    """Give the engine its prompt cache on disk once the weights' digest is known: hashed in the background (an 8B
+    file takes seconds), so the first reply never waits for it (it is prefilled as before)."""
+
+    def ready() -> None:
+        folder = prompt_cache_folder()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if folder.is_symlink() or not folder.is_dir():
+                raise OSError(f"{folder} is not a plain folder")
+            identity = identity_digest(
+                {
+                    "weights_sha256": file_sha256(path, folder / "weights.json"),
+                    "tokenizer": hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest(),
+                    "chat_template": hashlib.sha256(str(tokenizer.chat_template or "").encode()).hexdigest(),
+                    "kv": "bf16 [layer][kv_head][position][head_dim], K after RoPE",
+                    "rope": {
+                        "pairs": model.rope_pairs,
+                        "inv_freq": hashlib.sha256(model.config.inv_freq.tobytes()).hexdigest(),
+                    },
+                    "dims": [model.config.layers, model.config.heads, model.config.kv_heads, model.config.head_dim],
+                    "numerics": {
+                        "kernel_abi": KERNEL_ABI,
+                        "kernel": int(model.lib.hearth_q4_kernel()),
+                        "precise": model.precise,
+                    },
+                }
+            )
+        except OSError as exc:
+            log.warning("no prompt cache: %s", exc)
+            return
+        shape = CacheShape(model.config.layers, model.config.kv_heads, model.config.head_dim)
+        budget = budget_for(folder, int(gib * (1 << 30)))
+        engine.prefixes = PrefixCache(PrefixStore(folder, identity, shape, budget))
+
+    threading.Thread(target=ready, name="hearth-prompt-cache-digest", daemon=True).start()

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ResponseFormat
 from app.core.engines.generation import ReplyEngine, token_ids
+from app.core.engines.lite.prefix_store import PrefixCache
 from app.core.engines.lite.runtime import DecoderRuntime, LiteCache, LiteUnavailable
 from app.core.errors import HearthError
 from app.core.fastpath.kernel import ABI as KERNEL_ABI
@@ -181,6 +183,26 @@ class LiteEngine(ReplyEngine):
     def new_kv(self) -> LiteKV:
         return LiteKV(self.model)
 
+    # -- the prompt cache on disk (GGUF models: their prefill computes each token as a decode step does)
+    prefixes: PrefixCache | None = None  # set once the weights' digest is known (a background thread at load)
+
+    def _restore(self, prompt_ids: list[int], kv: LiteKV, reused: int) -> int:
+        prefixes = self.prefixes
+        return prefixes.restore(prompt_ids, kv.current(), reused) if prefixes is not None else reused
+
+    def _after_reply(self, prompt_ids: list[int], kv: LiteKV) -> None:
+        prefixes = self.prefixes
+        if prefixes is not None and kv.cache is not None:
+            prefixes.save_later(prompt_ids, kv.cache)
+
+    def _inference(self) -> AbstractContextManager[Any]:
+        prefixes = self.prefixes
+        return prefixes.lock if prefixes is not None else nullcontext()
+
+    def _take_notices(self) -> tuple[str, ...]:
+        prefixes = self.prefixes
+        return (*super()._take_notices(), *(prefixes.store.take_notices() if prefixes is not None else ()))
+
     def _prefill(self, ids: list[int], kv: LiteKV) -> Floats:
         return self.model.prefill(ids, kv.current())
 
@@ -210,4 +232,6 @@ class LiteEngine(ReplyEngine):
             )
 
     def close(self) -> None:
+        if self.prefixes is not None:
+            self.prefixes.close()
         self.model.close()

@@ -25,14 +25,17 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import shutil
 import stat
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -265,6 +268,17 @@ def _write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
+def folder_usage(folder: Path) -> tuple[int, int]:
+    """(blocks, bytes) the store's folder holds."""
+    blocks = size = 0
+    for path in folder.glob(f"*{SUFFIX}") if folder.is_dir() else ():
+        with contextlib.suppress(OSError):
+            info = path.lstat()
+            if stat.S_ISREG(info.st_mode):
+                blocks, size = blocks + 1, size + info.st_size
+    return blocks, size
+
+
 def budget_for(folder: Path, setting_bytes: int) -> int:
     """The store's byte budget: the setting, never more than a quarter of the disk's free space now."""
     try:
@@ -272,3 +286,82 @@ def budget_for(folder: Path, setting_bytes: int) -> int:
     except OSError:
         free = 0
     return max(0, min(setting_bytes, free // 4))
+
+
+class PrefixCache:
+    """An engine's use of a PrefixStore: restore a prompt's stored blocks before its prefill, and after a reply keep
+    the prompt's new whole blocks (copied and written by one background thread, while the user reads). `lock` is
+    held while a reply writes the cache (the engine's inference), so a block is never copied half-written."""
+
+    def __init__(self, store: PrefixStore) -> None:
+        self.store = store
+        self.lock = threading.Lock()
+        self._jobs: queue.Queue[tuple[list[int], Any, list[bytes], list[int]] | None] = queue.Queue()
+        self._writer: threading.Thread | None = None
+
+    def restore(self, ids: Sequence[int], cache: Any, reused: int) -> int:
+        """Read the stored blocks of `ids` past the first `reused` positions into `cache` (a LiteCache), each one
+        checked whole before it is copied in; the cache's new length. A block that fails stops the restore there:
+        what the cache held stays as it was."""
+        with self.lock:
+            blocks = self.store.available(ids)
+            if blocks * BLOCK_TOKENS <= reused:
+                return reused
+            keys = block_keys(self.store.identity, ids, blocks)
+            length = reused
+            for index in range(reused // BLOCK_TOKENS, blocks):
+                payload = self.store.read_block(keys[index], index, ids)
+                if payload is None:
+                    break
+                start, end = index * BLOCK_TOKENS, (index + 1) * BLOCK_TOKENS
+                cache.reserve(end)
+                for layer in range(self.store.shape.layers):
+                    cache.keys[layer][:, start:end] = payload[0, layer]
+                    cache.values[layer][:, start:end] = payload[1, layer]
+                cache.length, cache.ids[:] = end, list(ids[:end])  # so a later reserve() keeps this block
+                length = end
+            return length
+
+    def save_later(self, ids: Sequence[int], cache: Any) -> None:
+        """Queue the whole blocks of `ids` (a prompt the cache now holds) that are not stored yet."""
+        blocks = len(ids) // BLOCK_TOKENS
+        if blocks == 0:
+            return
+        keys = block_keys(self.store.identity, ids, blocks)
+        missing = [index for index in range(blocks) if not self.store.path_of(keys[index]).is_file()]
+        if not missing:
+            return
+        self._jobs.put((list(ids), cache, keys, missing))
+        if self._writer is None or not self._writer.is_alive():
+            self._writer = threading.Thread(target=self._write, name="hearth-prompt-cache", daemon=True)
+            self._writer.start()
+
+    def _write(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            ids, cache, keys, missing = job
+            for index in missing:
+                end = (index + 1) * BLOCK_TOKENS
+                with self.lock:  # the cache still holds these tokens (a later reply may have moved on)?
+                    if cache.length < end or cache.ids[:end] != ids[:end]:
+                        break
+                    start = index * BLOCK_TOKENS
+                    payload = np.stack(
+                        [
+                            np.stack([slab[:, start:end] for slab in cache.keys]),
+                            np.stack([slab[:, start:end] for slab in cache.values]),
+                        ]
+                    )
+                if not self.store.write_block(keys[index], index, ids, payload):
+                    break
+            self.store.evict()
+            self._jobs.task_done()
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every queued block is written (tests, and a clean close)."""
+        deadline = time.monotonic() + timeout
+        while self._jobs.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.flush()
+        self._jobs.put(None)
