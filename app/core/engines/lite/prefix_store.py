@@ -149,8 +149,11 @@ class PrefixStore:
         if magic != MAGIC or version != FORMAT or dtype != 1:
             self._damaged(path, "it is not a Hearth KV block of this format")
             return None
-        if (block, tokens, layers, kv_heads, head_dim) != (index, BLOCK_TOKENS, *(shape.layers, shape.kv_heads,
-                                                                                    shape.head_dim)):
+        if (block, tokens, layers, kv_heads, head_dim) != (
+            index,
+            BLOCK_TOKENS,
+            *(shape.layers, shape.kv_heads, shape.head_dim),
+        ):
             self._damaged(path, "its shape or position is not this model's")
             return None
         stored = np.frombuffer(data, dtype="<u4", count=BLOCK_TOKENS, offset=HEADER.size)
