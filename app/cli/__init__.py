@@ -60,11 +60,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def setup_logging(verbose: bool) -> None:
+    """Log records go to the log file (hearth.log in the log folder), and to the terminal only with --verbose: what a
+    user must know reaches them as a `hearth: note:` line from the command itself, never as a raw WARNING line.
+    Control characters are escaped in both (logsafe.SafeFormatter). Calling it again replaces what it set up."""
+    from logging.handlers import RotatingFileHandler
+
+    from app.core import crash
+    from app.core.server.logsafe import SafeFormatter
+    from app.core.storage import paths, secrets
+
+    logging.raiseExceptions = False  # a log write that fails (a full disk) must not print a traceback of its own
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "hearth_cli", False)]:
+        root.removeHandler(handler)
+        handler.close()
+    handlers: list[logging.Handler] = []
+    try:
+        path = paths.log_dir() / crash.LOG_FILE_NAME
+        secrets.install_log_redaction()  # a Hub token must never reach the log file
+        log_file = RotatingFileHandler(
+            path, maxBytes=crash.LOG_MAX_BYTES, backupCount=crash.LOG_BACKUPS, encoding="utf-8", delay=True
+        )
+        log_file.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"))
+        handlers.append(log_file)
+    except OSError:  # no log folder (read-only, full): the records are dropped, the command still runs
+        pass
+    if verbose:
+        terminal = logging.StreamHandler(sys.stderr)
+        terminal.setFormatter(SafeFormatter("%(levelname)s %(name)s: %(message)s"))
+        handlers.append(terminal)
+    handlers.append(logging.NullHandler())  # never logging's last resort, which prints warnings to stderr
+    for handler in handlers:
+        handler.hearth_cli = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
 def quiet_libraries(verbose: bool) -> None:
     """Keep library chatter (progress bars, deprecation notes) off the user's terminal unless asked."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(verbose)
     if verbose:
         return
     import warnings
