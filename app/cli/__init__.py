@@ -112,6 +112,18 @@ def quiet_libraries(verbose: bool) -> None:
     os.environ.setdefault("TQDM_DISABLE", "1")
 
 
+def sweep_leftovers() -> None:
+    """Remove what killed runs left in the cache (storage.staging), saying so when it was worth a line."""
+    from app.core.storage import staging
+    from app.core.storage.space import format_size
+
+    removed = staging.sweep_at_start()
+    if removed:
+        freed = sum(leftover.size_bytes for leftover in removed)
+        print(f"hearth: note: removed {len(removed)} leftover(s) of interrupted runs from the cache "
+              f"({format_size(freed)}).", file=sys.stderr)  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -125,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # No subcommand: the interactive chat, until the window is the default (`hearth-gui`).
         args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
         handler = args.handler
+    if not (args.command == "models" and getattr(args, "cache", False)):  # that one reports the leftovers itself
+        sweep_leftovers()
     try:
         return handler(args)
     except HearthError as exc:
