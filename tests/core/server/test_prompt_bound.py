@@ -54,7 +54,8 @@ def test_pieces_are_cut_only_before_a_space() -> None:
 
 def test_normalizers_that_can_shrink_text_without_bound_turn_the_byte_check_off() -> None:
     prepend = {"type": "Prepend", "prepend": "▁"}
-    llama = {"type": "Sequence", "normalizers": [prepend, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}
+    spaces = {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}
+    llama = {"type": "Sequence", "normalizers": [prepend, spaces]}
     assert _normalizer_shrink(None) == 1 and _normalizer_shrink(llama) == 1
     assert _normalizer_shrink({"type": "NFKC"}) == 3
     assert _normalizer_shrink({"type": "StripAccents"}) is None
