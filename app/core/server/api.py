@@ -446,6 +446,9 @@ class ServerApp:
         """Refuse a prompt whose text alone cannot fit the window, before it is queued (prompt_bound)."""
         reply = parsed.reply
         texts = [reply.raw_prompt] if reply.raw_prompt is not None else [m.content for m in reply.messages]
+        if not self.prompt_bound.loaded:
+            async with self._counting:
+                await asyncio.to_thread(self.prompt_bound.load)
         too_long = self.prompt_bound.by_bytes(texts)
         if too_long is None and self.prompt_bound.tokenizer is not None:
             async with self._counting:

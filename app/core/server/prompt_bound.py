@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,14 +60,24 @@ class PromptBound:
 
     def __init__(self, tokenizer_file: str | None, context_window: int) -> None:
         self.window = context_window
+        self.tokenizer_file = tokenizer_file if context_window > 0 else None
         self.tokenizer: Any = None
         self.bytes_per_token = 0.0  # 0: the byte check is off
-        if tokenizer_file and context_window > 0:
+        self._lock = threading.Lock()
+        self.loaded = not self.tokenizer_file  # nothing to load: both checks stay off
+
+    def load(self) -> None:
+        """Read the tokenizer (about half a second for a 50k vocabulary): at the first request, off the event loop."""
+        with self._lock:
+            if self.loaded or not self.tokenizer_file:
+                return
             try:
-                self._load(Path(tokenizer_file))
+                self._load(Path(self.tokenizer_file))
             except Exception as exc:  # a tokenizer the library can't read: the engine still checks every prompt
-                log.warning("prompt size checks off: %s could not be read (%s)", tokenizer_file, exc)
+                log.warning("prompt size checks off: %s could not be read (%s)", self.tokenizer_file, exc)
                 self.tokenizer = None
+                self.bytes_per_token = 0.0
+            self.loaded = True
 
     def _load(self, path: Path) -> None:
         from tokenizers import Tokenizer

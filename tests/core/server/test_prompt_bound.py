@@ -35,12 +35,17 @@ def test_both_checks_count_at_most_the_real_tokens(tokenizer_file: Path, name: s
     text = TEXTS[name]
     real = len(tokenizer.encode(text, add_special_tokens=False).ids)
     window = real // 3  # every text here is far too long for it
-    bound = PromptBound(str(tokenizer_file), window)
-    counted = bound.by_tokens([text])
+    counted = loaded(tokenizer_file, window).by_tokens([text])
     assert counted is not None and window <= counted.tokens <= real
-    by_bytes = PromptBound(str(tokenizer_file), 1).by_bytes([text])
+    by_bytes = loaded(tokenizer_file, 1).by_bytes([text])
     assert by_bytes is not None and by_bytes.tokens <= real
-    assert PromptBound(str(tokenizer_file), real + 1).by_tokens([text]) is None  # one that fits passes
+    assert loaded(tokenizer_file, real + 1).by_tokens([text]) is None  # one that fits passes
+
+
+def loaded(tokenizer_file: Path, window: int) -> PromptBound:
+    bound = PromptBound(str(tokenizer_file), window)
+    bound.load()
+    return bound
 
 
 def test_pieces_are_cut_only_before_a_space() -> None:
