@@ -26,26 +26,30 @@ def tokenizer_file(default_folder: Path) -> Path:
     return default_folder / "tokenizer.json"
 
 
+@pytest.fixture(scope="module")
+def bound(tokenizer_file: Path) -> PromptBound:
+    """Read once for the module; each test sets the window it needs on a copy."""
+    read = PromptBound(str(tokenizer_file), 1)
+    read.load()
+    return read
+
+
+def loaded(bound: PromptBound, window: int) -> PromptBound:
+    copy = PromptBound(None, window)
+    copy.tokenizer, copy.bytes_per_token, copy.loaded = bound.tokenizer, bound.bytes_per_token, True
+    return copy
+
+
 @pytest.mark.parametrize("name", sorted(TEXTS))
-def test_both_checks_count_at_most_the_real_tokens(tokenizer_file: Path, name: str) -> None:
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    tokenizer.encode_special_tokens = True
+def test_both_checks_count_at_most_the_real_tokens(bound: PromptBound, name: str) -> None:
     text = TEXTS[name]
-    real = len(tokenizer.encode(text, add_special_tokens=False).ids)
+    real = len(bound.tokenizer.encode(text, add_special_tokens=False).ids)  # special-token strings as text
     window = real // 3  # every text here is far too long for it
-    counted = loaded(tokenizer_file, window).by_tokens([text])
+    counted = loaded(bound, window).by_tokens([text])
     assert counted is not None and window <= counted.tokens <= real
-    by_bytes = loaded(tokenizer_file, 1).by_bytes([text])
+    by_bytes = loaded(bound, 1).by_bytes([text])
     assert by_bytes is not None and by_bytes.tokens <= real
-    assert loaded(tokenizer_file, real + 1).by_tokens([text]) is None  # one that fits passes
-
-
-def loaded(tokenizer_file: Path, window: int) -> PromptBound:
-    bound = PromptBound(str(tokenizer_file), window)
-    bound.load()
-    return bound
+    assert loaded(bound, real + 1).by_tokens([text]) is None  # one that fits passes
 
 
 def test_pieces_are_cut_only_before_a_space() -> None:
