@@ -61,11 +61,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def setup_logging(verbose: bool) -> None:
+    """Log records go to the log file (hearth.log in the log folder), and to the terminal only with --verbose: what a
+    user must know reaches them as a `hearth: note:` line from the command itself, never as a raw WARNING line.
+    Control characters are escaped in both (logsafe.SafeFormatter). Calling it again replaces what it set up."""
+    from logging.handlers import RotatingFileHandler
+
+    from app.core import crash
+    from app.core.server.logsafe import SafeFormatter
+    from app.core.storage import paths, secrets
+
+    logging.raiseExceptions = False  # a log write that fails (a full disk) must not print a traceback of its own
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "hearth_cli", False)]:
+        root.removeHandler(handler)
+        handler.close()
+    handlers: list[logging.Handler] = []
+    try:
+        path = paths.log_dir() / crash.LOG_FILE_NAME
+        secrets.install_log_redaction()  # a Hub token must never reach the log file
+        log_file = RotatingFileHandler(
+            path, maxBytes=crash.LOG_MAX_BYTES, backupCount=crash.LOG_BACKUPS, encoding="utf-8", delay=True
+        )
+        log_file.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"))
+        handlers.append(log_file)
+    except OSError:  # no log folder (read-only, full): the records are dropped, the command still runs
+        pass
+    if verbose:
+        terminal = logging.StreamHandler(sys.stderr)
+        terminal.setFormatter(SafeFormatter("%(levelname)s %(name)s: %(message)s"))
+        handlers.append(terminal)
+    handlers.append(logging.NullHandler())  # never logging's last resort, which prints warnings to stderr
+    for handler in handlers:
+        handler.hearth_cli = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
 def quiet_libraries(verbose: bool) -> None:
     """Keep library chatter (progress bars, deprecation notes) off the user's terminal unless asked."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(verbose)
     if verbose:
         return
     import warnings
@@ -76,6 +111,18 @@ def quiet_libraries(verbose: bool) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TQDM_DISABLE", "1")
+
+
+def sweep_leftovers() -> None:
+    """Remove what killed runs left in the cache (storage.staging), saying so when it was worth a line."""
+    from app.core.storage import staging
+    from app.core.storage.space import format_size
+
+    removed = staging.sweep_at_start()
+    if removed:
+        freed = sum(leftover.size_bytes for leftover in removed)
+        print(f"hearth: note: removed {len(removed)} leftover(s) of interrupted runs from the cache "
+              f"({format_size(freed)}).", file=sys.stderr)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # No subcommand: the interactive chat, until the window is the default (`hearth-gui`).
         args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
         handler = args.handler
+    if not (args.command == "models" and getattr(args, "cache", False)):  # that one reports the leftovers itself
+        sweep_leftovers()
     try:
         return handler(args)
     except HearthError as exc:

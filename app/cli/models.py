@@ -19,6 +19,10 @@ def register(subparsers: Subparsers) -> None:
     add_quant_flag(parser, default="the settings")
     parser.add_argument("--device", choices=DEVICES, help="device the verdict is for (default: settings)")
     parser.add_argument("--no-verdict", action="store_true", help="skip the memory planner (faster)")
+    parser.add_argument(
+        "--cache", action="store_true",
+        help="show what the cache folder holds, and remove what interrupted runs left in it",
+    )  # fmt: skip
     parser.set_defaults(handler=run)
 
 
@@ -40,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from app.core.memory.verdict import Verdict, model_verdict
     from app.core.models import library
 
+    if args.cache:
+        return show_cache(as_json=args.json)
     settings = saved_settings()
     quant = args.quant or settings.quantization
     device = args.device or settings.device
@@ -138,3 +144,61 @@ def _print_recommended(args: argparse.Namespace, verdict_for: object) -> int:
         )
     print("\nDownload one with `hearth pull REPO`; gated models need `hearth token set` first.")
     return 0
+
+
+def show_cache(*, as_json: bool) -> int:
+    """`hearth models --cache`: each entry of the cache folder with its size, then the leftovers of killed runs
+    (partial files and staging folders whose process is gone), removed."""
+    from app.core.storage import paths, staging
+    from app.core.storage.space import format_size, free_bytes
+
+    root = paths.cache_dir()
+    leftovers = staging.find_leftovers(root)
+    skip = {leftover.path for leftover in leftovers}
+    entries = []
+    for entry in sorted(root.iterdir()):
+        if entry in skip:
+            continue
+        size = _tree_size(entry, skip)
+        entries.append((entry, size))
+    removed = staging.remove(leftovers)
+    freed = sum(leftover.size_bytes for leftover in removed)
+    if as_json:
+        print(json.dumps({
+            "folder": str(root), "free_bytes": free_bytes(root),
+            "entries": [{"name": entry.name, "bytes": size} for entry, size in entries],
+            "removed": [{"path": str(r.path), "bytes": r.size_bytes, "why": r.why} for r in removed],
+        }))  # fmt: skip
+        return 0
+    free = free_bytes(root)
+    print(f"Cache: {root} ({format_size(sum(size for _, size in entries))}; "
+          f"{format_size(free) if free is not None else 'unknown'} free on its disk)")  # fmt: skip
+    for entry, size in entries:
+        print(f"  {format_size(size):>10}  {entry.name}{'/' if entry.is_dir() else ''}")
+    if removed:
+        print(f"Removed {len(removed)} leftover(s) of interrupted runs, {format_size(freed)}:")
+        for leftover in removed:
+            print(f"  {format_size(leftover.size_bytes):>10}  {leftover.path} ({leftover.why})")
+    else:
+        print("No leftovers of interrupted runs.")
+    print("Everything here is rebuilt when needed; delete the folder to reclaim all of it.")
+    return 0
+
+
+def _tree_size(path: Path, skip: set[Path]) -> int:
+    """Bytes under `path`, leaving out `skip` (what is about to be removed), never following links."""
+    if path.is_symlink() or path in skip:
+        return 0
+    if not path.is_dir():
+        try:
+            return path.stat().st_size
+        except OSError:
+            return 0
+    return sum(_tree_size(child, skip) for child in _children(path))
+
+
+def _children(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except OSError:
+        return []

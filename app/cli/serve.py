@@ -10,12 +10,12 @@ import threading
 from typing import Any
 
 from app.cli import Subparsers
-from app.cli.common import add_model_flags, progress_to_stderr, settings_from_args
+from app.cli.common import add_model_flags, progress_to_stderr, refuse_unsafe_template, settings_from_args
 from app.core.errors import HearthError
 from app.core.server.api import RequestRecord
 from app.core.server.handle import DEFAULT_PORT, ServerConfig, ServerHandle
 from app.core.server.protocol import Limits
-from app.core.server.security import check_bind
+from app.core.server.security import check_bind, check_cors_origins
 
 KEY_PREFIX = "server-key:"  # keyring username = KEY_PREFIX + the name given to --api-key-name
 
@@ -45,7 +45,12 @@ def register(subparsers: Subparsers) -> None:
     )  # fmt: skip
     net.add_argument(
         "--cors-origin", action="append", default=[], metavar="ORIGIN",
-        help="let web pages at ORIGIN (e.g. http://localhost:3000) call the server; repeatable; off by default",
+        help="let web pages at ORIGIN (e.g. http://localhost:3000) call the server; repeatable; off by default "
+        "('null' only with --api-key-name: any site can send it)",
+    )  # fmt: skip
+    net.add_argument(
+        "--trusted-proxy", action="append", default=[], metavar="ADDRESS",
+        help="believe X-Forwarded-For from this reverse proxy's address; repeatable; by default no one's",
     )  # fmt: skip
     net.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 503 (default 16)")
     net.add_argument(
@@ -84,10 +89,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise HearthError("--max-tokens must be at least 1.")
     # Refuse an off-loopback address before asking the keyring or loading the model.
     check_bind(args.host, "pending" if args.api_key_name else None, args.allow_network)
+    check_cors_origins(tuple(args.cors_origin), "pending" if args.api_key_name else None)
     key = api_key_from_keyring(args.api_key_name, make_new=args.new_key) if args.api_key_name else None
     return ServerConfig(
         host=args.host, port=args.port, api_key=key, allow_network=args.allow_network,
-        cors_origins=tuple(args.cors_origin), max_queue=args.max_queue,
+        cors_origins=tuple(args.cors_origin), max_queue=args.max_queue, trusted_proxies=tuple(args.trusted_proxy),
         limits=Limits(max_tokens=args.max_tokens, default_max_tokens=min(Limits.default_max_tokens, args.max_tokens)),
     )  # fmt: skip
 
@@ -114,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     request = LoadRequest.from_settings(settings, ignore_fit=bool(args.ignore_fit), response_cache=False)
     # Through torch: response_format's JSON grammars mask torch tensors (the torch-free runtime has none).
     backend = open_backend(request, progress_to_stderr, runtime="torch")
+    refuse_unsafe_template(backend)  # never serve a model whose every reply would fail
     handle = ServerHandle(config, on_request=print_record)
     try:
         address = handle.start(backend)

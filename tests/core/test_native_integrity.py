@@ -455,8 +455,8 @@ def test_packed_copies_are_written_a_tensor_at_a_time_as_safetensors_reads_them(
         "0.qkv.b": torch.rand(48).to(torch.bfloat16),
     }
     target = tmp_path / "copy.safetensors"
-    digest = select._write_cache(target, tensors)
+    digest = select._write_cache(target, tensors, [])
     back = load_file(target)
     assert back.keys() == tensors.keys() and all(torch.equal(back[k], v) for k, v in tensors.items())
-    assert digest == integrity.digest_file(target) == select._write_cache(None, tensors)
+    assert digest == integrity.digest_file(target) == select._write_cache(None, tensors, [])
     assert integrity.verify(target) and not list(tmp_path.glob("*.partial"))

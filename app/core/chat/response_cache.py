@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from app.core.storage import paths
+from app.core.storage import paths, space
 
 DEFAULT_MAX_ENTRIES = 2000
 log = logging.getLogger(__name__)
@@ -56,17 +56,50 @@ def _entry_checksum(key: str, pieces: str, finish_reason: str, generated_tokens:
 
 class ResponseCache:
     """Derived data: a damaged file is moved aside as `responses.sqlite.damaged` and rebuilt, a damaged entry is
-    dropped; both leave a line in `notices` for the front end to show. A cache problem never fails a reply."""
+    dropped; both leave a line in `notices` for the front end to show. A cache problem never fails a reply.
+
+    Only a damaged file (SQLITE_CORRUPT, SQLITE_NOTADB) is moved aside. A file that can't be written (a full disk, a
+    read-only folder, another process holding it) is healthy and left exactly as it is: the cache is then off
+    (replies are generated, not stored) with one notice saying why, and is tried again the next time it is opened."""
 
     def __init__(self, path: Path | None = None, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self.path = path or paths.cache_dir() / "responses.sqlite"
         self.max_entries = max_entries
         self.notices: list[str] = []
         self._lock = threading.Lock()
+        self.off_reason = ""  # why the cache is off for this session ("" while it works)
         try:
             self._db = self._open()
-        except sqlite3.DatabaseError as exc:
-            self._db = self._rebuild(exc)
+        except (sqlite3.Error, OSError) as exc:
+            self._db = self._after_failure("opening", exc)
+
+    def _after_failure(self, action: str, exc: sqlite3.Error | OSError) -> sqlite3.Connection:
+        """The connection to go on with after `exc`: a rebuilt file when the file is damaged, else (the file is
+        healthy, only unwritable now) an empty cache in memory, the file untouched."""
+        full = space.failed_for_space(exc, self.path.parent)
+        if isinstance(exc, sqlite3.Error) and space.is_damaged_database(exc) and not full:
+            try:
+                return self._rebuild(exc)
+            except (sqlite3.Error, OSError) as again:  # e.g. the cache folder went read-only: run without a cache
+                exc = again
+        self._switch_off(action, exc)
+        db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        db.execute(_CREATE_TABLE)
+        return db
+
+    def _switch_off(self, action: str, exc: BaseException) -> None:
+        if self.off_reason:
+            return
+        if space.failed_for_space(exc, self.path.parent):
+            why = space.where_full(self.path.parent)
+        else:
+            why = f"{self.path} could not be used ({exc})"
+        self.off_reason = why
+        log.warning("response cache off while %s: %s", action, why)
+        self.notices.append(
+            f"The response cache is off for this session: {why}. Replies are still generated and shown; the file "
+            "was left as it is."
+        )
 
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,20 +131,19 @@ class ResponseCache:
         return self._open()
 
     def _guarded(self, action: str, run: Callable[[sqlite3.Connection], _T], fallback: _T) -> _T:
-        """Run one cache operation; a damaged database is rebuilt and the operation skipped, never raised."""
+        """Run one cache operation; a damaged database is rebuilt, an unwritable one switched off (untouched), and
+        the operation skipped, never raised."""
         with self._lock:
             try:
                 return run(self._db)
-            except sqlite3.DatabaseError as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                self._db.close()
+            except (sqlite3.Error, OSError) as exc:
                 try:
-                    self._db = self._rebuild(exc)
-                except sqlite3.Error as again:  # e.g. the cache folder went read-only: run without a cache
-                    log.error("response cache unusable while %s: %s", action, again)
-                    self._db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-                    self._db.execute(_CREATE_TABLE)
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    self._db.close()
+                except sqlite3.Error:
+                    pass  # the connection is dropped either way
+                self._db = self._after_failure(action, exc)
                 return fallback
 
     def get(self, key: str) -> CachedReply | None:

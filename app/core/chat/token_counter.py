@@ -15,6 +15,7 @@ def load_token_counter(tokenizer_file: str | Path) -> TokenCounter:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    tokenizer.encode_special_tokens = True  # as the prompt holds user text: '<|im_start|>' in it is text (chat_format)
 
     def count(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False).ids)

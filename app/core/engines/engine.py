@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +17,10 @@ import psutil
 import torch
 from transformers import DynamicCache
 from transformers.generation.logits_process import (
+    LogitsProcessor,
     LogitsProcessorList,
     MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
@@ -234,13 +233,14 @@ class TorchSampler:
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator(device=device)
-            self.generator.manual_seed(params.seed if params.seed is not None else int(time.time_ns() % 2**63))
+            self.generator.manual_seed(params.generator_seed())
         self.device = device
         self.seen = torch.tensor([prompt_ids], dtype=torch.long, device=device)
 
     def pick(self, logits: torch.Tensor) -> int:
         if self.processors:
-            logits = self.processors(self.seen, logits)  # type: ignore[arg-type]
+            # In float64: a repetition penalty or temperature near 0 (1e-300) must not make float32 infinities.
+            logits = self.processors(self.seen, logits.double())  # type: ignore[arg-type]
         if self.generator is None:
             return greedy_pick(logits)
         probs = torch.softmax(logits, dim=-1)
@@ -264,7 +264,7 @@ def _processors(params: SamplingParams) -> LogitsProcessorList | None:
     if params.repetition_penalty != 1.0:
         processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
     if not params.greedy:
-        processors.append(TemperatureLogitsWarper(params.temperature))
+        processors.append(ShiftedTemperature(params.temperature))
         if params.top_k > 0:
             processors.append(TopKLogitsWarper(params.top_k))
         if params.top_p < 1.0:
@@ -272,6 +272,18 @@ def _processors(params: SamplingParams) -> LogitsProcessorList | None:
         if params.min_p > 0:
             processors.append(MinPLogitsWarper(params.min_p))
     return processors or None
+
+
+class ShiftedTemperature(LogitsProcessor):
+    """transformers' TemperatureLogitsWarper, on scores shifted so their maximum is 0: dividing by any temperature
+    above 0 (1e-300 too) then gives 0 for the best tokens and at most -inf for the rest, never inf - inf = nan."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        finite = torch.nan_to_num(scores, nan=-torch.inf, posinf=torch.finfo(scores.dtype).max, neginf=-torch.inf)
+        return (finite - finite.max(dim=-1, keepdim=True).values) / self.temperature  # type: ignore[return-value]
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

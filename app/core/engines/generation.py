@@ -158,7 +158,8 @@ class ReplyEngine(ABC):
 
     # -- prompts ---------------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """`text` as the prompt holds a message's content: special-token strings in it are text (chat_format)."""
+        return len(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def prepare_prompt(
         self,

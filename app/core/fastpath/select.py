@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from app.core.fastpath import int8, integrity, kernel, native, packed, prefill
-from app.core.fastpath.packed_cache import packed_cache_file
+from app.core.fastpath.packed_cache import packed_cache_file, write_packed_copy
 from app.core.fastpath.rows import release_file_pages
 from app.core.models.dtypes import FLOAT_DTYPES
 from app.core.models.model_source import weights_fingerprint
@@ -127,7 +127,7 @@ def _choose(
     if result.patched == 0:
         return DecodePathChoice("eager", "no linear layers the int8 decode path can run")
     if cache_file is not None and result.fresh and not result.reused:
-        digest = _write_cache(cache_file, result.fresh)
+        digest = _write_cache(cache_file, result.fresh, notices)
     elif result.fresh:
         digest = ""  # repacked over a stale copy without writing it: the copy's hash says nothing
     seconds = time.perf_counter() - started
@@ -192,7 +192,7 @@ def _packed_copy(
     # q4 drops the 16-bit matrices once packed: their mapped pages go back as each is done (int8 keeps them).
     release = release_file_pages if quantization == "q4" else None
     tensors = native.pack_model(model, dense_weight, weight_format, release)
-    return tensors, _write_cache(cache_file, tensors), "packed"
+    return tensors, _write_cache(cache_file, tensors, notices), "packed"
 
 
 def _rounded_to(dtype: torch.dtype | None) -> Any:
@@ -296,22 +296,13 @@ def safetensors_pieces(tensors: Mapping[str, torch.Tensor]) -> list[memoryview]:
     return [memoryview(head)] + [memoryview(flat[name].numpy().data) for name in names]
 
 
-def _write_cache(cache_file: Path | None, tensors: dict[str, torch.Tensor]) -> str:
-    """The copies' sha256 (of the file as written), writing them atomically with it first where there is a file."""
+def _write_cache(cache_file: Path | None, tensors: dict[str, torch.Tensor], notices: list[str]) -> str:
+    """The copies' sha256 (of the file as written), writing them atomically with it first where there is a file (a
+    full disk: a notice, nothing left behind; packed_cache.write_packed_copy)."""
     pieces = safetensors_pieces(tensors)
     if cache_file is None:
         return integrity.digest_pieces(pieces)
-    partial = cache_file.with_name(f"{cache_file.name}.{os.getpid()}.partial")
-    try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        with partial.open("wb") as handle:
-            for piece in pieces:
-                handle.write(piece)
-        return integrity.publish(partial, cache_file)
-    except OSError as exc:  # a full or read-only disk costs the next load a repack, nothing more
-        log.warning("could not cache the packed weights in %s: %s", cache_file, exc)
-        partial.unlink(missing_ok=True)
-        return integrity.digest_pieces(pieces)
+    return write_packed_copy(cache_file, pieces, notices)
 
 
 def _digest_key(sha256: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -27,8 +29,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.chat.events import DoneEvent, ReplyStats, StatsEvent, TokenEvent
 from app.core.errors import ContextOverflowError, HearthError
+from app.core.memory.release import release_freed_memory
 from app.core.server import protocol
+from app.core.server.logsafe import echo, printable
 from app.core.server.metrics import Metrics
+from app.core.server.prompt_bound import PromptBound, TooLong
 from app.core.server.protocol import ApiError, Limits, ParsedRequest
 from app.core.server.queue import END, End, JobItem, QueueFullError, RequestQueue
 from app.core.server.security import allowed_host_names, host_name, key_matches
@@ -36,13 +41,16 @@ from app.core.server.stops import StopFilter
 
 log = logging.getLogger(__name__)
 TOOL_CALL_OPEN = "<tool_call>"
+RELEASE_AFTER_BYTES = 2**20  # after a request body this large, freed heap memory goes back to the system
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models"}
 Item = tuple[str, JobItem]  # (the text the client sees, the backend's item)
 Items = asyncio.Queue[Item]
 
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One answered request, for the window's live log (never holds a key or the prompt)."""
+    """One answered request, for the window's live log (never holds a key or the prompt). Its text fields are safe
+    to print: control characters escaped, client-chosen values cut (see `safe`)."""
 
     at: float
     client: str
@@ -59,6 +67,13 @@ class RequestRecord:
     duration_ms: float = 0.0
     finish_reason: str = ""
     error: str = ""
+
+    def safe(self) -> RequestRecord:
+        """This record with every text field a client could choose escaped and bounded (logsafe.printable)."""
+        return dataclasses.replace(
+            self, client=printable(self.client, 64), method=printable(self.method, 16), path=printable(self.path),
+            finish_reason=printable(self.finish_reason, 16), error=printable(self.error, 400),
+        )  # fmt: skip
 
 
 RequestLog = Callable[[RequestRecord], None]
@@ -125,26 +140,47 @@ class Guard:
                 message["headers"] = [*message.get("headers", []), *((k.encode(), v.encode()) for k, v in cors.items())]
             await send(message)
 
-        await self.app(scope, receive, send_with_cors)
+        try:
+            await self.app(scope, receive, send_with_cors)
+        except Exception as exc:  # answered already (ServerApp._internal_error): one escaped line, not uvicorn's dump
+            log.error("server: %s %s failed: %s", scope["method"], printable(scope["path"]), printable(repr(exc)))
 
     def _refusal(self, scope: Scope, headers: dict[str, str], origin: str | None) -> ApiError | None:
         host = headers.get("host", "")
         if host_name(host) not in self.hosts:
             return ApiError(
-                403, f"Host {host!r} is not this server; requests must name it by its own address "
+                403, f"Host {echo(host, 80)} is not this server; requests must name it by its own address "
                 "(a protection against DNS rebinding).", code="host_not_allowed",
             )  # fmt: skip
         if origin is not None and origin not in self.policy.cors_origins:
-            return ApiError(
-                403, f"Requests from web pages at {origin!r} are refused; start the server with "
-                f"--cors-origin {origin} to allow that page.", code="origin_not_allowed",
-            )  # fmt: skip
+            return ApiError(403, _origin_refusal(origin), code="origin_not_allowed")
         return None
 
     def _authorized(self, path: str, headers: dict[str, str]) -> bool:
         if self.policy.api_key is None or path == "/health":
             return True
         return key_matches(headers.get("authorization"), self.policy.api_key)
+
+
+def _origin_refusal(origin: str) -> str:
+    if origin == "null":  # a sandboxed frame, a file:// page, a redirect: any site can send it, so never advise it
+        return (
+            "Requests from web pages with no origin ('null': a sandboxed frame or a local file) are refused; any site "
+            "can send that origin. Call the server from a program, or from a page served at an address you allow."
+        )
+    if is_plain_origin(origin):
+        return f"Requests from web pages at {echo(origin, 80)} are refused; start the server with --cors-origin " + (
+            f"{origin} to allow that page."
+        )
+    return f"Requests from web pages at {echo(origin, 80)} are refused."
+
+
+def is_plain_origin(origin: str) -> bool:
+    """scheme://host[:port], nothing else (what a browser sends and what --cors-origin takes)."""
+    scheme, sep, rest = origin.partition("://")
+    if scheme not in ("http", "https") or not sep or not rest or len(origin) > 200:
+        return False
+    return host_name(rest) is not None and all(c.isalnum() or c in ".-:[]" for c in rest)
 
 
 def _too_large(limit: int) -> ApiError:
@@ -282,6 +318,8 @@ class ServerApp:
         self.metrics = Metrics()
         self.on_request = on_request
         self.started_at = int(time.time())
+        self.prompt_bound = PromptBound(queue.model.info.tokenizer_file, queue.model.info.context_window)
+        self._counting = asyncio.Semaphore(1)  # one prompt counted at a time, off the event loop and the worker
         routes = [
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
@@ -289,7 +327,8 @@ class ServerApp:
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics_text, methods=["GET"]),
         ]
-        starlette = Starlette(routes=routes, exception_handlers={404: self._not_found, 405: self._not_allowed})
+        handlers = {404: self._not_found, 405: self._not_allowed, Exception: self._internal_error}
+        starlette = Starlette(routes=routes, exception_handlers=handlers)
         self.asgi: ASGIApp = Guard(starlette, policy, self._refused)
 
     # --- small endpoints ------------------------------------------------------------------------------------------
@@ -312,14 +351,22 @@ class ServerApp:
     async def _not_found(self, request: Request, exc: Exception) -> Response:
         self._log(request, 404, error="not found")
         message = (
-            f"There is no {request.url.path} here; see GET /v1/models, POST /v1/chat/completions, POST /v1/completions."
+            f"There is no {printable(request.url.path, 80)} here; see GET /v1/models, POST /v1/chat/completions, "
+            "POST /v1/completions."
         )
         return error_response(ApiError(404, message, code="not_found"))
 
     async def _not_allowed(self, request: Request, exc: Exception) -> Response:
         self._log(request, 405, error="method not allowed")
-        return error_response(ApiError(405, f"{request.method} is not allowed on {request.url.path}.",
-                                       code="method_not_allowed"))  # fmt: skip
+        message = f"{printable(request.method, 16)} is not allowed on {printable(request.url.path, 80)}."
+        return error_response(ApiError(405, message, code="method_not_allowed"))
+
+    async def _internal_error(self, request: Request, exc: Exception) -> Response:
+        """A bug, not the client's fault: a JSON 500 that the metrics count (the Guard logs it, escaped)."""
+        error = ApiError(500, f"The server failed: {type(exc).__name__}.", code="server_error")
+        self.metrics.request_done(ENDPOINTS.get(request.url.path, "other"), 500)
+        self._log(request, 500, error=error.message)
+        return error_response(error)
 
     def _refused(self, scope: Scope, status: int, message: str) -> None:
         self.metrics.request_done("refused", status)
@@ -345,16 +392,23 @@ class ServerApp:
 
     async def _generate(self, request: Request, endpoint: str) -> Response:
         received = time.perf_counter()
+        size = 0
         try:
-            body = protocol.decode_json(await self._read_body(request))
+            raw = await self._read_body(request)
+            size = len(raw)
+            # A large body is parsed off the event loop (other clients keep being answered meanwhile).
+            body = protocol.decode_json(raw) if size < 2**16 else await asyncio.to_thread(protocol.decode_json, raw)
+            del raw
             window = self.queue.model.info.context_window
             limits = self.policy.limits
             parse = protocol.chat_request if endpoint == "chat" else protocol.completion_request
             parsed = parse(body, limits, window)
+            del body
+            await self._check_prompt_size(parsed)
         except ApiError as error:
             self.metrics.request_done(endpoint, error.status)
-            self._log(request, error.status, error=error.message)
-            return error_response(error)
+            self._log(request, error.status, error=error.log_message)
+            return _releasing(error_response(error), size)
         cancel = threading.Event()
         loop = asyncio.get_running_loop()
         items: Items = asyncio.Queue()
@@ -381,12 +435,26 @@ class ServerApp:
             if gone.is_set():  # the client left while its request waited: it was skipped
                 failure = ApiError(499, "client disconnected while waiting")
             self.metrics.request_done(endpoint, failure.status)
-            self._log(request, failure.status, error=failure.message)
-            return error_response(failure)
+            self._log(request, failure.status, error=failure.log_message)
+            return _releasing(error_response(failure), size)
         context = _Exchange(self, request, parsed, reply, request_id, received, lambda: job.queued_s, gone)
         if parsed.stream:
-            return EventStream(context.stream(first, items, watcher))
-        return await context.collect(first, items, watcher)
+            return EventStream(context.stream(first, items, watcher), release=size >= RELEASE_AFTER_BYTES)
+        return _releasing(await context.collect(first, items, watcher), size)
+
+    async def _check_prompt_size(self, parsed: ParsedRequest) -> None:
+        """Refuse a prompt whose text alone cannot fit the window, before it is queued (prompt_bound)."""
+        reply = parsed.reply
+        texts = [reply.raw_prompt] if reply.raw_prompt is not None else [m.content for m in reply.messages]
+        if not self.prompt_bound.loaded:
+            async with self._counting:
+                await asyncio.to_thread(self.prompt_bound.load)
+        too_long = self.prompt_bound.by_bytes(texts)
+        if too_long is None and self.prompt_bound.tokenizer is not None:
+            async with self._counting:
+                too_long = await asyncio.to_thread(self.prompt_bound.by_tokens, texts)
+        if too_long is not None:
+            raise _too_long_error(too_long, "prompt" if reply.raw_prompt is not None else "messages")
 
     # --- the request log ------------------------------------------------------------------------------------------
     def _log(self, request: Request, status: int, *, reply: Reply | None = None, stream: bool = False,
@@ -411,7 +479,7 @@ class ServerApp:
         if self.on_request is None:
             return
         try:
-            self.on_request(record)
+            self.on_request(record.safe())
         except Exception:  # a broken log view must not break serving
             log.exception("request log callback failed")
 
@@ -424,6 +492,17 @@ class ServerApp:
                                     stats.decode_tokens_per_s, cancelled)  # fmt: skip
 
 
+def _too_long_error(too_long: TooLong, param: str) -> ApiError:
+    return ApiError(400, too_long.message(), param=param, code="context_length_exceeded")
+
+
+def _releasing(response: Response, body_bytes: int) -> Response:
+    """After a large body, hand the heap memory its parsing freed back to the system once the reply is sent."""
+    if body_bytes >= RELEASE_AFTER_BYTES and response.background is None:
+        response.background = BackgroundTask(release_freed_memory)
+    return response
+
+
 def _as_api_error(item: BaseException | End) -> ApiError:
     if isinstance(item, ApiError):
         return item
@@ -433,7 +512,7 @@ def _as_api_error(item: BaseException | End) -> ApiError:
         return ApiError(400, str(item))
     if isinstance(item, End):
         return ApiError(500, "The model ended the reply without an answer.", code="server_error")
-    log.error("server: generation failed: %s: %s", type(item).__name__, item)
+    log.error("server: generation failed: %s: %s", type(item).__name__, printable(str(item), 400))
     return ApiError(500, f"The model failed: {type(item).__name__}: {item}", code="server_error")
 
 
@@ -583,12 +662,13 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[str]) -> None:
+    def __init__(self, events: AsyncIterator[str], *, release: bool = False) -> None:
         # No Response.__init__: it would render an empty body and send Content-Length: 0.
         self.status_code = 200
         self.background = None
         self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no"})
         self.events = events
+        self.release = release  # a large request: give freed heap memory back at the end
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -600,6 +680,8 @@ class EventStream(Response):
             pass
         finally:
             await self.events.aclose()  # type: ignore[attr-defined]
+            if self.release:
+                release_freed_memory()
 
 
 def _sse(body: dict[str, Any]) -> str:

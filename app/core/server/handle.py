@@ -19,7 +19,7 @@ from app.core.errors import HearthError
 from app.core.server.api import Policy, RequestLog, RequestRecord, ServerApp
 from app.core.server.protocol import Limits
 from app.core.server.queue import RequestQueue, ServedModel
-from app.core.server.security import check_bind
+from app.core.server.security import check_bind, check_cors_origins
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8080
@@ -34,12 +34,16 @@ class ServerConfig:
     allow_network: bool = False
     cors_origins: tuple[str, ...] = ()
     max_queue: int = 16
+    # Proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (the client address in the log then comes from
+    # them); none by default, so no client can name itself another address.
+    trusted_proxies: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
 
 
 class ServerHandle:
     def __init__(self, config: ServerConfig, on_request: RequestLog | None = None) -> None:
         check_bind(config.host, config.api_key, config.allow_network)
+        check_cors_origins(config.cors_origins, config.api_key)
         self.config = config
         self.on_request = on_request
         self.queue: RequestQueue | None = None
@@ -68,6 +72,8 @@ class ServerHandle:
     def start(self, backend: ServedModel) -> str:
         import uvicorn
 
+        from app.core.server.connection import HalfCloseH11Protocol
+
         if self.running:
             raise HearthError("The server is already running.")
         self.queue = RequestQueue(backend, max_waiting=self.config.max_queue)
@@ -76,6 +82,9 @@ class ServerHandle:
         uv_config = uvicorn.Config(
             self.app.asgi, host=self.config.host, port=self.config.port, log_level="warning",
             access_log=False, lifespan="off", server_header=False, timeout_graceful_shutdown=2,
+            http=HalfCloseH11Protocol, proxy_headers=bool(self.config.trusted_proxies),
+            log_config=None,  # uvicorn's records go where the process sends its own (a file; the terminal if asked)
+            forwarded_allow_ips=list(self.config.trusted_proxies) or None,
         )  # fmt: skip
         server = uvicorn.Server(uv_config)
         self._server = server

@@ -10,16 +10,20 @@ multiplicative repetition_penalty, which is not the same thing; sending 0 is acc
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from app.core.chat.events import ChatMessage
-from app.core.chat.sampling import SamplingParams
+from app.core.chat.sampling import MAX_TOP_K, SamplingParams
 from app.core.engines.backend import ReplyRequest, ResponseFormat
-from app.core.errors import HearthError
+from app.core.errors import InvalidSettingError
+from app.core.server.logsafe import echo, printable
+from app.core.storage.schema import check_field
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_STOP_CHARS = 200
+MAX_JSON_DEPTH = 64  # far beyond any real request (a tool schema nests a dozen levels), far below Python's stack
 TOOL_CALL_FORMAT = "tool_call"  # the ResponseFormat name the server uses when it forces a tool call
 
 
@@ -33,7 +37,7 @@ class ApiError(Exception):
 
     def __init__(
         self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-        headers: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None, log_message: str | None = None,
     ) -> None:  # fmt: skip
         super().__init__(message)
         self.status = status
@@ -41,6 +45,8 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        # The log's version: without the client's own values, which may be prompt text (the log never holds one).
+        self.log_message = log_message if log_message is not None else message
 
     def body(self) -> dict[str, Any]:
         kind = self.TYPES.get(self.status, "server_error")
@@ -83,16 +89,66 @@ def _bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+def _bad_value(template: str, value: Any, param: str | None = None) -> ApiError:
+    """A 400 that quotes the client's value ({got} in `template`): bounded and escaped in the reply, left out of the
+    log line."""
+    return ApiError(400, template.format(got=echo(value)), param=param, log_message=template.format(got="(not logged)"))
+
+
 def decode_json(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise _bad("The request body is empty; send a JSON object.")
     try:
         body = json.loads(raw)
+    except RecursionError:
+        raise _bad(f"The request body nests arrays or objects more than {MAX_JSON_DEPTH} levels deep.") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise _bad(f"The request body is not valid JSON ({exc}).") from None
     if not isinstance(body, dict):
         raise _bad(f"The request body must be a JSON object, not {type(body).__name__}.")
+    check_values(body)
     return body
+
+
+def check_values(body: dict[str, Any]) -> None:
+    """Refuse what JSON allows but no model can take: nesting deeper than MAX_JSON_DEPTH, and text that is not
+    Unicode (a lone surrogate such as \\ud800, which no tokenizer can encode); the error names where it is."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, path)
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise _bad(
+                f"The request body nests arrays or objects more than {MAX_JSON_DEPTH} levels deep (at {path}).",
+                _top(path),
+            )
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_text(key, f"{path}.{key}" if path else key)
+                stack.append((item, f"{path}.{key}" if path else key, depth + 1))
+        else:
+            stack.extend((item, f"{path}[{index}]", depth + 1) for index, item in enumerate(value))
+
+
+def _check_text(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = f"\\u{ord(text[exc.start]):04x}"
+        raise _bad(
+            f"{printable(path, 80)} holds a lone UTF-16 surrogate ({code} at character {exc.start}), which is not "
+            "Unicode text; send the character itself or its surrogate pair.",
+            _top(path),
+        ) from None
+
+
+def _top(path: str) -> str:
+    """The top-level field a JSON path is under ('messages[0].content' -> 'messages')."""
+    return path.split(".")[0].split("[")[0] or path
 
 
 def _number(body: dict[str, Any], name: str, default: float) -> float:
@@ -100,7 +156,9 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _bad(f"'{name}' must be a number, not {json.dumps(value)[:40]}.", name)
+        raise _bad_value(f"'{name}' must be a number, not {{got}}.", value, name)
+    if not math.isfinite(value):  # Python's json reads NaN and Infinity, which JSON itself does not have
+        raise _bad_value(f"'{name}' must be a finite number, not {{got}}.", value, name)
     return float(value)
 
 
@@ -109,8 +167,23 @@ def _integer(body: dict[str, Any], name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"'{name}' must be an integer, not {json.dumps(value)[:40]}.", name)
+        raise _bad_value(f"'{name}' must be an integer, not {{got}}.", value, name)
     return value
+
+
+def _whole_number(body: dict[str, Any], name: str, default: int) -> int:
+    """An integer that may be written as a float (top_k: 40.0), but not 40.5, NaN or Infinity."""
+    value = float(_number(body, name, default))
+    if not value.is_integer():
+        raise _bad_value(f"'{name}' must be a whole number, not {{got}}.", body.get(name), name)
+    return int(value)
+
+
+# The OpenAI field for each SamplingParams field, so a value out of range is a 400 naming the field the client sent.
+SAMPLING_FIELDS = {
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty", "seed": "seed",
+}  # fmt: skip
 
 
 def sampling(body: dict[str, Any], limits: Limits, context_window: int) -> SamplingParams:
@@ -134,22 +207,28 @@ def sampling(body: dict[str, Any], limits: Limits, context_window: int) -> Sampl
     cap = min(limits.max_tokens, max(context_window - 1, 1)) if context_window else limits.max_tokens
     if requested is not None and not 1 <= requested <= cap:
         raise _bad(f"'{param}' must be between 1 and {cap} on this server (got {requested}).", param)
-    seed = _integer(body, "seed")
     temperature = _number(body, "temperature", 1.0)  # OpenAI's defaults: temperature 1, top_p 1
-    if temperature > 2:
+    if not 0 <= temperature <= 2:
         raise _bad(f"'temperature' must be between 0 and 2 (got {temperature:g}).", "temperature")
-    try:
-        return SamplingParams(
-            temperature=temperature,
-            top_p=_number(body, "top_p", 1.0),
-            top_k=int(_number(body, "top_k", 0)),
-            min_p=_number(body, "min_p", 0.0),
-            repetition_penalty=_number(body, "repetition_penalty", 1.0),
-            max_new_tokens=requested if requested is not None else min(limits.default_max_tokens, cap),
-            seed=seed,
-        )
-    except HearthError as exc:  # the sampling rules' own sentence, naming the value
-        raise _bad(str(exc)) from None
+    top_k = _whole_number(body, "top_k", 0)
+    if not 0 <= top_k <= MAX_TOP_K:
+        raise _bad(f"'top_k' must be between 0 (off) and {MAX_TOP_K} (got {echo(top_k)}).", "top_k")
+    values: dict[str, Any] = {
+        "temperature": temperature,
+        "top_p": _number(body, "top_p", 1.0),
+        "top_k": top_k,
+        "min_p": _number(body, "min_p", 0.0),
+        "repetition_penalty": _number(body, "repetition_penalty", 1.0),
+        "seed": _integer(body, "seed"),
+    }
+    for name, value in values.items():  # each range checked here, so the 400 names the field the client sent
+        try:
+            check_field(SamplingParams, name, value, key=f"'{SAMPLING_FIELDS[name]}'")
+        except InvalidSettingError as exc:
+            raise _bad(str(exc) + ".", SAMPLING_FIELDS[name]) from None
+    return SamplingParams(
+        **values, max_new_tokens=requested if requested is not None else min(limits.default_max_tokens, cap)
+    )
 
 
 def stop_sequences(body: dict[str, Any]) -> tuple[str, ...]:
@@ -191,7 +270,9 @@ def _content(value: Any, index: int) -> str:
         for part in value:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise _bad(f"messages[{index}].content: only text parts are supported (got {kind!r}).", "messages")
+                raise _bad_value(
+                    f"messages[{index}].content: only text parts are supported (got {{got}}).", kind, "messages"
+                )
             parts.append(part["text"])
         return "".join(parts)
     raise _bad(f"messages[{index}].content must be a string or a list of text parts.", "messages")
@@ -211,8 +292,9 @@ def messages(body: dict[str, Any], limits: Limits) -> tuple[ChatMessage, ...]:
         if role == "developer":
             role = "system"
         if role not in ("system", "user", "assistant", "tool"):
-            raise _bad(
-                f"messages[{index}].role must be system, developer, user, assistant or tool (got {role!r}).",
+            raise _bad_value(
+                f"messages[{index}].role must be system, developer, user, assistant or tool (got {{got}}).",
+                role,
                 "messages",
             )
         extra: dict[str, Any] = {}
@@ -275,7 +357,7 @@ def tools(body: dict[str, Any]) -> tuple[tuple[dict[str, Any], ...], ToolMode]:
     elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if name not in names:
-            raise _bad(f"'tool_choice' names {name!r}, which is not in 'tools'.", "tool_choice")
+            raise _bad_value("'tool_choice' names {got}, which is not in 'tools'.", name, "tool_choice")
         mode = ToolMode("function", function=name, names=tuple(names))
     else:
         raise _bad("'tool_choice' must be 'none', 'auto', 'required' or {type: 'function', function: {name}}.",

@@ -55,17 +55,63 @@ def allowed_host_names(host: str) -> frozenset[str]:
                         names.add(address.address.split("%")[0].lower())
         except Exception:  # no interface list: only the names above
             pass
-    return frozenset(names)
+    return frozenset(_canonical(name) for name in names)
 
 
-def host_name(header: str) -> str:
-    """'example.com:8080' -> 'example.com'; '[::1]:80' -> '::1'."""
+def _canonical(name: str) -> str:
+    """An IPv6 address in its one short form (as host_name gives it), any other name as it is."""
+    try:
+        return str(ipaddress.IPv6Address(name))
+    except ValueError:
+        return name
+
+
+def host_name(header: str) -> str | None:
+    """The name in a Host header, strictly (RFC 9110: host [":" port]): 'example.com:8080' -> 'example.com',
+    '[::1]:80' -> '::1'; None for anything else ('[::1]evil.example', 'localhost:1@evil.example', a bare IPv6 address,
+    a user part, a path), which then matches no name of this server."""
     header = header.strip().lower()
     if header.startswith("["):
-        return header[1:].partition("]")[0]
-    if header.count(":") == 1:
-        return header.partition(":")[0]
-    return header
+        inside, closed, rest = header[1:].partition("]")
+        if not closed or not _is_port_part(rest):
+            return None
+        try:
+            return str(ipaddress.IPv6Address(inside))
+        except ValueError:
+            return None
+    name, colon, port = header.partition(":")
+    if colon and not _is_port_part(":" + port):
+        return None
+    if not name or not all(char.isascii() and (char.isalnum() or char in "-.") for char in name):
+        return None
+    return name
+
+
+def _is_port_part(text: str) -> bool:
+    """'' or ':' followed by 1-5 digits."""
+    return text == "" or (text.startswith(":") and text[1:].isdigit() and 1 <= len(text) - 1 <= 5)
+
+
+def check_cors_origins(origins: tuple[str, ...], api_key: str | None) -> None:
+    """Refuse origins a browser never sends as they are written, '*', and 'null' without a key: every site can make
+    its page's origin 'null' (a sandboxed frame), so allowing it without a key allows every site."""
+    for origin in origins:
+        if origin == "null":
+            if not api_key:
+                raise HearthError(
+                    "--cors-origin null would let every web site call the server (any page can send the origin "
+                    "'null' from a sandboxed frame); it is refused unless the server also requires a key "
+                    "(--api-key-name)."
+                )
+            continue
+        if origin == "*":
+            raise HearthError("--cors-origin takes one page's origin (e.g. http://localhost:3000), not '*'.")
+        scheme, sep, rest = origin.partition("://")
+        if scheme not in ("http", "https") or not sep or host_name(rest) is None:
+            raise HearthError(
+                f"--cors-origin {origin[:80]!r} is not an origin: write scheme://host[:port], as the page's address "
+                "starts (e.g. http://localhost:3000), with no path."
+            )
 
 
 def key_matches(authorization: str | None, api_key: str) -> bool:

@@ -11,6 +11,7 @@ OS already holds the committed pages); only a power cut may lose the last commit
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -19,12 +20,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from app.core.storage import history_schema, history_transfer
+from app.core.storage import history_schema, history_transfer, space
 from app.core.storage.history_schema import (
     APPLICATION_ID,
     Attachment,
     Conversation,
     HistoryDamagedError,
+    HistoryDiskFullError,
     HistoryError,
     HistoryImportError,
     HistoryNotFoundError,
@@ -39,6 +41,7 @@ __all__ = [
     "Attachment",
     "Conversation",
     "HistoryDamagedError",
+    "HistoryDiskFullError",
     "HistoryError",
     "HistoryImportError",
     "HistoryNotFoundError",
@@ -46,6 +49,8 @@ __all__ = [
     "Message",
     "default_history_path",
 ]
+
+log = logging.getLogger(__name__)
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _BUSY_TIMEOUT_S = 10.0
@@ -68,6 +73,10 @@ class HistoryStore:
         self.path = Path(path) if path is not None else default_history_path()
         self.in_memory = in_memory
         self._lock = threading.RLock()
+        # Message updates a full disk kept from the file: {message id: {column: value}}, written before the next
+        # write (or by save_pending), shown by every read meanwhile. See update_message.
+        self._pending: dict[int, dict[str, Any]] = {}
+        self.pending_reason = ""
         self._db: sqlite3.Connection | None = self._open_memory() if in_memory else self._open()
 
     # -- opening, closing, transactions --------------------------------------------------------------------------
@@ -147,6 +156,12 @@ class HistoryStore:
                 raise HistoryError(
                     f"The history database {path} is busy: another Hearth window may be using it."
                 ) from err
+            if space.failed_for_space(err, path.parent):
+                raise self._disk_full(err) from err
+            if not space.is_damaged_database(err):
+                raise HistoryError(
+                    f"The history database {path} cannot be opened ({err}); it was left untouched."
+                ) from err
             raise HistoryDamagedError(
                 f"The history database {path} is damaged or cannot be opened ({err}); it was left untouched."
             ) from err
@@ -180,6 +195,12 @@ class HistoryStore:
             backup = sqlite3.connect(backup_path)
             try:
                 db.backup(backup)
+            except sqlite3.Error as err:  # no half-written copy is left beside the file
+                backup.close()
+                backup_path.unlink(missing_ok=True)
+                if space.failed_for_space(err, backup_path.parent):
+                    raise self._disk_full(err) from err
+                raise
             finally:
                 backup.close()
         for index in range(version, target):
@@ -199,6 +220,8 @@ class HistoryStore:
 
     def close(self) -> None:
         with self._lock:
+            if self._db is not None and not self.save_pending():
+                log.error("history: %d message update(s) lost at close: %s", len(self._pending), self.pending_reason)
             if self._db is not None:
                 try:
                     self._db.execute("PRAGMA optimize")
@@ -219,12 +242,20 @@ class HistoryStore:
             raise HistoryError(f"The history database {self.path} is closed.")
         return self._db
 
+    def _disk_full(self, err: BaseException) -> HistoryDiskFullError:
+        return HistoryDiskFullError(
+            f"The conversation history could not be saved: {space.where_full(self.path.parent)}. The file "
+            f"{self.path.name} was not changed; free some space and it is saved again."
+        )
+
     def _damaged(self, err: sqlite3.Error) -> HistoryError:
         if isinstance(err, sqlite3.OperationalError) and "locked" in str(err):
             return HistoryError(
                 f"The history database {self.path} is busy: another Hearth window may be writing to it."
             )
-        if "malformed" in str(err) or "not a database" in str(err):
+        if space.failed_for_space(err, self.path.parent):
+            return self._disk_full(err)
+        if space.is_damaged_database(err):
             return HistoryDamagedError(
                 f"The history database {self.path} is damaged ({err}): restore it from a backup or move it away "
                 "to start a new history."
@@ -250,6 +281,7 @@ class HistoryStore:
             try:
                 db.execute("BEGIN IMMEDIATE")
                 try:
+                    self._write_pending(db)
                     yield db
                 except BaseException:
                     db.execute("ROLLBACK")
@@ -261,6 +293,36 @@ class HistoryStore:
                 if isinstance(err, sqlite3.IntegrityError):
                     raise  # a bug in this module, not a damaged file
                 raise self._damaged(err) from err
+            self._pending.clear()  # committed with this transaction
+            self.pending_reason = ""
+
+    def _write_pending(self, db: sqlite3.Connection) -> None:
+        for message_id, changes in self._pending.items():
+            assignments = ", ".join(f"{column} = ?" for column in changes)
+            db.execute(f"UPDATE messages SET {assignments} WHERE id = ?", (*changes.values(), message_id))
+
+    def save_pending(self) -> bool:
+        """Write the message updates a full disk held back; whether none is left unsaved. Cheap when there is none."""
+        if not self._pending:
+            return True
+        try:
+            with self._writing():
+                pass
+        except HistoryError as err:
+            log.warning("history: %d message(s) still unsaved: %s", len(self._pending), err)
+            return False
+        return True
+
+    def unsaved_notice(self) -> str:
+        """A sentence for the window while updates are held back ("" when everything is saved)."""
+        if not self._pending:
+            return ""
+        count = len(self._pending)
+        which = "1 message is" if count == 1 else f"{count} messages are"
+        return (
+            f"{which} not saved yet: {self.pending_reason} They are saved as soon as there is space; quitting Hearth "
+            "before then loses them."
+        )
 
     # -- row helpers ---------------------------------------------------------------------------------------------
 
@@ -303,6 +365,8 @@ class HistoryStore:
 
     def _messages_from_rows(self, db: sqlite3.Connection, rows: list[Sequence[Any]]) -> list[Message]:
         attachments = self._attachments_for(db, (row[0] for row in rows))
+        if self._pending:  # what the file will hold once there is space
+            rows = [self._with_pending(row) for row in rows]
         return [
             Message(
                 id=row[0],
@@ -318,6 +382,16 @@ class HistoryStore:
             )
             for row in rows
         ]
+
+    def _with_pending(self, row: Sequence[Any]) -> Sequence[Any]:
+        changes = self._pending.get(row[0])
+        if not changes:
+            return row
+        updated = list(row)
+        for column, index in (("content", 4), ("finish_reason", 6), ("stats", 7)):
+            if column in changes:
+                updated[index] = changes[column]
+        return updated
 
     def _fetch_message(self, db: sqlite3.Connection, message_id: int) -> Message:
         row = db.execute(f"SELECT {self._MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,)).fetchone()
@@ -497,7 +571,10 @@ class HistoryStore:
         stats: dict[str, Any] | None = None,
     ) -> None:
         """Overwrite the given fields (None leaves a field as it is). Cheap enough to call every second while a
-        reply streams: one small transaction, committed to the WAL without waiting for the disk."""
+        reply streams: one small transaction, committed to the WAL without waiting for the disk.
+
+        On a full disk the update is kept (reads show it) and written with the next write that finds space, or by
+        save_pending; unsaved_notice says so meanwhile. A streaming reply is never lost to a full disk mid-reply."""
         check_finish_reason(finish_reason)
         changes: dict[str, Any] = {}
         if content is not None:
@@ -506,12 +583,19 @@ class HistoryStore:
             changes["finish_reason"] = finish_reason
         if stats is not None:
             changes["stats"] = json.dumps(stats)
-        with self._writing() as db:
-            conversation_id, _ = self._message_location(db, message_id)
+        try:
+            with self._writing() as db:
+                conversation_id, _ = self._message_location(db, message_id)
+                if changes:
+                    assignments = ", ".join(f"{column} = ?" for column in changes)
+                    db.execute(f"UPDATE messages SET {assignments} WHERE id = ?", (*changes.values(), message_id))
+                    self._touch(db, conversation_id)
+        except HistoryDiskFullError as err:
             if changes:
-                assignments = ", ".join(f"{column} = ?" for column in changes)
-                db.execute(f"UPDATE messages SET {assignments} WHERE id = ?", (*changes.values(), message_id))
-                self._touch(db, conversation_id)
+                with self._lock:
+                    self._pending[message_id] = {**self._pending.get(message_id, {}), **changes}
+                    self.pending_reason = str(err)
+                log.warning("history: update of message %d held back: %s", message_id, err)
 
     def get_message(self, message_id: int) -> Message:
         with self._reading() as db:

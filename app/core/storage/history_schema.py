@@ -34,6 +34,10 @@ class HistoryDamagedError(HistoryError):
     It is never modified; the user may move it aside and start a new history (HistoryStore.move_aside)."""
 
 
+class HistoryDiskFullError(HistoryError):
+    """The disk holding the history is full: nothing in the file was changed (it is not damaged)."""
+
+
 class HistoryNotFoundError(HistoryError):
     """A conversation or message id that does not exist (any more)."""
 

@@ -234,7 +234,7 @@ def test_parameters_reach_the_backend(serve: Any) -> None:
         (json.dumps({"messages": HELLO, "max_tokens": 10**6}).encode(), "'max_tokens' must be between 1 and"),
         (json.dumps({"messages": HELLO, "temperature": "hot"}).encode(), "'temperature' must be a number"),
         (json.dumps({"messages": HELLO, "temperature": 3}).encode(), "'temperature' must be between 0 and 2"),
-        (json.dumps({"messages": HELLO, "top_p": 0}).encode(), "top-p"),
+        (json.dumps({"messages": HELLO, "top_p": 0}).encode(), "'top_p' must be in (0, 1] (got 0.0)."),
         (json.dumps({"messages": HELLO, "stop": [1]}).encode(), "'stop' must be a string or a list of strings."),
         (json.dumps({"messages": HELLO, "stop": list("abcde")}).encode(), "'stop' takes at most 4"),
         (json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), "messages[0].role must be"),

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -110,20 +109,26 @@ class NumpySampler:
 
     def __init__(self, params: SamplingParams, prompt_ids: list[int]) -> None:
         self.params = params
-        seed = params.seed if params.seed is not None else time.time_ns() % 2**63
-        self.rng = np.random.default_rng(seed) if not params.greedy else None
+        self.rng = np.random.default_rng(params.generator_seed()) if not params.greedy else None
         self.seen = np.array(prompt_ids, dtype=np.int64)
 
     def pick(self, logits: Floats) -> int:
         params = self.params
         if params.repetition_penalty != 1.0:
-            logits = logits.copy()
+            logits = logits.astype(np.float64)  # a copy, wide enough that a penalty near 0 (1e-300) stays finite
             seen = np.unique(self.seen[(self.seen >= 0) & (self.seen < logits.shape[0])])
             scores = logits[seen]
-            logits[seen] = np.where(scores < 0, scores * params.repetition_penalty, scores / params.repetition_penalty)
+            with np.errstate(over="ignore"):  # a penalty near 0 may overflow: inf is dealt with below
+                logits[seen] = np.where(
+                    scores < 0, scores * params.repetition_penalty, scores / params.repetition_penalty
+                )
         if self.rng is None:
             return int(logits.argmax())
-        warped = logits.astype(np.float64) / params.temperature
+        # Shifted to a maximum of 0 first (as the torch engine's ShiftedTemperature): any temperature above 0, 1e-300
+        # too, then leaves the best tokens at 0 and the rest at most -inf, never inf - inf = nan.
+        finite = np.nan_to_num(logits.astype(np.float64), nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf)
+        with np.errstate(over="ignore"):  # overflowing to -inf is the intended result
+            warped = (finite - finite.max()) / params.temperature
         if 0 < params.top_k < warped.shape[0]:
             kth = np.partition(warped, -params.top_k)[-params.top_k]
             warped[warped < kth] = -np.inf
