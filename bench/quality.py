@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="hearth-quality-") as scratch:
         logits: dict[str, Path] = {}
-        for kind in ["reference", *args.engines]:
+        for kind in ["reference", *sorted(args.engines, key=["llama", "hearth"].index)]:
             out = Path(scratch) / f"{kind}.npy"
             spec = {"gguf": str(path), "ids": ids, "threads": args.threads, "out": str(out)}
             print(f"running {kind} ...", flush=True)

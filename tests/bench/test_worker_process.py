@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import signal
+import sys
+from pathlib import Path
 
-from bench.worker_process import failure_message, ggml_features
+import pytest
+
+from bench.worker_process import failure_message, ggml_features, run_worker
 
 AMX_BUILD = {
     "version": "0.3.36",
@@ -43,3 +47,24 @@ def test_hearth_worker_exit_code() -> None:
 
 def test_ggml_features() -> None:
     assert ggml_features(AMX_BUILD["system"]) == ["SSE3", "AVX2", "AVX512", "AVX512_VNNI", "AMX_INT8", "LLAMAFILE"]
+
+
+def test_a_real_crashed_worker_is_named(tmp_path: Path) -> None:
+    """A worker process that segfaults (ctypes reads address 0) ends the run with the signal and its Python stack;
+    the Python that ran it has no llama_cpp, so the build is reported as unknown with the import error."""
+    script = tmp_path / "crashes.py"
+    script.write_text("import ctypes\nctypes.string_at(0)\n")
+    with pytest.raises(SystemExit) as ended:
+        run_worker(sys.executable, script, "llama", {}, peer_python=sys.executable)
+    message = str(ended.value)
+    assert message.startswith("the llama worker was killed by SIGSEGV")
+    assert "Fatal Python error: Segmentation fault" in message  # faulthandler's stack
+    assert "llama.cpp build: unknown (importing llama_cpp failed" in message
+
+
+def test_a_worker_result_is_its_last_stdout_line(tmp_path: Path) -> None:
+    script = tmp_path / "answers.py"
+    script.write_text(
+        "import json, sys\nspec = json.load(sys.stdin)\nprint('noise')\nprint(json.dumps({'x': spec['x']}))\n"
+    )
+    assert run_worker(sys.executable, script, "hearth", {"x": 3}) == {"x": 3}
