@@ -104,12 +104,33 @@ bench: $(STAMP)
 	$(BIN)/python bench/engine.py
 
 # Optional: Hearth vs llama.cpp side by side. llama-cpp-python is no project dependency: it is built once (~6 min
-# of compiling) into its own venv under .cache/ and reused.
+# of compiling) into its own venv under .cache/ and reused. Its ggml flags come from this CPU's flags
+# (bench/llama_build.py: never -march=native, never AMX, which segfaults on AMX Xeon guests); the venv records them
+# and is rebuilt when they change. MODEL=FILE.gguf (or a folder) picks the model for bench-peer and bench-quality.
 PEER_VENV := .cache/peer-venv
-bench-peer: $(STAMP)
+PEER_SDIST := .cache/llama_cpp_python-0.3.36.tar.gz
+MODEL ?=
+.PHONY: peer-venv bench-quality bench-gguf-models
+peer-venv: $(STAMP)
 	@test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
-	@$(PEER_VENV)/bin/python -c "import llama_cpp" 2>/dev/null || $(PEER_VENV)/bin/python -m pip install -q "llama-cpp-python==0.3.36" numpy
-	$(BIN)/python bench/peer.py --peer-python $(PEER_VENV)/bin/python
+	@args="$$($(BIN)/python bench/llama_build.py --cmake-args)"; \
+	if ! $(PEER_VENV)/bin/python -c "import llama_cpp" 2>/dev/null || \
+		[ "$$(cat $(PEER_VENV)/hearth-cmake-args 2>/dev/null)" != "$$args" ]; then \
+		src="llama-cpp-python==0.3.36"; [ -f $(PEER_SDIST) ] && src=$(PEER_SDIST); \
+		echo "bench-peer: building llama-cpp-python 0.3.36 with CMAKE_ARGS=$$args"; \
+		CMAKE_ARGS="$$args" $(PEER_VENV)/bin/python -m pip install -q --force-reinstall --no-cache-dir "$$src" numpy \
+			&& echo "$$args" > $(PEER_VENV)/hearth-cmake-args; fi
+
+bench-peer: peer-venv
+	$(BIN)/python bench/peer.py --peer-python $(PEER_VENV)/bin/python $(if $(MODEL),--model $(MODEL))
+
+# Perplexity and KL divergence of Hearth and llama.cpp against an fp32 reference from the same GGUF's blocks.
+bench-quality: peer-venv
+	$(BIN)/python bench/quality.py $(MODEL) --peer-python $(PEER_VENV)/bin/python
+
+# llama.cpp's quantizer (built without AMX) and the GGUF files at the shapes and formats users run (~9 GB).
+bench-gguf-models: $(STAMP)
+	$(BIN)/python bench/build_gguf_models.py
 
 # The wheels bench/gpu_check.sh needs on the lent GPU machine and its image lacks (bench/gpu_wheels.txt), for CPython
 # 3.12 on manylinux x86-64, bitsandbytes trimmed to its CUDA 13 library: 15 wheels, 23 MiB, into .gpu-wheels/

@@ -2,20 +2,26 @@
 
     make bench-peer                       # builds llama-cpp-python into .cache/peer-venv once (~6 min), then runs this
     python bench/peer.py [--trials 8] [--threads 2] [--tokens 128] [--peer-python .cache/peer-venv/bin/python]
-    python bench/peer.py --model .cache/models/random-tinyllama-1b   # a folder (bench/build_1b_model.py) or a GGUF
+    python bench/peer.py --model .cache/gguf-models/llama-3.2-1b.Q4_K_M.gguf   # a GGUF (bench/build_gguf_models.py)
+    python bench/peer.py --model .cache/models/random-tinyllama-1b             # a folder (bench/build_1b_model.py)
 
 Each measurement is one fresh process (`--worker ...`), engines interleaved per trial, with a read-bandwidth probe (1
-GiB summed with the same threads) in the same rotation. llama.cpp runs the model's GGUF as shipped (the default model:
-Q4_1) with flash attention on; Hearth runs the same GGUF converted to a safetensors folder (fp32), loaded as `--quant`
-(default auto: q4 on the CPU). A `--model` folder (Hugging Face layout) is what Hearth loads; for llama.cpp it is
-converted once with llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist, see `converter_script`)
-and quantized to Q4_1 with `llama_model_quantize`, cached under .cache/peer-models/. Both get the same token ids
-(Hearth's tokenizer and chat template) and greedy decoding. Printed: medians, per-trial paired ratios (Hearth /
-llama.cpp), each one's fraction of the bandwidth roofline (tok/s x bytes read per token / bandwidth), and each
-process's peak RSS (VmHWM: what the process held at its most, mapped model files included, as `ru_maxrss` counts
-them), RSS after the run, its runtime floor (RSS before any model: Hearth's worker after importing torch, transformers
-and the code a load imports; llama.cpp's after `import llama_cpp`) and the peak above that floor (the model's own
-memory). Rates are wall-clock; the CPU-time rates beside them are steadier on a shared machine."""
+GiB summed with the same threads) in the same rotation. A GGUF (the default model's shipped Q4_1, or `--model
+FILE.gguf` in any format) is run by llama.cpp as it is, with flash attention on; Hearth runs the same file through
+its own load path (today that converts it to a safetensors folder, fp32, loaded as `--quant`, default auto: q4 on the
+CPU). A `--model` folder (Hugging Face layout) is what Hearth loads; for llama.cpp it is converted once with
+llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist, bench/llama_build.py) and quantized to Q4_1
+with `llama_model_quantize`, cached under .cache/peer-models/. Both get the same token ids (Hearth's tokenizer and chat
+template) and greedy decoding. Printed: the machine (CPU model, SIMD flags), the file's format and block types, the
+llama.cpp build that ran (version, CMAKE_ARGS, ggml's compiled CPU features); medians, per-trial paired ratios (Hearth
+/ llama.cpp) with the file's format beside each, each engine's fraction of the bandwidth roofline (tok/s x bytes it
+reads per token / bandwidth) and of the file's roofline (tok/s x the file's own bytes per token: its matrices' blocks
+and the head), and each process's peak RSS (VmHWM: what the process held at its most, mapped model files included, as
+`ru_maxrss` counts them), RSS after the run, its runtime floor (RSS before any model: Hearth's worker after importing
+torch, transformers and the code a load imports; llama.cpp's after `import llama_cpp`) and the peak above that floor
+(the model's own memory). Rates are wall-clock; the CPU-time rates beside them are steadier on a shared machine. A
+worker that dies is named with its signal and, for llama.cpp, the build that ran (an AMX build's known segfault
+included)."""
 
 from __future__ import annotations
 
@@ -27,16 +33,17 @@ import resource
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import gguf_files, llama_build, worker_process  # noqa: E402
+
 DEFAULT_PEER_PYTHON = ROOT / ".cache" / "peer-venv" / "bin" / "python"
-PEER_VERSION = "0.3.36"  # llama-cpp-python, as `make bench-peer` installs it
 PEER_MODELS = ROOT / ".cache" / "peer-models"
-LLAMA_SOURCE = ROOT / ".cache" / "llama-src"
 LLAMA_FTYPE_MOSTLY_Q4_1 = 3  # llama.h's enum llama_ftype
 SHORT_QUESTION = "Write a long story about a dragon who learns to bake bread. Give every character a name."
 LONG_PARAGRAPH = (
@@ -158,17 +165,6 @@ def _hearth_bytes_per_token(engine: object) -> int:
     return total
 
 
-def gguf_bytes_per_token(path: Path) -> int:
-    """What a llama.cpp decode step reads of a GGUF: every tensor, except the token embedding when the model has a
-    separate output matrix (then it reads one embedding row a token, as Hearth does)."""
-    import gguf
-
-    tensors = {str(t.name): int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors}
-    if "output.weight" in tensors:
-        tensors.pop("token_embd.weight", None)
-    return sum(tensors.values())
-
-
 def worker_llama(spec: dict[str, object]) -> dict[str, object]:
     from llama_cpp import Llama
 
@@ -257,24 +253,6 @@ def prompts(tokens_long: int, model: str | None) -> tuple[list[int], list[int], 
 
 
 # -- a GGUF for llama.cpp ----------------------------------------------------------------------------------------
-# llama.cpp's converter tries SentencePiece first and expects FileNotFoundError when there is no tokenizer.model, but
-# imports sentencepiece before looking; without that package installed, look first (BPE tokenizers need no
-# sentencepiece), then run the script as its own __main__.
-_CONVERT = """
-import os, runpy, sys
-script = sys.argv[1]
-sys.argv = sys.argv[1:]
-here = os.path.dirname(script)
-sys.path[:0] = [here, os.path.join(here, "gguf-py")]
-import conversion.base as base
-original = base.TextModel._create_vocab_sentencepiece
-def look_first(self):
-    if not (self.dir_model / "tokenizer.model").is_file():
-        raise FileNotFoundError(self.dir_model / "tokenizer.model")
-    return original(self)
-base.TextModel._create_vocab_sentencepiece = look_first
-runpy.run_path(script, run_name="__main__")
-"""
 _QUANTIZE = """
 import sys, llama_cpp
 params = llama_cpp.llama_model_quantize_default_params()
@@ -283,25 +261,6 @@ params.nthread = int(sys.argv[4])
 code = llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), params)
 raise SystemExit(code)
 """
-
-
-def converter_script(peer_python: str) -> Path:
-    """llama.cpp's convert_hf_to_gguf.py: not in the llama-cpp-python wheel, so taken from its sdist's
-    vendor/llama.cpp (downloaded once with pip into .cache, extracted under .cache/llama-src)."""
-    found = sorted(LLAMA_SOURCE.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
-    if found:
-        return found[-1]
-    sdist = ROOT / ".cache" / f"llama_cpp_python-{PEER_VERSION}.tar.gz"
-    if not sdist.exists():
-        print(f"peer: downloading the llama-cpp-python {PEER_VERSION} sdist for llama.cpp's converter", flush=True)
-        download = [peer_python, "-m", "pip", "download", f"llama-cpp-python=={PEER_VERSION}", "--no-deps"]
-        subprocess.run([*download, "--no-binary", ":all:", "-d", str(sdist.parent)], check=True)
-    prefix = f"llama_cpp_python-{PEER_VERSION}/vendor/llama.cpp/"
-    wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
-    with tarfile.open(sdist) as archive:
-        members = [m for m in archive.getmembers() if m.name.startswith(tuple(prefix + w for w in wanted))]
-        archive.extractall(LLAMA_SOURCE, members=members, filter="data")
-    return LLAMA_SOURCE / prefix / "convert_hf_to_gguf.py"
 
 
 def peer_gguf(model_path: Path, folder: Path, peer_python: str, threads: int) -> Path:
@@ -314,12 +273,10 @@ def peer_gguf(model_path: Path, folder: Path, peer_python: str, threads: int) ->
     if target.exists():
         return target
     PEER_MODELS.mkdir(parents=True, exist_ok=True)
-    script = converter_script(peer_python)
     with tempfile.TemporaryDirectory(dir=PEER_MODELS) as scratch:
         full = Path(scratch) / "bf16.gguf"
         print(f"peer: converting {folder} for llama.cpp (convert_hf_to_gguf.py, bf16)", flush=True)
-        convert = [sys.executable, "-c", _CONVERT, str(script), str(folder), "--outtype", "bf16"]
-        subprocess.run([*convert, "--outfile", str(full)], check=True, capture_output=True)
+        llama_build.convert_to_gguf(folder, full, "bf16")
         print("peer: quantizing to Q4_1 (llama_model_quantize)", flush=True)
         partial = Path(scratch) / "q4_1.gguf"
         quantize = [peer_python, "-c", _QUANTIZE, str(full), str(partial), str(LLAMA_FTYPE_MOSTLY_Q4_1), str(threads)]
@@ -328,18 +285,11 @@ def peer_gguf(model_path: Path, folder: Path, peer_python: str, threads: int) ->
     return target
 
 
-def run_worker(python: str, kind: str, spec: dict[str, object]) -> dict[str, object]:
-    proc = subprocess.run(
-        [python, str(Path(__file__).resolve()), "--worker", kind],
-        input=json.dumps(spec),
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "TQDM_DISABLE": "1", "TRANSFORMERS_VERBOSITY": "error"},
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"peer: the {kind} worker failed:\n{proc.stderr[-3000:]}")
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+def run_worker(python: str, kind: str, spec: dict[str, object], peer_python: str) -> dict[str, object]:
+    try:
+        return worker_process.run_worker(python, Path(__file__).resolve(), kind, spec, peer_python)
+    except SystemExit as failed:
+        raise SystemExit(f"peer: {failed}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     short, long, model_path, folder = prompts(args.long_tokens, args.model)
     gguf = peer_gguf(model_path, folder, args.peer_python, args.threads)
+    file_info = gguf_files.describe(gguf)
     context = -(-max(len(long), len(short) + args.tokens) // 256) * 256
     spec: dict[str, object] = {
         "model": args.model,
@@ -382,12 +333,16 @@ def main(argv: list[str] | None = None) -> int:
         "quant": args.quant,
         "runtime": args.runtime,
         "gguf": str(gguf),
-        "gguf_bytes_per_token": gguf_bytes_per_token(gguf),
+        "gguf_bytes_per_token": file_info["decode_bytes_per_token"],
     }
+    label = file_label(model_path, file_info)
+    print(f"machine: {llama_build.machine_line()}")
     print(f"model: Hearth {model_path}; llama.cpp {gguf}")
+    print("\n".join(gguf_files.histogram_lines(file_info)))
+    print(f"llama.cpp build: {worker_process.llama_build_line(args.peer_python)}")
     print(f"prompts: {len(short)} and {len(long)} tokens; {args.tokens} new tokens; {args.threads} threads")
     if args.runtime != "torch":
-        prepared = run_worker(sys.executable, "prepare", spec)
+        prepared = run_worker(sys.executable, "prepare", spec, args.peer_python)
         if prepared["packed"]:
             print(f"packed the weights through torch first ({prepared['packed']})")
     runs: dict[str, list[dict[str, object]]] = {"hearth": [], "llama": [], "bandwidth": []}
@@ -395,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     for trial in range(args.trials):
         order = ["hearth", "llama", "bandwidth"] if trial % 2 == 0 else ["llama", "hearth", "bandwidth"]
         for kind in order:
-            runs[kind].append(run_worker(pythons[kind], kind, spec))
+            runs[kind].append(run_worker(pythons[kind], kind, spec, args.peer_python))
         h, p = runs["hearth"][-1], runs["llama"][-1]
         print(
             f"trial {trial + 1}: decode hearth {h['decode_tok_s']:.1f} / llama.cpp {p['decode_tok_s']:.1f} tok/s, "
@@ -403,8 +358,15 @@ def main(argv: list[str] | None = None) -> int:
             f"peak RSS {_gib(h['peak_rss'])} / {_gib(p['peak_rss'])}",
             flush=True,
         )
-    report(runs, len(short), len(long))
+    report(runs, len(short), len(long), label, int(file_info["decode_bytes_per_token"]))
     return 0
+
+
+def file_label(model_path: Path, file_info: dict[str, object]) -> str:
+    """What the ratios compare, printed beside each: the file's format, or a folder against llama.cpp's GGUF of it."""
+    if model_path.suffix.lower() == ".gguf":
+        return f"{file_info['format']} file"
+    return f"folder; llama.cpp on its {file_info['format']} GGUF"
 
 
 def _value(run: dict[str, object], key: str) -> float:
@@ -421,15 +383,25 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def report(runs: dict[str, list[dict[str, object]]], short_len: int, long_len: int) -> None:
+def report(
+    runs: dict[str, list[dict[str, object]]], short_len: int, long_len: int, label: str, file_bytes: int
+) -> None:
+    """The table and the paired ratios. Two roofline fractions per engine: tok/s x the bytes it reads per token
+    (Hearth: its own copy of the weights where it made one) / bandwidth, and tok/s x the file's own bytes per token
+    (its matrices' blocks and the head) / bandwidth: the goal's measure, the same for both when both read the file."""
     bandwidth = _median([float(r["bandwidth_bytes_s"]) for r in runs["bandwidth"]])  # type: ignore[arg-type]
     hearth, peer = runs["hearth"], runs["llama"]
     print(f"\nread bandwidth (1 GiB summed, median of the trials' best): {bandwidth / 1e9:.1f} GB/s")
     print(hearth[0]["decode_path"], "-", hearth[0]["note"])
     print("torch imported in Hearth's process:", "yes" if hearth[0].get("torch_imported", True) else "no")
+    print(
+        f"bytes read per decode token: the file's blocks {file_bytes / 2**20:.1f} MiB; Hearth "
+        f"{float(hearth[0]['bytes_per_token']) / 2**20:.1f} MiB; llama.cpp "  # type: ignore[arg-type]
+        f"{float(peer[0]['bytes_per_token']) / 2**20:.1f} MiB"  # type: ignore[arg-type]
+    )
     header = f"{'engine':<12}{'decode tok/s':>14}{'(cpu-time)':>12}{'prefill ' + str(short_len):>14}"
     print(
-        header + f"{'prefill ' + str(long_len):>16}{'roofline':>10}{'peak RSS':>12}{'RSS after':>12}"
+        header + f"{'prefill ' + str(long_len):>16}{'roofline':>10}{'of file':>9}{'peak RSS':>12}{'RSS after':>12}"
         f"{'floor':>10}{'peak - floor':>14}"
     )
     for name, rows in (("hearth", hearth), ("llama.cpp", peer)):
@@ -442,8 +414,9 @@ def report(runs: dict[str, list[dict[str, object]]], short_len: int, long_len: i
         after = _median([float(r["rss"]) for r in rows])  # type: ignore[arg-type]
         floor = _median([float(r["floor_rss"]) for r in rows])  # type: ignore[arg-type]
         line = f"{name:<12}{decode:>14.1f}{cpu:>12.1f}{short:>13.2f}s{long:>15.2f}s{roof:>10.0%}"
+        line += f"{decode * file_bytes / bandwidth:>9.0%}"
         print(f"{line}{_gib(peak):>12}{_gib(after):>12}{_gib(floor):>10}{_gib(peak - floor):>14}")
-    for key, label, higher_is_better in (
+    for key, name, higher_is_better in (
         ("decode_tok_s", "decode", True),
         ("decode_cpu_tok_s", "decode (cpu-time)", True),
         ("short_prefill_s", "short prefill speed", False),
@@ -456,7 +429,7 @@ def report(runs: dict[str, list[dict[str, object]]], short_len: int, long_len: i
             a, b = _value(h, key), _value(p, key)
             ratios.append(a / b if higher_is_better else b / a)
         shown = " ".join(f"{r:.2f}" for r in ratios)
-        print(f"hearth / llama.cpp, {label}: median {_median(ratios):.2f}x  [{shown}]")
+        print(f"hearth / llama.cpp [{label}], {name}: median {_median(ratios):.2f}x  [{shown}]")
 
 
 if __name__ == "__main__":
