@@ -133,31 +133,22 @@ class GGUFLlama:
 
 # -- Hearth ------------------------------------------------------------------------------------------------------
 def open_hearth(path: Path, threads: int) -> tuple[Any, str]:
-    """Hearth's torch-free runtime on the GGUF file: a model with new_cache(), prefill(ids, cache) and
-    step(token, cache), and a line saying how it was opened. The one place to change when the runtime opens a GGUF
-    directly (then: `return open_gguf_model(path), "..."`).
+    """Hearth's torch-free runtime on the GGUF file, computing on the file's own blocks (app.core.engines.lite.
+    gguf_model): a model with new_cache(), prefill(ids, cache), step(token, cache) and forward(ids, cache, rows), and
+    a line saying how it runs."""
+    from app.core.engines.lite.gguf_model import open_gguf_model
 
-    Today the load path converts the GGUF (dequantized to an fp32 folder, then packed to Hearth's own Q4_1 by a first
-    load through torch), so the blocks Hearth computes on are a second rounding of the file's."""
-    from app.core.engines.backend import LoadRequest
-    from app.core.engines.lite.backend import open_lite_backend
-    from app.core.engines.opening import open_backend
-
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    request = LoadRequest(str(path), quantization="q4", device="cpu")
-    opened = open_lite_backend(request)
-    if isinstance(opened, str):  # no packed copy yet: the first q4 load through torch writes it
-        open_backend(request, runtime="torch").close()
-        opened = open_lite_backend(request)
-        if isinstance(opened, str):
-            raise SystemExit(f"quality: Hearth's torch-free runtime can't open {path}: {opened}")
-    engine = opened.engine  # type: ignore[attr-defined]
-    return engine.model, f"{engine.decode_path}: the GGUF converted to an fp32 folder, packed to Hearth's Q4_1"
+    model = open_gguf_model(path, threads=threads)
+    return model, f"{model.path_name}: {model.describe()}"
 
 
 def teacher_forced_logits(model: Any, ids: list[int]) -> Floats:
-    """Every position's logits from the decode step: the first token prefilled, then each next token one step."""
+    """Every position's logits as the decode step computes them: in one forward over the text where the runtime has
+    one (it computes each token as a decode step does, bit for bit), else the first token prefilled and each next
+    token one step."""
     cache = model.new_cache()
+    if hasattr(model, "forward"):
+        return np.asarray(model.forward(ids, cache, len(ids)), dtype=np.float32)
     rows = [np.asarray(model.prefill(ids[:1], cache), dtype=np.float32)]
     for token in ids[1:]:
         rows.append(np.asarray(model.step(token, cache), dtype=np.float32))
