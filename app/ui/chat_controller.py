@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
@@ -24,6 +24,7 @@ from app.core.engines.backend import ContextUsage, ModelInfo, ReplyRequest
 from app.core.errors import HearthError
 from app.core.storage.history import HistoryStore, Message
 from app.ui.chat_model import ChatItem, ChatModel
+from app.ui.chat_rows import branch_items, known_siblings, sync_rows
 from app.ui.settings_store import SettingsStore
 from app.ui.worker import GenerateRequest, WorkerHost
 
@@ -447,66 +448,14 @@ class ChatController(QObject):
         """An error about the conversation: shown in the chat, where the reply would have been."""
         self.chat_model.append(ChatItem("error", message))
 
-    def _branch_items(
-        self, known: dict[int, tuple[int, int]] | None = None, branch: list[Message] | None = None
-    ) -> list[ChatItem]:
-        """The rows the active branch should show (the streaming reply with what has streamed so far).
-
-        `known`: message id -> (sibling index, sibling count) of rows already shown at the same place: those did
-        not change (new siblings only appear where the rows diverge), so the store is not asked again."""
+    def _branch_items(self, branch: list[Message] | None = None) -> list[ChatItem]:
         if self.conversation_id is None:
             return []
-        known = known or {}
-        items: list[ChatItem] = []
-        reply = self.reply if self.reply is not None and self.reply.conversation_id == self.conversation_id else None
         if branch is None:
             branch = self.store.active_branch(self.conversation_id)
-        for message in branch:
-            if message.role == "system":
-                continue
-            if message.id in known:
-                index, count = known[message.id]
-            else:
-                siblings = self.store.siblings(message.id)
-                index = next((i for i, s in enumerate(siblings) if s.id == message.id), 0)
-                count = len(siblings)
-            finish = message.finish_reason
-            if message.role == "assistant" and finish is None and (reply is None or message.id != reply.message_id):
-                finish = "interrupted"  # saved while streaming, never finished: the app died or was killed
-            item = ChatItem(
-                role=message.role,
-                content=message.content,
-                message_id=message.id,
-                finish_reason=finish,
-                stats=message.stats,
-                sibling_index=index,
-                sibling_count=count,
-                model=message.model,
-                extra={"attachments": [a.name for a in message.attachments]} if message.attachments else {},
-            )
-            if reply is not None and message.id == reply.message_id:
-                # The store lags the stream by up to a second: show what has streamed, and keep streaming.
-                item = replace(item, content=reply.text, streaming=True, finish_reason=None, stats=None)
-            items.append(item)
-        return items
+        reply = self.reply if self.reply is not None and self.reply.conversation_id == self.conversation_id else None
+        streaming = (reply.message_id, reply.text) if reply is not None else None
+        return branch_items(self.store, branch, streaming, known_siblings(self.chat_model))
 
     def _sync_rows(self, branch: list[Message] | None = None) -> None:
-        """Make the rows match the active branch, touching only rows that differ: rows that stay the same keep
-        their widgets (and rendered Markdown); a changed row is updated; from the first row that is a different
-        message on, rows are replaced (a new branch, a deleted message, a new message at the end)."""
-        shown = self.chat_model.items()
-        known: dict[int, tuple[int, int]] = {}
-        for item in shown:
-            if item.message_id is None:
-                break
-            known[item.message_id] = (item.sibling_index, item.sibling_count)
-        wanted = self._branch_items(known, branch)
-        keep = 0
-        while keep < min(len(wanted), len(shown)) and wanted[keep].message_id == shown[keep].message_id:
-            if wanted[keep] != shown[keep]:  # e.g. the reply being continued: this row only
-                self.chat_model.update(keep, **wanted[keep].__dict__)
-            keep += 1
-        for row in range(len(shown) - 1, keep - 1, -1):
-            self.chat_model.remove(row)
-        for item in wanted[keep:]:
-            self.chat_model.append(item)
+        sync_rows(self.chat_model, self._branch_items(branch))

@@ -2,39 +2,33 @@
 and the ChatController, and wires them: input box -> controller -> worker -> backend -> events -> view.
 
 The chat flow (send, stream, regenerate, continue, edit, the store writes) lives in app/ui/chat_controller.py;
-the window keeps what is about the window: menus, the banner, model loading and the panels, import/export.
+the window keeps what is about the window: menus, the banner, model loading and the panels.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QPaintEvent
 from PySide6.QtWidgets import (
     QApplication,
-    QFileDialog,
-    QHBoxLayout,
-    QLabel,
     QMainWindow,
     QMessageBox,
-    QPushButton,
     QSplitter,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from app.core.chat.token_counter import load_token_counter
 from app.core.engines.backend import BackendFactory, LoadRequest, MemoryReading, ModelInfo
-from app.core.errors import HearthError
 from app.core.settings import Settings
 from app.core.storage.history import HistoryDamagedError, HistoryError, HistoryStore, default_history_path
 from app.ui import theme
+from app.ui.banner import Banner, ErrorBridge
 from app.ui.chat_controller import ChatController
 from app.ui.chat_view import ChatView
 from app.ui.conversations import ConversationList
@@ -45,6 +39,7 @@ from app.ui.remote_window import RemoteEngines
 from app.ui.server_panel import install_server_panel
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.settings_store import SettingsStore
+from app.ui.transfer import ConversationTransfer
 from app.ui.worker import Planner, WorkerHost
 
 log = logging.getLogger(__name__)
@@ -52,70 +47,6 @@ log = logging.getLogger(__name__)
 PLAN_DEBOUNCE_MS = 300
 IGNORE_FIT_HINT = "To load it anyway, use --ignore-fit."  # the planner's advice, for the command line
 LOAD_ANYWAY_HINT = "Load anyway tries regardless: it may run out of memory or be very slow."
-
-
-class ErrorBridge(QObject):
-    """Carries errors from any thread (crash hooks) to the GUI thread."""
-
-    error = Signal(str, str)
-
-    def report(self, message: str, details: str) -> None:
-        self.error.emit(message, details)
-
-
-class Banner(QWidget):
-    """A dismissible notice above the chat: errors the user should see without a modal dialog. Messages that
-    arrive while it is showing stack up (a start-up can have several); an optional button offers the fix."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.setObjectName("ErrorCard")
-        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(12, 6, 6, 6)
-        self.label = QLabel()
-        self.label.setObjectName("ErrorText")
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        layout.addWidget(self.label, 1)
-        self.action_button = QPushButton()
-        self.action_button.hide()
-        self.action_button.clicked.connect(self._run_action)
-        layout.addWidget(self.action_button)
-        close = QToolButton()
-        close.setText("✕")
-        close.clicked.connect(self.dismiss)
-        layout.addWidget(close)
-        self.messages: list[str] = []
-        self._action: Callable[[], None] | None = None
-        self.hide()
-
-    def show_message(self, text: str) -> None:
-        if text not in self.messages:
-            self.messages.append(text)
-        self.label.setText("\n\n".join(self.messages))
-        self.show()
-
-    def offer(self, label: str, action: Callable[[], None]) -> None:
-        """A button beside the messages that runs `action` once."""
-        self._action = action
-        self.action_button.setText(label)
-        self.action_button.show()
-
-    def _run_action(self) -> None:
-        action, self._action = self._action, None
-        self.action_button.hide()
-        if action is not None:
-            action()
-
-    def withdraw_offer(self) -> None:
-        self._action = None
-        self.action_button.hide()
-
-    def dismiss(self) -> None:
-        self.messages.clear()
-        self.withdraw_offer()
-        self.hide()
 
 
 class MainWindow(QMainWindow):
@@ -148,6 +79,7 @@ class MainWindow(QMainWindow):
         self.host = WorkerHost(backend_factory, planner, parent=self)
         self.chat = ChatController(store, self.settings_store, self.host, parent=self)
         self.chat_model = self.chat.chat_model
+        self.transfer = ConversationTransfer(self.chat, self, self.show_error)
         self.sidebar = ConversationList()
         self.sidebar.setMinimumWidth(200)
         self.model_bar = ModelBar(settings)
@@ -190,7 +122,9 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
         self._build_menus()
         # Remote engines (app/ui/remote_window.py): Models ▸ Connections…, their models in the model bar, the cost.
-        self.remote = RemoteEngines(self)
+        self.remote = RemoteEngines(self.model_bar, self.chat, parent=self)
+        self.models_menu.addAction(self.remote.connections_action)
+        self.first_painted.connect(self.remote.model_list.refresh)
         banner_box.addWidget(self.remote.cost_label)
         # -- the Server switch (issue 13): app/ui/server_panel.py owns its dock, its View menu item and its wiring
         self.server_panel = install_server_panel(self, self.host, self.settings_store, self.view_menu)
@@ -348,9 +282,9 @@ class MainWindow(QMainWindow):
         file_menu = bar.addMenu("&File")
         self._action(file_menu, "&New chat", self.new_conversation, QKeySequence.StandardKey.New)
         file_menu.addSeparator()
-        self._action(file_menu, "&Import conversation…", self._import_dialog)
-        self._action(file_menu, "Export as &Markdown…", lambda: self._export_dialog("md"))
-        self._action(file_menu, "Export as &JSON…", lambda: self._export_dialog("json"))
+        self._action(file_menu, "&Import conversation…", self.transfer.import_dialog)
+        self._action(file_menu, "Export as &Markdown…", lambda: self.transfer.export_dialog("md"))
+        self._action(file_menu, "Export as &JSON…", lambda: self.transfer.export_dialog("json"))
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         edit_menu = bar.addMenu("&Edit")
@@ -516,45 +450,6 @@ class MainWindow(QMainWindow):
     def _on_memory(self, reading: MemoryReading) -> None:
         self.last_memory = reading
         self.memory_panel.set_memory(reading)
-
-    # -- export / import ----------------------------------------------------------------------------
-    def export_conversation(self, path: Path, fmt: str) -> None:
-        if self.conversation_id is None:
-            raise HearthError("There is no conversation to export: open or start one first.")
-        import json
-
-        if fmt == "json":
-            data = json.dumps(self.store.export_json(self.conversation_id), indent=2, ensure_ascii=False)
-        else:
-            data = self.store.export_markdown(self.conversation_id)
-        path.write_text(data, encoding="utf-8")
-
-    def import_conversation(self, path: Path) -> None:
-        conversation = self.store.import_json_file(path)
-        self.chat.open_conversation(conversation.id)
-
-    def _export_dialog(self, fmt: str) -> None:
-        if self.conversation_id is None:
-            self.show_error("There is no conversation to export: open or start one first.")
-            return
-        title = self.store.get_conversation(self.conversation_id).title
-        suggested = "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip() or "conversation"
-        name, _ = QFileDialog.getSaveFileName(
-            self, "Export conversation", f"{suggested}.{fmt}", "Markdown (*.md)" if fmt == "md" else "JSON (*.json)"
-        )
-        if name:
-            try:
-                self.export_conversation(Path(name), fmt)
-            except (HearthError, OSError) as exc:
-                self.show_error(f"Export failed: {exc}")
-
-    def _import_dialog(self) -> None:
-        name, _ = QFileDialog.getOpenFileName(self, "Import conversation", "", "Hearth conversation (*.json)")
-        if name:
-            try:
-                self.import_conversation(Path(name))
-            except HearthError as exc:
-                self.show_error(str(exc))
 
     # -- settings -------------------------------------------------------------------------------------
     def open_settings(self) -> None:

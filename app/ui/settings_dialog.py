@@ -89,7 +89,7 @@ class SettingsDialog(QDialog):
         form.addRow("Seed", self.seed)
 
         # The Hub token goes straight to the OS keyring from this box, never into Settings.
-        from app.ui.library import HubTokenBox
+        from app.ui.hub_token import HubTokenBox
 
         self.hub_token = HubTokenBox()
         layout.addWidget(self.hub_token)

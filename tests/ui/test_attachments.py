@@ -13,7 +13,8 @@ from PySide6.QtWidgets import QApplication, QDialog, QPlainTextEdit, QWidget
 from pytestqt.qtbot import QtBot
 
 from app.core.documents import ExtractedDocument, FitDecision, document_block
-from app.ui.attachments import AttachmentBar, AttachmentChip, FitChoiceDialog, local_paths_from_mime
+from app.ui.attachment_chip import AttachmentChip, FitChoiceDialog
+from app.ui.attachments import AttachmentBar, local_paths_from_mime
 from tests.helpers.document_files import SECRET, filler_paragraphs, write_docx, write_pdf
 
 

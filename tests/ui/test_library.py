@@ -15,7 +15,9 @@ from pytestqt.qtbot import QtBot
 
 from app.core.models import hub, library
 from app.core.storage import secrets
-from app.ui.library import DownloadDialog, HubTokenBox, LibraryWindow
+from app.ui.download_dialog import DownloadDialog
+from app.ui.hub_token import HubTokenBox
+from app.ui.library import LibraryWindow
 from tests.helpers import fake_hub as fake_hub_module
 from tests.helpers import memory_keyring
 from tests.helpers.fake_hub import FakeHub, FakeRepo
