@@ -18,10 +18,14 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.documents import ExtractedDocument, FitDecision
+from app.ui.elided_label import ElidedLabel
+
+CHIP_WIDTH = 320
 
 
 class AttachmentChip(QFrame):
-    """One attachment: name, type, token count and share of the free context, or progress, or its error."""
+    """One attachment: name, type, token count and share of the free context, or progress, or its error. A file
+    reached through a symbolic link shows the file it really is ("notes.txt → /etc/hosts")."""
 
     remove_clicked = Signal(int)
 
@@ -30,15 +34,15 @@ class AttachmentChip(QFrame):
         self.key = key
         self.setObjectName("AttachmentChip")
         self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.setMaximumWidth(320)
+        self.setMaximumWidth(CHIP_WIDTH)
+        self.real_path = ""  # set when a link leads elsewhere
         layout = QHBoxLayout(self)
         layout.setContentsMargins(8, 4, 4, 4)
         layout.setSpacing(6)
         text = QVBoxLayout()
         text.setSpacing(0)
-        self.name_label = QLabel(name)
+        self.name_label = ElidedLabel(name, mode=Qt.TextElideMode.ElideMiddle, widest=CHIP_WIDTH - 48)
         self.name_label.setObjectName("AttachmentName")
-        self.name_label.setToolTip(name)
         self.detail_label = QLabel("reading…")
         self.detail_label.setObjectName("AttachmentDetail")
         self.detail_label.setWordWrap(True)
@@ -56,6 +60,13 @@ class AttachmentChip(QFrame):
         self.remove_button.setToolTip(f"Remove {name}")
         self.remove_button.clicked.connect(self._remove)
         layout.addWidget(self.remove_button, 0, Qt.AlignmentFlag.AlignTop)
+
+    def set_link_target(self, name: str, real_path: str) -> None:
+        """`name` is a link to `real_path`: that file is what is read (and sent), so the chip says it."""
+        self.real_path = real_path
+        self.name_label.set_full_text(
+            f"{name} → {real_path}", tooltip=f"{name} is a link: the text is read from {real_path}"
+        )
 
     @Slot()
     def _remove(self) -> None:
@@ -97,7 +108,8 @@ class FitChoiceDialog(QDialog):
         need, free = decision.total_document_tokens, decision.available_for_documents
         drop = decision.overflow_tokens
         self.summary = QLabel(
-            f"{names} need {need:,} tokens, but only {free:,} are free in the context window "
+            f"{names} {'needs' if len(documents) == 1 else 'need'} {need:,} tokens, but only {free:,} are free in "
+            "the context window "
             f"for documents. Nothing has been dropped yet: choose what to send."
         )
         self.summary.setWordWrap(True)

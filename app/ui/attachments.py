@@ -29,6 +29,7 @@ The bar never imports torch: token counts come in through the callable above.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from app.core.documents import (
     apply_fit,
     document_block,
     extract_document,
+    remote_send_notice,
 )
 from app.ui.attachment_chip import AttachmentChip, ask_fit_choice
 from app.ui.tasks import TaskRunner
@@ -183,12 +185,20 @@ class AttachmentBar(QWidget):
         self._scroll.setMaximumHeight(72)
         self._scroll.hide()
         row.addWidget(self._scroll, 1)
+        row.addStretch(0)  # takes the room only while there are no chips: Attach… stays on the left
         layout.addLayout(row)
         self.status_label = QLabel("")
         self.status_label.setObjectName("AttachmentStatus")
         self.status_label.setWordWrap(True)
         self.status_label.hide()
         layout.addWidget(self.status_label)
+        # With a remote engine: which files' text will leave this computer, said before the user sends.
+        self.destination: str | None = None
+        self.destination_label = QLabel("")
+        self.destination_label.setObjectName("ErrorText")
+        self.destination_label.setWordWrap(True)
+        self.destination_label.hide()
+        layout.addWidget(self.destination_label)
 
     # -- public API ------------------------------------------------------------------------------
     @property
@@ -215,6 +225,9 @@ class AttachmentBar(QWidget):
             key = self._next_key
             self._next_key += 1
             chip = AttachmentChip(key, path.name or str(path))
+            real = os.path.realpath(path)
+            if real != os.path.abspath(path):  # a link: the file it leads to is what is read
+                chip.set_link_target(path.name or str(path), real)
             chip.remove_clicked.connect(self.remove)
             entry = _Entry(key=key, path=path, chip=chip)
             self._entries[key] = entry
@@ -426,6 +439,11 @@ class AttachmentBar(QWidget):
             self.busy_changed.emit(busy)
 
     # -- display ---------------------------------------------------------------------------------
+    def set_destination(self, destination: str | None) -> None:
+        """A remote engine ("engine NAME (URL)") receives what is sent, or None for a model on this computer."""
+        self.destination = destination
+        self._refresh()
+
     def _refresh(self) -> None:
         total = 0
         for entry in self._entries.values():
@@ -444,6 +462,9 @@ class AttachmentBar(QWidget):
             )
         elif not self.errors():
             self._show_status("")
+        notice = remote_send_notice(self.documents(), self.destination) if self.destination else ""
+        self.destination_label.setText(notice)
+        self.destination_label.setVisible(bool(notice))
 
     def _show_status(self, text: str) -> None:
         self.status_label.setText(text)

@@ -1,4 +1,5 @@
-"""The rows the chat shows for a conversation's active branch, and the smallest change that brings the chat model there.
+"""The rows the chat shows for a conversation's active branch, the smallest change that brings the chat model there,
+what the model sees of a message, and the context gauge's estimate for a reopened conversation.
 
 Rows that stay the same keep their widgets (and rendered Markdown): a send appends rows, a finished reply updates
 one, and only from the first row that is a different message on are rows replaced (a new branch, a deletion).
@@ -6,8 +7,12 @@ one, and only from the first row that is a different message on are rows replace
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, cast
 
+from app.core.chat.events import ChatMessage
+from app.core.engines.backend import ContextUsage, estimate_context
 from app.core.storage.history import HistoryStore, Message
 from app.ui.chat_model import ChatItem, ChatModel
 
@@ -75,3 +80,28 @@ def sync_rows(chat_model: ChatModel, wanted: list[ChatItem]) -> None:
         chat_model.remove(row)
     for item in wanted[keep:]:
         chat_model.append(item)
+
+
+def content_for_model(message: Message) -> str:
+    """What the model sees for a message: its attached documents (as the documents feature lays them out), then the
+    text. The store keeps the text and the attachments apart."""
+    if not message.attachments:
+        return message.content
+    from app.core.documents.layout import compose_user_message
+
+    return compose_user_message(message.content, cast(Any, message.attachments))
+
+
+def context_estimate(
+    branch: list[Message], system_prompt: str, count_tokens: Callable[[str], int], window: int
+) -> tuple[ContextUsage, int] | None:
+    """How the branch fills the context, counted message by message (no chat template), with the number of turns
+    before the newest user message; None when there is no user message yet."""
+    turns = [m for m in branch if m.role in ("user", "assistant")]
+    last_user = max((i for i, m in enumerate(turns) if m.role == "user"), default=None)
+    if last_user is None:
+        return None
+    messages = [ChatMessage("system", system_prompt)] if system_prompt.strip() else []
+    messages += [ChatMessage(m.role, content_for_model(m)) for m in turns[: last_user + 1]]  # type: ignore[arg-type]
+    reply = "".join(m.content for m in turns[last_user + 1 :])
+    return estimate_context(messages, reply, count_tokens, window), last_user

@@ -137,7 +137,8 @@ class MessageWidget(QFrame):
 
         self.editor = QPlainTextEdit()
         self.editor.setVisible(False)
-        self.editor.setMinimumHeight(80)
+        self.editor.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.editor.document().documentLayout().documentSizeChanged.connect(self._fit_editor)
         layout.addWidget(self.editor)
         self.edit_buttons = QWidget()
         edit_row = QHBoxLayout(self.edit_buttons)
@@ -295,7 +296,19 @@ class MessageWidget(QFrame):
             widget.setVisible(True)
         for widget in (self.body, self.action_row):
             widget.setVisible(False)
+        self._fit_editor()
+        self.editor.moveCursor(QTextCursor.MoveOperation.Start)  # the text from its start, the cursor at its start
         self.editor.setFocus()
+        self.view.reveal(self.editor)
+
+    def _fit_editor(self, *args: object) -> None:
+        """As tall as its text (a plain-text layout counts lines), from 3 lines up to 60% of the chat's height:
+        the text shows without an empty box under it, and a long text scrolls inside the editor."""
+        lines = max(self.editor.document().documentLayout().documentSize().height(), 1.0)
+        spacing = self.editor.fontMetrics().lineSpacing()
+        frame = 2 * self.editor.frameWidth() + int(2 * self.editor.document().documentMargin()) + 10
+        most = max(int(self.view.viewport().height() * 0.6), 5 * spacing + frame)
+        self.editor.setFixedHeight(min(max(math.ceil(lines + 0.5) * spacing + frame, 3 * spacing + frame), most))
 
     def _end_edit(self) -> None:
         for widget in (self.editor, self.edit_buttons):
@@ -406,6 +419,12 @@ class ChatView(QScrollArea):
         for row in range(first, last + 1):
             self._insert_widget(row, self.model.item(row))
         self._update_empty()
+        newest = self.model.item(last)
+        if last == self.model.rowCount() - 1 and (newest.role == "user" or newest.streaming):
+            # A message the user just sent (or the reply to it) is shown, wherever the view was scrolled to: the
+            # view follows the end of the chat again.
+            self._stick_to_bottom = True
+            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
 
     def _removed(self, parent: QModelIndex, first: int, last: int) -> None:
         for _ in range(first, last + 1):
@@ -426,6 +445,13 @@ class ChatView(QScrollArea):
 
     def _update_empty(self) -> None:
         self._empty.setVisible(not self._widgets)
+
+    def reveal(self, widget: QWidget) -> None:
+        """Scroll so that `widget` (an editor that just opened) shows from its top; the view stops following the
+        end of the chat, which would scroll it away as the message grows."""
+        self._stick_to_bottom = False
+        self._column.activate()  # the message's new height, now, not at the next event
+        self.ensureWidgetVisible(widget, 0, 24)
 
     def _scrolled(self, value: int) -> None:
         self._stick_to_bottom = value >= self.verticalScrollBar().maximum() - 8

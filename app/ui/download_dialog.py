@@ -10,13 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, QSize, Signal, Slot
 from PySide6.QtWidgets import QComboBox, QDialog, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from app.core.errors import HearthError
 from app.core.memory import verdict as fit
 from app.core.models import hub
 from app.core.storage import secrets
+from app.ui.dialogs import fit_to_screen
 from app.ui.tasks import TaskRunner
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class DownloadDialog(QDialog):
         self.progress_bar = QProgressBar()
         self.progress_bar.setRange(0, 1000)
         self.progress_bar.setValue(0)
+        self.progress_bar.setTextVisible(False)  # a thin bar: the figures are in the line under it
         self.speed_label = QLabel()
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
@@ -112,6 +114,8 @@ class DownloadDialog(QDialog):
         self.cancel_button.clicked.connect(self.cancel_download)
         self.close_button.clicked.connect(self.close)
         self.file_choice.activated.connect(self._file_chosen)
+        self.setMinimumWidth(480)  # room for a sentence: errors and the plan wrap on two or three lines
+        fit_to_screen(self, QSize(560, 220))
         self._prepare(file)
 
     def _set_state(self, state: str) -> None:
@@ -122,6 +126,8 @@ class DownloadDialog(QDialog):
         self.pause_button.setEnabled(state in ("downloading", "paused"))
         self.pause_button.setText("Resume" if state == "paused" else "Pause")
         self.cancel_button.setEnabled(state in ("downloading", "paused", "pausing"))
+        self.progress_bar.setVisible(self.plan is not None)  # nothing to show progress of before the lookup
+        self.verdict_label.setVisible(bool(self.verdict_label.text()))
         self.state_changed.emit(state)
 
     def _start_thread(self, name: str, job: Callable[[], Any]) -> None:
@@ -229,6 +235,8 @@ class DownloadDialog(QDialog):
             self._fill_choices(tuple(hub.RepoFile(name, None) for name in exc.choices), None)
             self._set_state("choose-file")
             return
+        if name == "prepare":
+            self.summary.setText(f"Could not look up {self.reference}.")
         self.error_label.setText(error_text(exc))
         self._set_state("failed")
 
@@ -236,8 +244,9 @@ class DownloadDialog(QDialog):
     def _on_progress(self, event: hub.DownloadProgress) -> None:
         self.progress_bar.setValue(int(event.fraction * 1000))
         speed = f"{hub.format_bytes(event.bytes_per_s)}/s" if event.bytes_per_s else "measuring speed"
+        percent = f" ({event.fraction:.0%})" if event.total_bytes else ""
         text = (
-            f"{hub.format_bytes(event.done_bytes)} of {hub.format_bytes(event.total_bytes)} · {speed} · "
+            f"{hub.format_bytes(event.done_bytes)} of {hub.format_bytes(event.total_bytes)}{percent} · {speed} · "
             f"{hub.format_duration(event.eta_s)} left · {event.file} ({event.file_index}/{event.file_count})"
         )
         if event.stage == "verifying":
@@ -248,7 +257,14 @@ class DownloadDialog(QDialog):
     def wait_for_workers(self, timeout: float = 30.0) -> None:
         self._tasks.wait(timeout)
 
-    def closeEvent(self, event: Any) -> None:
+    def _pause_on_close(self) -> None:
         if self.state in ("downloading", "pausing"):
             self._cancel.set()  # closing pauses: the partial file stays for a resume
+
+    def reject(self) -> None:  # Escape
+        self._pause_on_close()
+        super().reject()
+
+    def closeEvent(self, event: Any) -> None:
+        self._pause_on_close()
         super().closeEvent(event)

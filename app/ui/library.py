@@ -12,11 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QUrl, Signal, Slot
+from PySide6.QtCore import QSize, Qt, QUrl, Signal, Slot
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
+    QDialog,
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
@@ -33,8 +34,10 @@ from PySide6.QtWidgets import (
 
 from app.core.errors import HearthError
 from app.core.memory import verdict as fit
+from app.core.memory.verdict import VERDICT_CONTEXT
 from app.core.models import hub, library
-from app.core.models.quant import QUANTIZATIONS
+from app.core.models.quant import QUANTIZATIONS, auto_summary
+from app.ui.dialogs import fit_to_screen
 from app.ui.download_dialog import DownloadDialog, error_text, verdict_text
 from app.ui.tasks import TaskRunner
 
@@ -44,14 +47,31 @@ LOCAL_COLUMNS = ("Name", "Kind", "Size", "Architecture", "Parameters", "Context"
 RECOMMENDED_COLUMNS = ("Model", "Class", "Parameters", "Context", "Licence", "Gated", "Memory")
 
 
+def _cell(text: str) -> QTableWidgetItem:
+    item = QTableWidgetItem(text)
+    item.setToolTip(text)
+    return item
+
+
+def memory_explanation(quantization: str, device: str) -> str:
+    """What the Memory column says, in words: for which quantization, device and context the planner planned."""
+    quant = f"automatic quantization ({auto_summary()})" if quantization == "auto" else f"{quantization}"
+    where = "the best device on this computer" if device == "auto" else device
+    return (
+        f"Memory: what each model needs at {quant} on {where}, with a {VERDICT_CONTEXT:,}-token context, and whether "
+        "that fits the free memory now; hover a cell for the largest context that fits."
+    )
+
+
 def _count(parameters: int | None) -> str:
     if not parameters:
         return "?"
     return f"{parameters / 1e9:.1f} B" if parameters >= 1e9 else f"{parameters / 1e6:.0f} M"
 
 
-class LibraryWindow(QWidget):
-    """Models on disk and the recommended list, each with the planner's verdict; download, delete, reveal."""
+class LibraryWindow(QDialog):
+    """Models on disk and the recommended list, each with the planner's verdict; download, delete, reveal. A
+    dialog that does not block the window (Close or Escape closes it)."""
 
     model_chosen = Signal(str)  # a spec for Settings → model (double-click)
 
@@ -65,6 +85,7 @@ class LibraryWindow(QWidget):
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Model library")
+        self.setModal(False)
         self.device = device
         self.client_factory = client_factory
         self.models: list[library.LibraryModel] = []
@@ -79,6 +100,8 @@ class LibraryWindow(QWidget):
         self.quant_choice.currentTextChanged.connect(lambda _text: self.refresh())
         self.status_label = QLabel()
         self.status_label.setWordWrap(True)
+        self.close_button = QPushButton("Close")
+        self.close_button.clicked.connect(self.reject)
 
         self.local_table = self._table(LOCAL_COLUMNS)
         self.local_table.itemDoubleClicked.connect(self._choose_local)
@@ -125,13 +148,18 @@ class LibraryWindow(QWidget):
         top = QHBoxLayout()
         top.addWidget(self.repo_edit, 1)
         top.addWidget(self.download_button)
-        top.addWidget(QLabel("Verdicts for"))
+        quant_label = QLabel("Memory at")
+        quant_label.setToolTip("The quantization the Memory column plans for")
+        top.addWidget(quant_label)
         top.addWidget(self.quant_choice)
 
         layout = QVBoxLayout(self)
         layout.addLayout(top)
-        layout.addWidget(self.tabs)
-        layout.addWidget(self.status_label)
+        layout.addWidget(self.tabs, 1)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.status_label, 1)
+        bottom.addWidget(self.close_button, 0, Qt.AlignmentFlag.AlignBottom)
+        layout.addLayout(bottom)
 
         self.delete_button.clicked.connect(self.delete_selected)
         self.reveal_button.clicked.connect(self.reveal_selected)
@@ -144,7 +172,7 @@ class LibraryWindow(QWidget):
         self.download_gguf_button.clicked.connect(lambda: self._download_recommended(gguf=True))
         self.recommended_table.itemSelectionChanged.connect(self._update_buttons)
         self.local_table.itemSelectionChanged.connect(self._update_buttons)
-        self.resize(980, 520)
+        fit_to_screen(self, QSize(980, 560))
         self.refresh()
 
     @staticmethod
@@ -155,7 +183,12 @@ class LibraryWindow(QWidget):
         table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         table.verticalHeader().setVisible(False)
-        table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        # The name takes what is left; every other column is as wide as its contents (nothing cut: the table
+        # scrolls sideways when the window is narrow), and every cell's whole text is its tooltip.
+        header = table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setMinimumSectionSize(60)
         return table
 
     @property
@@ -211,7 +244,7 @@ class LibraryWindow(QWidget):
             pending = hub.pending_downloads()
             self.resume_button.setVisible(bool(pending))
             paused = f" Paused downloads: {', '.join(p.repo_id for p in pending)}." if pending else ""
-            self.status_label.setText(f"Verdicts for {self.quantization} on {self.device}.{paused}")
+            self.status_label.setText(memory_explanation(self.quantization, self.device) + paused)
 
     @Slot(object, object)
     def _on_failed(self, name: str, exc: BaseException) -> None:
@@ -219,14 +252,14 @@ class LibraryWindow(QWidget):
 
     def _set_verdict(self, table: QTableWidget, row: int, verdict: fit.Verdict) -> None:
         item = QTableWidgetItem(verdict_text(verdict))
-        tooltip = verdict.note
+        tooltip = f"{verdict_text(verdict)}. {verdict.note}".strip()
         if verdict.max_context:
             tooltip = f"Largest context that fits: {verdict.max_context:,} tokens. {tooltip}".strip()
         item.setToolTip(tooltip)
         item.setData(Qt.ItemDataRole.UserRole, verdict.fits)
         table.setItem(row, table.columnCount() - 1, item)
         if table is self.local_table and row < len(self.models) and not self.models[row].parameters:
-            table.setItem(row, 4, QTableWidgetItem(_count(verdict.parameters)))
+            table.setItem(row, 4, _cell(_count(verdict.parameters)))
 
     def _fill_local(self) -> None:
         self.local_table.setRowCount(len(self.models))
@@ -241,9 +274,9 @@ class LibraryWindow(QWidget):
                 "planning…",
             )
             for column, text in enumerate(cells):
-                item = QTableWidgetItem(text)
+                item = _cell(text)
                 if column == 0:
-                    item.setToolTip(str(model.path))
+                    item.setToolTip(f"{text}\n{model.path}")
                 self.local_table.setItem(row, column, item)
         self._update_buttons()
 
@@ -256,13 +289,13 @@ class LibraryWindow(QWidget):
                 _count(entry.parameters),
                 f"{entry.context_length:,}" if entry.context_length else "?",
                 entry.licence,
-                "gated: needs a token" if entry.gated else "no",
+                "yes: needs a token" if entry.gated else "no",
                 "planning…",
             )
             for column, text in enumerate(cells):
-                item = QTableWidgetItem(text)
+                item = _cell(text)
                 if column == 0:
-                    item.setToolTip(entry.description)
+                    item.setToolTip(f"{text}\n{entry.description}")
                 self.recommended_table.setItem(row, column, item)
         self._update_buttons()
 
@@ -373,7 +406,14 @@ class LibraryWindow(QWidget):
             if not self._tasks.busy and not any(dialog._tasks.busy for dialog in self.dialogs):
                 return
 
-    def closeEvent(self, event: Any) -> None:
+    def _close_downloads(self) -> None:
         for dialog in self.dialogs:
             dialog.close()  # pauses running downloads: the partial files stay for a resume
+
+    def reject(self) -> None:  # Close and Escape
+        self._close_downloads()
+        super().reject()
+
+    def closeEvent(self, event: Any) -> None:
+        self._close_downloads()
         super().closeEvent(event)

@@ -56,6 +56,13 @@ def list_engine_models(engine: registry.EngineConfig) -> list[str]:
     return first + [model for model in listed if model not in first]
 
 
+def remote_destination(remote: RemoteModel) -> str:
+    """Where a remote model's requests go, in words: "engine gpu-box (http://10.0.0.5:8000/v1)"."""
+    engine = registry.read_engines().get(remote.engine)
+    where = f" ({engine.base_url})" if engine is not None else ""
+    return f"engine {remote.engine}{where}"
+
+
 class RemoteModelList(QObject):
     """The registered engines' models. `refresh` lists the default models at once and then asks each server."""
 
@@ -148,7 +155,7 @@ class RemoteEngines(QObject):
         bar = self.model_bar
         bar.set_remote_models(models)
         about = "The built-in model, a folder, a .gguf file, a Hugging Face repo id, or MODEL @ ENGINE (remote)"
-        bar.model_combo.setToolTip("\n".join([about, *self.model_list.problems]))
+        bar.model_combo.set_about("\n".join([about, *self.model_list.problems]))
 
     def update_cost(self) -> None:
         """The open conversation's cost, summed from the history (every reply, every branch)."""

@@ -107,7 +107,8 @@ def test_a_remote_model_picked_in_the_window_streams_its_reply_with_the_cost(
     qtbot.waitUntil(lambda: "runs on the remote engine 'hosted'" in window.memory_panel.plan_label.text())
     choose(window, qtbot, REMOTE)
     assert window.model_info is not None and window.model_info.name == REMOTE
-    assert window.model_bar.status.full_text() == f"{REMOTE} · remote engine"
+    assert window.model_bar.status.full_text() == "Loaded: remote engine"
+    assert REMOTE in window.model_bar.status.toolTip()
     panel = window.memory_panel
     qtbot.waitUntil(lambda: panel.reading is not None)  # the first reading follows the load
     assert panel.remote_label.text() == "remote: hosted KV cache 12% used (server /metrics)"
