@@ -311,6 +311,7 @@ class MessageWidget(QFrame):
         self.editor.setFixedHeight(min(max(math.ceil(lines + 0.5) * spacing + frame, 3 * spacing + frame), most))
 
     def _end_edit(self) -> None:
+        self.view.stop_revealing(self.editor)
         for widget in (self.editor, self.edit_buttons):
             widget.setVisible(False)
         for widget in (self.body, self.action_row):
@@ -344,6 +345,7 @@ class ChatView(QScrollArea):
         self._renderer: MarkdownRenderer | None = None
         self._widgets: list[MessageWidget] = []
         self._stick_to_bottom = True
+        self._revealed: QWidget | None = None  # an editor that just opened
         # The work the view has done, counted: a send must cost the same at 2 messages as at 200.
         self.widgets_built = 0
         self.markdown_renders = 0
@@ -409,6 +411,7 @@ class ChatView(QScrollArea):
             self._insert_widget(row, self.model.item(row))
         self._update_empty()
         self._stick_to_bottom = True
+        self._revealed = None
 
     def _insert_widget(self, row: int, item: ChatItem) -> None:
         widget = self._make(item)
@@ -424,6 +427,7 @@ class ChatView(QScrollArea):
             # A message the user just sent (or the reply to it) is shown, wherever the view was scrolled to: the
             # view follows the end of the chat again.
             self._stick_to_bottom = True
+            self._revealed = None
             self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
 
     def _removed(self, parent: QModelIndex, first: int, last: int) -> None:
@@ -450,12 +454,25 @@ class ChatView(QScrollArea):
         """Scroll so that `widget` (an editor that just opened) shows from its top; the view stops following the
         end of the chat, which would scroll it away as the message grows."""
         self._stick_to_bottom = False
+        self._revealed = widget  # kept in view while the messages above settle their heights (see _range_changed)
         self._column.activate()  # the message's new height, now, not at the next event
         self.ensureWidgetVisible(widget, 0, 24)
+
+    def stop_revealing(self, widget: QWidget) -> None:
+        if self._revealed is widget:
+            self._revealed = None
 
     def _scrolled(self, value: int) -> None:
         self._stick_to_bottom = value >= self.verticalScrollBar().maximum() - 8
 
     def _range_changed(self, minimum: int, maximum: int) -> None:
+        if self._revealed is not None:
+            try:
+                if self._revealed.isVisible():
+                    self.ensureWidgetVisible(self._revealed, 0, 24)
+                    return
+            except RuntimeError:  # its message was deleted meanwhile
+                pass
+            self._revealed = None
         if self._stick_to_bottom:
             self.verticalScrollBar().setValue(maximum)

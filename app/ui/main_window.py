@@ -144,6 +144,8 @@ class MainWindow(QMainWindow):
         self.first_painted.connect(self.remote.model_list.refresh)
         banner_box.addWidget(self.remote.cost_label)
         self._place_on_screen()
+        # The window's minimum is the collapsed layout's (an explicit minimum: the layout keeps its own off it).
+        self.setMinimumSize(self.panels.collapsed_minimum_width(), self.minimumSizeHint().height())
 
         self.last_memory: MemoryReading | None = None
         self.load_request: LoadRequest | None = None  # the last load asked for ("Load anyway" repeats it)

@@ -43,7 +43,8 @@ class ModelCombo(QComboBox):
         super().__init__(parent)
         self.setEditable(True)
         self.view().setTextElideMode(Qt.TextElideMode.ElideRight)
-        self.currentTextChanged.connect(self._show_start)
+        self.currentTextChanged.connect(self._show_start)  # typed text keeps its cursor while the box has focus
+        self.currentIndexChanged.connect(lambda _index: self._show_start(self.currentText(), chosen=True))
 
     def showPopup(self) -> None:
         self.popup_opening.emit()
@@ -53,9 +54,9 @@ class ModelCombo(QComboBox):
         self.view().setMinimumWidth(min(widest + 48, screen - 32))
         super().showPopup()
 
-    def _show_start(self, text: str) -> None:
+    def _show_start(self, text: str, chosen: bool = False) -> None:
         edit = self.lineEdit()
-        if edit is not None and not edit.hasFocus():
+        if edit is not None and (chosen or not edit.hasFocus()):
             edit.setCursorPosition(0)
         self.setToolTip(self._about if not text else f"{text}\n\n{self._about}")
 

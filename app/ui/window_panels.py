@@ -36,6 +36,11 @@ class PanelModes:
     side_panel: bool
 
 
+def _min_width(widget: QWidget) -> int:
+    """What a layout gives the widget at least: its minimum size if set, else its minimum size hint."""
+    return max(widget.minimumWidth(), widget.minimumSizeHint().width())
+
+
 def modes_for_width(width: int) -> PanelModes:
     return PanelModes(full_sidebar=width >= FULL_SIDEBAR_FROM, side_panel=width >= SIDE_PANEL_FROM)
 
@@ -185,13 +190,17 @@ class WindowPanels(QObject):
         window = self.splitter.window()
         if self._width_modes is None:
             return False  # not laid out yet: the first fit decides
-        centre = self.centre.minimumSizeHint().width()
-        needed = (self._sidebar_min() if sidebar else ICON_STRIP_WIDTH) + centre
-        needed += self.side_tabs.minimumSizeHint().width() if side else 0
+        needed = (self._sidebar_min() if sidebar else ICON_STRIP_WIDTH) + _min_width(self.centre)
+        needed += _min_width(self.side_tabs) if side else 0
         return needed > window.width()
 
+    def collapsed_minimum_width(self) -> int:
+        """The narrowest the window can be: icons, the chat, no side panel. A window made narrower than what its
+        open panels need (a half-screen tiling) collapses them (fit_width) rather than refusing the width."""
+        return ICON_STRIP_WIDTH + _min_width(self.centre) + 2 * self.splitter.handleWidth()
+
     def _sidebar_min(self) -> int:
-        return max(self.sidebar.minimumSizeHint().width(), FULL_MIN_WIDTH)
+        return max(_min_width(self.sidebar), FULL_MIN_WIDTH)
 
     @Slot(bool)
     def _server_toggled(self, on: bool) -> None:

@@ -85,8 +85,13 @@ def _cut_text(widget: QWidget) -> list[str]:
                 return [f"{_name(widget)} needs {needed} px of height, has {widget.height()}"]
         elif widget.minimumSizeHint().width() > widget.width() + 2:
             return [f"{_name(widget)} needs {widget.minimumSizeHint().width()} px, has {widget.width()}"]
-    if isinstance(widget, QAbstractButton) and widget.text() and widget.sizeHint().width() > widget.width() + 2:
-        return [f"{_name(widget)} needs {widget.sizeHint().width()} px, has {widget.width()}"]
+    if isinstance(widget, QAbstractButton) and widget.text():
+        # the text itself, not the size hint (a push button's hint is at least 80 px wide, even for "+")
+        needed = widget.fontMetrics().horizontalAdvance(widget.text().replace("&&", "&").replace("&", "")) + 8
+        if not widget.icon().isNull():
+            needed += widget.iconSize().width()
+        if needed > widget.width():
+            return [f"{_name(widget)} needs {needed} px, has {widget.width()}"]
     return []
 
 
