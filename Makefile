@@ -12,7 +12,7 @@ TORCH_SPEC ?= $(if $(TORCH_CPU_WHEEL),torch==2.13.0,torch)
 
 export QT_QPA_PLATFORM ?= offscreen
 
-.PHONY: run test test-quick lint install package bench bench-peer clean
+.PHONY: run test test-quick lint install package bench bench-peer screens clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ package: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
+
+# Every screen a person sees (the main window empty, streaming, with a long conversation, editing, with attachments,
+# with the server tab; every dialog), at 1366x768 and 960x600, offscreen with the real widgets and the built-in
+# model, to docs/screens/*.png; each PNG's layout audit is printed and kept in docs/screens/audit-*.json.
+screens: $(STAMP)
+	$(BIN)/python bench/screens.py
 
 # Optional: Hearth vs llama.cpp side by side. llama-cpp-python is no project dependency: it is built once (~6 min
 # of compiling) into its own venv under .cache/ and reused.

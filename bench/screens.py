@@ -125,7 +125,9 @@ class ScreenRun:
         from app.ui.main_window import MainWindow
 
         theme.apply(self.app, "light")
-        settings = Settings(sampling=SamplingParams(temperature=0.0, max_new_tokens=96))
+        # Greedy replies, each generated (no response cache: the screens show real figures, and the cache the tests
+        # share is left alone)
+        settings = Settings(sampling=SamplingParams(temperature=0.0, max_new_tokens=96), response_cache=False)
         factory = None
         if self.scripted:
             replies = [f"A scripted reply to question {i + 1}. " * 12 for i in range(8)]
@@ -156,6 +158,7 @@ class ScreenRun:
         self.shoot("main-attachments", window)
         window.attachments.clear()
         window.attachments.set_destination(None)
+        window.input_box.editor.clear()
 
         address = self._serve()
         self.shoot("main-server", window)
@@ -201,7 +204,8 @@ class ScreenRun:
         address = panel.address.text()
 
         def ask() -> None:
-            body = json.dumps({"model": "hearth", "messages": [{"role": "user", "content": "Say hello."}]})
+            message = {"role": "user", "content": "Say hello."}
+            body = json.dumps({"model": "hearth", "messages": [message], "max_tokens": 16})
             request = urllib.request.Request(
                 f"{address}/chat/completions", body.encode(), {"Content-Type": "application/json"}
             )

@@ -21,11 +21,12 @@ from app.core.documents import ExtractedDocument, FitDecision
 from app.ui.elided_label import ElidedLabel
 
 CHIP_WIDTH = 320
+CHIP_MIN_WIDTH = 220  # the name, and a link's target, stay readable beside other chips
 
 
 class AttachmentChip(QFrame):
     """One attachment: name, type, token count and share of the free context, or progress, or its error. A file
-    reached through a symbolic link shows the file it really is ("notes.txt → /etc/hosts")."""
+    reached through a symbolic link shows the file it really is, on a line of its own ("→ /etc/hosts")."""
 
     remove_clicked = Signal(int)
 
@@ -35,6 +36,7 @@ class AttachmentChip(QFrame):
         self.setObjectName("AttachmentChip")
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.setMaximumWidth(CHIP_WIDTH)
+        self.setMinimumWidth(CHIP_MIN_WIDTH)
         self.real_path = ""  # set when a link leads elsewhere
         layout = QHBoxLayout(self)
         layout.setContentsMargins(8, 4, 4, 4)
@@ -43,6 +45,10 @@ class AttachmentChip(QFrame):
         text.setSpacing(0)
         self.name_label = ElidedLabel(name, mode=Qt.TextElideMode.ElideMiddle, widest=CHIP_WIDTH - 48)
         self.name_label.setObjectName("AttachmentName")
+        # A link's real file: the end of its path is kept (the file and its folder), the start elided
+        self.link_label = ElidedLabel("", mode=Qt.TextElideMode.ElideLeft, widest=CHIP_WIDTH - 48, prefix="→ ")
+        self.link_label.setObjectName("AttachmentDetail")
+        self.link_label.hide()
         self.detail_label = QLabel("reading…")
         self.detail_label.setObjectName("AttachmentDetail")
         self.detail_label.setWordWrap(True)
@@ -51,6 +57,7 @@ class AttachmentChip(QFrame):
         self.progress.setTextVisible(False)
         self.progress.setFixedHeight(4)
         text.addWidget(self.name_label)
+        text.addWidget(self.link_label)
         text.addWidget(self.detail_label)
         text.addWidget(self.progress)
         layout.addLayout(text, 1)
@@ -64,9 +71,10 @@ class AttachmentChip(QFrame):
     def set_link_target(self, name: str, real_path: str) -> None:
         """`name` is a link to `real_path`: that file is what is read (and sent), so the chip says it."""
         self.real_path = real_path
-        self.name_label.set_full_text(
-            f"{name} → {real_path}", tooltip=f"{name} is a link: the text is read from {real_path}"
-        )
+        explanation = f"{name} is a link: the text is read from {real_path}"
+        self.name_label.set_full_text(name, tooltip=explanation)
+        self.link_label.set_full_text(real_path, tooltip=explanation)
+        self.link_label.show()
 
     @Slot()
     def _remove(self) -> None:

@@ -182,7 +182,7 @@ class AttachmentBar(QWidget):
         self._scroll.setWidgetResizable(True)
         self._scroll.setFrameShape(QFrame.Shape.NoFrame)
         self._scroll.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self._scroll.setMaximumHeight(72)
+        self._scroll.setMaximumHeight(96)  # a chip of four lines: name, a link's target, two of details
         self._scroll.hide()
         row.addWidget(self._scroll, 1)
         row.addStretch(0)  # takes the room only while there are no chips: Attach… stays on the left

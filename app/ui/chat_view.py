@@ -360,7 +360,7 @@ class ChatView(QScrollArea):
         )
         self._empty.setObjectName("Muted")
         self._empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self._empty.setMinimumHeight(360)
+        self._empty.setMinimumHeight(160)  # more would make an empty chat scroll in a 600-px window
         # Layout: [empty-state label, *messages, stretch]; messages start at index 1.
         self._column.addWidget(self._empty)
         self._column.addStretch(1)

@@ -19,8 +19,10 @@ class ElidedLabel(QLabel):
         *,
         mode: Qt.TextElideMode = Qt.TextElideMode.ElideRight,
         widest: int = 420,
+        prefix: str = "",
     ) -> None:
         super().__init__(parent)
+        self._prefix = prefix  # always shown whole, before the elided text ("→ ")
         self._full = ""
         self._notes = ""
         self._mode = mode  # ElideMiddle keeps both ends of a path
@@ -42,7 +44,7 @@ class ElidedLabel(QLabel):
 
     def sizeHint(self) -> QSize:
         hint = super().sizeHint()
-        hint.setWidth(min(QFontMetrics(self.font()).horizontalAdvance(self._full) + 4, self._widest))
+        hint.setWidth(min(QFontMetrics(self.font()).horizontalAdvance(self._prefix + self._full) + 4, self._widest))
         return hint
 
     def resizeEvent(self, event: QResizeEvent) -> None:
@@ -50,4 +52,6 @@ class ElidedLabel(QLabel):
         self._elide()
 
     def _elide(self) -> None:
-        super().setText(QFontMetrics(self.font()).elidedText(self._full, self._mode, max(self.width(), 0)))
+        metrics = QFontMetrics(self.font())
+        room = max(self.width() - metrics.horizontalAdvance(self._prefix), 0)
+        super().setText(self._prefix + metrics.elidedText(self._full, self._mode, room))

@@ -104,6 +104,7 @@ class LibraryWindow(QDialog):
         self.close_button.clicked.connect(self.reject)
 
         self.local_table = self._table(LOCAL_COLUMNS)
+        self.local_table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.local_table.itemDoubleClicked.connect(self._choose_local)
         self.delete_button = QPushButton("Delete…")
         self.reveal_button = QPushButton("Show in folder")
@@ -127,6 +128,7 @@ class LibraryWindow(QDialog):
         local_layout.addLayout(local_buttons)
 
         self.recommended_table = self._table(RECOMMENDED_COLUMNS)
+        self.recommended_table.setTextElideMode(Qt.TextElideMode.ElideLeft)  # "…/SmolLM2-135M-Instruct": org first
         self.download_recommended_button = QPushButton("Download…")
         self.download_gguf_button = QPushButton("Download GGUF build…")
         rec_buttons = QHBoxLayout()

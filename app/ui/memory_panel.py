@@ -320,6 +320,8 @@ class MemoryPanel(QWidget):
 
     def set_plan_pending(self) -> None:
         self.plan_label.setText(PLAN_PENDING)
+        self.plan_summary = "Memory: checking the fit…"
+        self._summary_changed()
 
     # -- the one-line summary -------------------------------------------------------------------------------
     def summary(self) -> str:

@@ -162,6 +162,7 @@ class ServerPanel(QWidget):
         if self.state == "stopping":  # switched off again before it had started: the stop request follows
             return
         self.address.setText(address)
+        self.address.setCursorPosition(0)  # from its start: "http://127.0.0.1:…", not "ttp://…/v1"
         self.status.setText(f"Serving at {address}: use it as an OpenAI base URL (any API key).")
         self._set_state("on")
 

@@ -45,7 +45,10 @@ class SettingsDialog(QDialog):
         self.system_prompt.setFixedHeight(5 * self.system_prompt.fontMetrics().lineSpacing() + 14)  # five lines
         form.addRow("System prompt", self.system_prompt)
         self.model = QLineEdit(settings.model or "")
-        self.model.setPlaceholderText("empty = the built-in SmolLM2-135M-Instruct")
+        self.model.setPlaceholderText("empty: the built-in model")
+        self.model.setToolTip(
+            "A folder, a .gguf file or a Hugging Face repo id; empty: the built-in SmolLM2-135M-Instruct"
+        )
         form.addRow("Default model", self.model)
         self.theme = QComboBox()
         self.theme.addItems(list(THEMES))
@@ -117,9 +120,12 @@ class SettingsDialog(QDialog):
 
     def _page(self, title: str) -> QFormLayout:
         page = QWidget()
-        form = QFormLayout(page)
+        column = QVBoxLayout(page)
+        form = QFormLayout()
         form.setVerticalSpacing(8)
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        column.addLayout(form)
+        column.addStretch(1)  # the rows stay together at the top of a tall page
         self.tabs.addTab(scrolling(page), title)
         return form
 

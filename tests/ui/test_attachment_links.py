@@ -36,8 +36,12 @@ def test_a_linked_file_shows_the_file_it_really_is(qtbot: QtBot, tmp_path: Path)
     read(qtbot, bar, [plain, link])
     plain_chip, link_chip = bar.chips()
     assert plain_chip.name_label.full_text() == "notes.md" and plain_chip.real_path == ""
-    assert link_chip.name_label.full_text() == f"budget.csv → {target}"
+    assert link_chip.name_label.full_text() == "budget.csv" and link_chip.link_label.isVisible()
+    assert link_chip.link_label.full_text() == str(target)
+    shown = link_chip.link_label.text()  # a narrow chip keeps the arrow and the file, cuts the path's start
+    assert shown.startswith("→ ") and shown.endswith("budget-2027.csv")
     assert link_chip.real_path == str(target) and str(target) in link_chip.name_label.toolTip()
+    assert not plain_chip.link_label.isVisible()
     assert not bar.destination_label.isVisible()  # a model on this computer: nothing leaves it
 
 
