@@ -78,3 +78,15 @@ def test_a_long_message_edits_in_a_box_that_scrolls_inside_the_chat(make_window,
     assert shown_in_chat(view, editor)
     assert editor.height() <= view.viewport().height() * 0.6 + 1  # the box scrolls, the chat does not grow past
     assert editor.verticalScrollBar().maximum() > 0 and editor.verticalScrollBar().value() == 0
+
+
+def test_a_long_line_of_code_wraps_inside_its_box_instead_of_being_cut(make_window, qtbot) -> None:
+    code = "def kv_cache_bytes(layers: int, kv_heads: int, head_dim: int, tokens: int, dtype_bytes: int = 2) -> int:"
+    window = make_window(ScriptedBackend(replies=[f"```python\n{code}\n    return 0\n```"]))
+    window.resize(960, 600)
+    with qtbot.waitSignal(window.reply_finished, timeout=10_000):
+        window.chat.send("Show me the function")
+    qtbot.wait(20)
+    body = window.chat_view.widgets()[-1].body
+    assert "dtype_bytes" in body.toPlainText()
+    assert body.document().size().width() <= body.viewport().width() + 1  # nothing runs past the right edge
