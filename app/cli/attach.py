@@ -16,6 +16,8 @@ from app.core.documents import (
     extract_document,
     plan_fit,
     remaining_context,
+    remote_send_notice,
+    source_label,
 )
 from app.core.errors import HearthError
 
@@ -58,8 +60,19 @@ def read_attachments(args: argparse.Namespace) -> list[ExtractedDocument]:
     documents = [extract_document(path, max_bytes=max_bytes) for path in paths]
     for document in documents:
         pages = f", {document.pages} pages" if document.pages else ""
-        print(f"· attached {document.name} ({document.type_label}{pages})", file=sys.stderr, flush=True)
+        print(f"· attached {source_label(document)} ({document.type_label}{pages})", file=sys.stderr, flush=True)
     return documents
+
+
+def say_where_documents_go(session: Any, documents: Sequence[ExtractedDocument]) -> None:
+    """A remote engine gets the documents' text: name every file (and where each link led) before it is sent."""
+    info = session.backend.info
+    if info.device != "remote":
+        return
+    config = getattr(session.backend, "engine", None)  # a remote backend's EngineConfig
+    name, url = getattr(config, "name", info.name), getattr(config, "base_url", "")
+    destination = f"engine {name}" + (f" ({url})" if url else "")
+    print(f"hearth: note: {remote_send_notice(documents, destination)}", file=sys.stderr, flush=True)
 
 
 def message_with_documents(session: Any, question: str, documents: Sequence[ExtractedDocument], fit: str) -> str:
@@ -73,6 +86,7 @@ def message_with_documents(session: Any, question: str, documents: Sequence[Extr
 
     if not documents:
         return question
+    say_where_documents_go(session, documents)
     system = [ChatMessage("system", session.system_prompt)] if session.system_prompt else []
     before = [*system, *session.messages]  # what goes ahead of the new message
     engine = getattr(session.backend, "engine", None)  # the local Engine (a remote backend's is its config)

@@ -29,6 +29,7 @@ The bar never imports torch: token counts come in through the callable above.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,13 +39,10 @@ from urllib.parse import unquote, urlparse
 from PySide6.QtCore import QEvent, QMimeData, QObject, Qt, Signal, Slot
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent, QGuiApplication, QKeyEvent, QKeySequence
 from PySide6.QtWidgets import (
-    QDialog,
     QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
-    QProgressBar,
-    QPushButton,
     QScrollArea,
     QToolButton,
     QVBoxLayout,
@@ -59,7 +57,9 @@ from app.core.documents import (
     apply_fit,
     document_block,
     extract_document,
+    remote_send_notice,
 )
+from app.ui.attachment_chip import AttachmentChip, ask_fit_choice
 from app.ui.tasks import TaskRunner
 
 TokenCounter = Callable[[str], int]
@@ -122,69 +122,6 @@ def _read_failure(path: Path, exc: BaseException) -> str:
     return f"{path.name} could not be read ({type(exc).__name__}: {exc})."
 
 
-class AttachmentChip(QFrame):
-    """One attachment: name, type, token count and share of the free context, or progress, or its error."""
-
-    remove_clicked = Signal(int)
-
-    def __init__(self, key: int, name: str, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.key = key
-        self.setObjectName("AttachmentChip")
-        self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.setMaximumWidth(320)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(8, 4, 4, 4)
-        layout.setSpacing(6)
-        text = QVBoxLayout()
-        text.setSpacing(0)
-        self.name_label = QLabel(name)
-        self.name_label.setObjectName("AttachmentName")
-        self.name_label.setToolTip(name)
-        self.detail_label = QLabel("reading…")
-        self.detail_label.setObjectName("AttachmentDetail")
-        self.detail_label.setWordWrap(True)
-        self.progress = QProgressBar()
-        self.progress.setRange(0, 100)
-        self.progress.setTextVisible(False)
-        self.progress.setFixedHeight(4)
-        text.addWidget(self.name_label)
-        text.addWidget(self.detail_label)
-        text.addWidget(self.progress)
-        layout.addLayout(text, 1)
-        self.remove_button = QToolButton()
-        self.remove_button.setText("✕")
-        self.remove_button.setAutoRaise(True)
-        self.remove_button.setToolTip(f"Remove {name}")
-        self.remove_button.clicked.connect(self._remove)
-        layout.addWidget(self.remove_button, 0, Qt.AlignmentFlag.AlignTop)
-
-    @Slot()
-    def _remove(self) -> None:
-        self.remove_clicked.emit(self.key)
-
-    def set_progress(self, fraction: float) -> None:
-        self.progress.setValue(round(fraction * 100))
-
-    def set_ready(self, type_label: str, tokens: int | None, share: float | None) -> None:
-        self.progress.hide()
-        parts = [type_label]
-        parts.append(f"{tokens:,} tokens" if tokens is not None else "tokens: counted when a model is loaded")
-        if share is not None:
-            parts.append(f"{share:.0%} of free context")
-        self.detail_label.setText(" · ".join(parts))
-        self.setProperty("overflow", share is not None and share > 1.0)
-        self.style().unpolish(self)
-        self.style().polish(self)
-
-    def set_error(self, message: str) -> None:
-        self.progress.hide()
-        self.setProperty("error", True)
-        self.detail_label.setText(message)
-        self.detail_label.setStyleSheet("color: #c0392b;")
-        self.remove_button.setToolTip("Dismiss")
-
-
 @dataclass
 class _Entry:
     key: int
@@ -195,56 +132,6 @@ class _Entry:
     tokens: int | None = None
     error: str | None = None
     pending: int | None = None  # the id of the worker job reading or counting this file, if any
-
-
-class FitChoiceDialog(QDialog):
-    """The explicit choice when documents do not fit: trim, most relevant passages, or cancel."""
-
-    def __init__(
-        self, decision: FitDecision, documents: Sequence[ExtractedDocument], parent: QWidget | None = None
-    ) -> None:
-        super().__init__(parent)
-        self.setWindowTitle("The documents do not fit")
-        self.choice = "cancel"
-        layout = QVBoxLayout(self)
-        names = ", ".join(d.name for d in documents)
-        need, free = decision.total_document_tokens, decision.available_for_documents
-        drop = decision.overflow_tokens
-        self.summary = QLabel(
-            f"{names} need {need:,} tokens, but only {free:,} are free in the context window "
-            f"for documents. Nothing has been dropped yet: choose what to send."
-        )
-        self.summary.setWordWrap(True)
-        layout.addWidget(self.summary)
-        self.trim_button = QPushButton(
-            f"Trim to fit: keep the start of each document, drop about {drop:,} tokens ({drop / max(need, 1):.0%})"
-        )
-        self.relevant_button = QPushButton("Use only the passages most relevant to the question (ranked with BM25)")
-        self.cancel_button = QPushButton("Cancel: send nothing, keep my question")
-        for button, choice in (
-            (self.trim_button, "trim"),
-            (self.relevant_button, "relevant"),
-            (self.cancel_button, "cancel"),
-        ):
-            button.setProperty("choice", choice)
-            button.clicked.connect(self._chosen)
-            layout.addWidget(button)
-        self.cancel_button.setDefault(True)
-
-    @Slot()
-    def _chosen(self) -> None:
-        sender = self.sender()
-        self.choice = str(sender.property("choice")) if sender is not None else "cancel"
-        if self.choice == "cancel":
-            self.reject()
-        else:
-            self.accept()
-
-
-def ask_fit_choice(decision: FitDecision, documents: Sequence[ExtractedDocument], parent: QWidget | None) -> str:
-    dialog = FitChoiceDialog(decision, documents, parent)
-    dialog.exec()
-    return dialog.choice
 
 
 class AttachmentBar(QWidget):
@@ -295,15 +182,23 @@ class AttachmentBar(QWidget):
         self._scroll.setWidgetResizable(True)
         self._scroll.setFrameShape(QFrame.Shape.NoFrame)
         self._scroll.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self._scroll.setMaximumHeight(72)
+        self._scroll.setMaximumHeight(96)  # a chip of four lines: name, a link's target, two of details
         self._scroll.hide()
         row.addWidget(self._scroll, 1)
+        row.addStretch(0)  # takes the room only while there are no chips: Attach… stays on the left
         layout.addLayout(row)
         self.status_label = QLabel("")
         self.status_label.setObjectName("AttachmentStatus")
         self.status_label.setWordWrap(True)
         self.status_label.hide()
         layout.addWidget(self.status_label)
+        # With a remote engine: which files' text will leave this computer, said before the user sends.
+        self.destination: str | None = None
+        self.destination_label = QLabel("")
+        self.destination_label.setObjectName("ErrorText")
+        self.destination_label.setWordWrap(True)
+        self.destination_label.hide()
+        layout.addWidget(self.destination_label)
 
     # -- public API ------------------------------------------------------------------------------
     @property
@@ -330,6 +225,9 @@ class AttachmentBar(QWidget):
             key = self._next_key
             self._next_key += 1
             chip = AttachmentChip(key, path.name or str(path))
+            real = os.path.realpath(path)
+            if real != os.path.abspath(path):  # a link: the file it leads to is what is read
+                chip.set_link_target(path.name or str(path), real)
             chip.remove_clicked.connect(self.remove)
             entry = _Entry(key=key, path=path, chip=chip)
             self._entries[key] = entry
@@ -541,6 +439,11 @@ class AttachmentBar(QWidget):
             self.busy_changed.emit(busy)
 
     # -- display ---------------------------------------------------------------------------------
+    def set_destination(self, destination: str | None) -> None:
+        """A remote engine ("engine NAME (URL)") receives what is sent, or None for a model on this computer."""
+        self.destination = destination
+        self._refresh()
+
     def _refresh(self) -> None:
         total = 0
         for entry in self._entries.values():
@@ -559,6 +462,9 @@ class AttachmentBar(QWidget):
             )
         elif not self.errors():
             self._show_status("")
+        notice = remote_send_notice(self.documents(), self.destination) if self.destination else ""
+        self.destination_label.setText(notice)
+        self.destination_label.setVisible(bool(notice))
 
     def _show_status(self, text: str) -> None:
         self.status_label.setText(text)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
@@ -24,6 +25,7 @@ from app.core.engines.backend import ContextUsage, ModelInfo, ReplyRequest
 from app.core.errors import HearthError
 from app.core.storage.history import HistoryStore, Message
 from app.ui.chat_model import ChatItem, ChatModel
+from app.ui.chat_rows import branch_items, content_for_model, context_estimate, known_siblings, sync_rows
 from app.ui.settings_store import SettingsStore
 from app.ui.worker import GenerateRequest, WorkerHost
 
@@ -47,6 +49,7 @@ class ActiveReply:
     buffer: list[str] = field(default_factory=list)
     tokens: int = 0
     last_saved: float = field(default_factory=time.monotonic)
+    earlier_turns: int = 0  # messages in the prompt before the newest one (system prompt aside)
     stats: ReplyStats | None = None
     usage: ContextUsage | None = None
     final_usage: ContextUsage | None = None
@@ -59,7 +62,9 @@ class ChatController(QObject):
     generating_changed = Signal(bool)  # a reply is streaming: the input box offers Stop
     notice = Signal(str)  # for the banner
     conversations_changed = Signal()  # titles or order changed: the sidebar lists them again
-    context_changed = Signal(object)  # ContextUsage | None, for the context gauge
+    # The context gauge: ContextUsage | None, the turns before the newest message (none: the engine's "history" is
+    # only the chat template's tokens), and whether the window estimated it (a reopened conversation)
+    context_changed = Signal(object, int, bool)
     remaining_context = Signal(int)  # tokens left after the last reply (the attachment bar's fit check)
     text_returned = Signal(str)  # a message that was not sent: back into the input box
 
@@ -77,6 +82,7 @@ class ChatController(QObject):
         self.reply: ActiveReply | None = None
         self.pending_parent: Message | None = None  # a message sent while the model was loading
         self.attachments: Any = None  # app.ui.attachments.AttachmentBar, once the window installed it
+        self.token_counter: Callable[[str], int] | None = None  # the loaded model's tokenizer (the window sets it)
 
         self.flush_timer = QTimer(self)
         self.flush_timer.setInterval(FLUSH_EVERY_MS)
@@ -104,6 +110,8 @@ class ChatController(QObject):
             parent, self.pending_parent = self.pending_parent, None
             if parent.conversation_id == self.conversation_id:
                 self._start_reply(parent)
+                return
+        self.estimate_context()
 
     def model_load_failed(self, message: str) -> None:
         self.loading = False
@@ -121,7 +129,7 @@ class ChatController(QObject):
         """Also while a reply streams: it keeps streaming into its own conversation."""
         self.conversation_id = None
         self.chat_model.reset([])
-        self.context_changed.emit(None)
+        self.context_changed.emit(None, 0, False)
         self.conversations_changed.emit()
 
     def open_conversation(self, conversation_id: int) -> None:
@@ -129,6 +137,22 @@ class ChatController(QObject):
         self.conversation_id = conversation_id
         self.chat_model.reset(self._branch_items())
         self.conversations_changed.emit()
+        self.estimate_context()
+
+    def estimate_context(self) -> None:
+        """The gauge for the open conversation before its next reply (a relaunch, another conversation opened),
+        counted with the loaded model's tokenizer; the engine's exact figures replace it at the next reply."""
+        if self.reply is not None and self.reply.conversation_id == self.conversation_id:
+            return  # the streaming reply keeps the gauge up to date
+        info, count = self.model_info, self.token_counter
+        found = None
+        if self.conversation_id is not None and info is not None and count is not None:
+            branch = self.store.active_branch(self.conversation_id)
+            found = context_estimate(branch, self.settings.current.system_prompt, count, info.context_window)
+        if found is None:
+            self.context_changed.emit(None, 0, False)
+        else:
+            self.context_changed.emit(found[0], found[1], True)
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
         try:
@@ -210,16 +234,6 @@ class ChatController(QObject):
             for d in not_yet_in_conversation(documents, earlier)
         ]
 
-    @staticmethod
-    def _content_for_model(message: Message) -> str:
-        """What the model sees for a message: its attached documents (as the documents feature lays them out),
-        then the text. The store keeps the text and the attachments apart."""
-        if not message.attachments:
-            return message.content
-        from app.core.documents.layout import compose_user_message
-
-        return compose_user_message(message.content, cast(Any, message.attachments))
-
     def _after_new_user_message(self, message: Message, branch: list[Message] | None = None) -> None:
         """`branch`: the active branch ending in `message`, when the caller has it (one read of the store less)."""
         self._sync_rows(branch)
@@ -237,7 +251,7 @@ class ChatController(QObject):
             messages.append(ChatMessage("system", system_prompt))
         for message in branch:
             if message.role in ("user", "assistant"):
-                messages.append(ChatMessage(message.role, self._content_for_model(message)))  # type: ignore[arg-type]
+                messages.append(ChatMessage(message.role, content_for_model(message)))  # type: ignore[arg-type]
             if message.id == up_to.id:
                 break
         return tuple(messages)
@@ -281,6 +295,7 @@ class ChatController(QObject):
             compare_cost_with=settings.compare_cost_with,
         )
         self.reply = ActiveReply(request, parent.conversation_id, target.id, created, prefix, prefix)
+        self.reply.earlier_turns = sum(1 for m in messages if m.role != "system") - 1
         if parent.conversation_id == self.conversation_id:
             self._sync_rows(shown)
         self.generating_changed.emit(True)
@@ -312,7 +327,9 @@ class ChatController(QObject):
             if row is not None:
                 self.chat_model.append_text(row, delta)
         if reply.usage is not None and reply.final_usage is None:
-            self.context_changed.emit(reply.usage.with_reply(reply.usage.reply + reply.tokens))
+            self.context_changed.emit(
+                reply.usage.with_reply(reply.usage.reply + reply.tokens), reply.earlier_turns, False
+            )
         now = time.monotonic()
         if now - reply.last_saved >= SAVE_EVERY_S:
             reply.last_saved = now
@@ -332,10 +349,10 @@ class ChatController(QObject):
             return
         if reply.stats is None:
             reply.usage = usage
-            self.context_changed.emit(usage.with_reply(usage.reply + reply.tokens))
+            self.context_changed.emit(usage.with_reply(usage.reply + reply.tokens), reply.earlier_turns, False)
         else:
             reply.final_usage = usage
-            self.context_changed.emit(usage)
+            self.context_changed.emit(usage, reply.earlier_turns, False)
             self.remaining_context.emit(max(0, usage.window - usage.used))
 
     @Slot(int, str, str, str)
@@ -447,66 +464,14 @@ class ChatController(QObject):
         """An error about the conversation: shown in the chat, where the reply would have been."""
         self.chat_model.append(ChatItem("error", message))
 
-    def _branch_items(
-        self, known: dict[int, tuple[int, int]] | None = None, branch: list[Message] | None = None
-    ) -> list[ChatItem]:
-        """The rows the active branch should show (the streaming reply with what has streamed so far).
-
-        `known`: message id -> (sibling index, sibling count) of rows already shown at the same place: those did
-        not change (new siblings only appear where the rows diverge), so the store is not asked again."""
+    def _branch_items(self, branch: list[Message] | None = None) -> list[ChatItem]:
         if self.conversation_id is None:
             return []
-        known = known or {}
-        items: list[ChatItem] = []
-        reply = self.reply if self.reply is not None and self.reply.conversation_id == self.conversation_id else None
         if branch is None:
             branch = self.store.active_branch(self.conversation_id)
-        for message in branch:
-            if message.role == "system":
-                continue
-            if message.id in known:
-                index, count = known[message.id]
-            else:
-                siblings = self.store.siblings(message.id)
-                index = next((i for i, s in enumerate(siblings) if s.id == message.id), 0)
-                count = len(siblings)
-            finish = message.finish_reason
-            if message.role == "assistant" and finish is None and (reply is None or message.id != reply.message_id):
-                finish = "interrupted"  # saved while streaming, never finished: the app died or was killed
-            item = ChatItem(
-                role=message.role,
-                content=message.content,
-                message_id=message.id,
-                finish_reason=finish,
-                stats=message.stats,
-                sibling_index=index,
-                sibling_count=count,
-                model=message.model,
-                extra={"attachments": [a.name for a in message.attachments]} if message.attachments else {},
-            )
-            if reply is not None and message.id == reply.message_id:
-                # The store lags the stream by up to a second: show what has streamed, and keep streaming.
-                item = replace(item, content=reply.text, streaming=True, finish_reason=None, stats=None)
-            items.append(item)
-        return items
+        reply = self.reply if self.reply is not None and self.reply.conversation_id == self.conversation_id else None
+        streaming = (reply.message_id, reply.text) if reply is not None else None
+        return branch_items(self.store, branch, streaming, known_siblings(self.chat_model))
 
     def _sync_rows(self, branch: list[Message] | None = None) -> None:
-        """Make the rows match the active branch, touching only rows that differ: rows that stay the same keep
-        their widgets (and rendered Markdown); a changed row is updated; from the first row that is a different
-        message on, rows are replaced (a new branch, a deleted message, a new message at the end)."""
-        shown = self.chat_model.items()
-        known: dict[int, tuple[int, int]] = {}
-        for item in shown:
-            if item.message_id is None:
-                break
-            known[item.message_id] = (item.sibling_index, item.sibling_count)
-        wanted = self._branch_items(known, branch)
-        keep = 0
-        while keep < min(len(wanted), len(shown)) and wanted[keep].message_id == shown[keep].message_id:
-            if wanted[keep] != shown[keep]:  # e.g. the reply being continued: this row only
-                self.chat_model.update(keep, **wanted[keep].__dict__)
-            keep += 1
-        for row in range(len(shown) - 1, keep - 1, -1):
-            self.chat_model.remove(row)
-        for item in wanted[keep:]:
-            self.chat_model.append(item)
+        sync_rows(self.chat_model, self._branch_items(branch))

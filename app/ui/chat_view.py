@@ -111,7 +111,8 @@ class MessageWidget(QFrame):
 
         self.editor = QPlainTextEdit()
         self.editor.setVisible(False)
-        self.editor.setMinimumHeight(80)
+        self.editor.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.editor.document().documentLayout().documentSizeChanged.connect(self._fit_editor)
         layout.addWidget(self.editor)
         self.edit_buttons = QWidget()
         edit_row = QHBoxLayout(self.edit_buttons)
@@ -269,9 +270,22 @@ class MessageWidget(QFrame):
             widget.setVisible(True)
         for widget in (self.body, self.action_row):
             widget.setVisible(False)
+        self._fit_editor()
+        self.editor.moveCursor(QTextCursor.MoveOperation.Start)  # the text from its start, the cursor at its start
         self.editor.setFocus()
+        self.view.reveal(self.editor)
+
+    def _fit_editor(self, *args: object) -> None:
+        """As tall as its text (a plain-text layout counts lines), from 3 lines up to 60% of the chat's height:
+        the text shows without an empty box under it, and a long text scrolls inside the editor."""
+        lines = max(self.editor.document().documentLayout().documentSize().height(), 1.0)
+        spacing = self.editor.fontMetrics().lineSpacing()
+        frame = 2 * self.editor.frameWidth() + int(2 * self.editor.document().documentMargin()) + 10
+        most = max(int(self.view.viewport().height() * 0.6), 5 * spacing + frame)
+        self.editor.setFixedHeight(min(max(math.ceil(lines + 0.5) * spacing + frame, 3 * spacing + frame), most))
 
     def _end_edit(self) -> None:
+        self.view.stop_revealing(self.editor)
         for widget in (self.editor, self.edit_buttons):
             widget.setVisible(False)
         for widget in (self.body, self.action_row):
@@ -305,6 +319,7 @@ class ChatView(QScrollArea):
         self._renderer: MarkdownRenderer | None = None
         self._widgets: list[MessageWidget] = []
         self._stick_to_bottom = True
+        self._revealed: QWidget | None = None  # an editor that just opened
         # The work the view has done, counted: a send must cost the same at 2 messages as at 200.
         self.widgets_built = 0
         self.markdown_renders = 0
@@ -319,7 +334,7 @@ class ChatView(QScrollArea):
         )
         self._empty.setObjectName("Muted")
         self._empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self._empty.setMinimumHeight(360)
+        self._empty.setMinimumHeight(160)  # more would make an empty chat scroll in a 600-px window
         # Layout: [empty-state label, *messages, stretch]; messages start at index 1.
         self._column.addWidget(self._empty)
         self._column.addStretch(1)
@@ -370,6 +385,7 @@ class ChatView(QScrollArea):
             self._insert_widget(row, self.model.item(row))
         self._update_empty()
         self._stick_to_bottom = True
+        self._revealed = None
 
     def _insert_widget(self, row: int, item: ChatItem) -> None:
         widget = self._make(item)
@@ -380,6 +396,13 @@ class ChatView(QScrollArea):
         for row in range(first, last + 1):
             self._insert_widget(row, self.model.item(row))
         self._update_empty()
+        newest = self.model.item(last)
+        if last == self.model.rowCount() - 1 and (newest.role == "user" or newest.streaming):
+            # A message the user just sent (or the reply to it) is shown, wherever the view was scrolled to: the
+            # view follows the end of the chat again.
+            self._stick_to_bottom = True
+            self._revealed = None
+            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
 
     def _removed(self, parent: QModelIndex, first: int, last: int) -> None:
         for _ in range(first, last + 1):
@@ -401,9 +424,29 @@ class ChatView(QScrollArea):
     def _update_empty(self) -> None:
         self._empty.setVisible(not self._widgets)
 
+    def reveal(self, widget: QWidget) -> None:
+        """Scroll so that `widget` (an editor that just opened) shows from its top; the view stops following the
+        end of the chat, which would scroll it away as the message grows."""
+        self._stick_to_bottom = False
+        self._revealed = widget  # kept in view while the messages above settle their heights (see _range_changed)
+        self._column.activate()  # the message's new height, now, not at the next event
+        self.ensureWidgetVisible(widget, 0, 24)
+
+    def stop_revealing(self, widget: QWidget) -> None:
+        if self._revealed is widget:
+            self._revealed = None
+
     def _scrolled(self, value: int) -> None:
         self._stick_to_bottom = value >= self.verticalScrollBar().maximum() - 8
 
     def _range_changed(self, minimum: int, maximum: int) -> None:
+        if self._revealed is not None:
+            try:
+                if self._revealed.isVisible():
+                    self.ensureWidgetVisible(self._revealed, 0, 24)
+                    return
+            except RuntimeError:  # its message was deleted meanwhile
+                pass
+            self._revealed = None
         if self._stick_to_bottom:
             self.verticalScrollBar().setValue(maximum)

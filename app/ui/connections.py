@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QSize, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -31,9 +31,32 @@ from PySide6.QtWidgets import (
 from app.core.engines.remote import engines as registry
 from app.core.engines.remote.backend import RemoteBackend, probe_engine
 from app.core.errors import HearthError
+from app.ui.dialogs import fit_to_screen
 from app.ui.tasks import TaskRunner
 
 _KEEP_KEY = "(saved in the keyring — leave empty to keep it)"
+NO_ENGINES_HINT = (
+    "No remote engines yet. Choose a preset on the right, give the engine a name (and its URL and key if the preset "
+    "has none), test it, then Save."
+)
+NO_MODELS_HINT = "List models asks the server which models it serves; choose one as this engine's default."
+
+
+def _models(count: int) -> str:
+    return f"{count:,} model" + ("" if count == 1 else "s")
+
+
+def _caption(text: str) -> QLabel:
+    label = QLabel(text)
+    label.setObjectName("SectionTitle")
+    return label
+
+
+def _hint(text: str) -> QLabel:
+    label = QLabel(text)
+    label.setObjectName("Hint")
+    label.setWordWrap(True)
+    return label
 
 
 class ConnectionsDialog(QDialog):
@@ -43,14 +66,16 @@ class ConnectionsDialog(QDialog):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Connections")
-        self.setMinimumWidth(620)
         self._tasks = TaskRunner("connections", parent=self)
         layout = QHBoxLayout(self)
 
         left = QVBoxLayout()
+        left.addWidget(_caption("Engines"))
         self.engine_list = QListWidget()
         self.engine_list.currentTextChanged.connect(self._show_engine)
-        left.addWidget(self.engine_list)
+        left.addWidget(self.engine_list, 1)
+        self.engines_hint = _hint(NO_ENGINES_HINT)
+        left.addWidget(self.engines_hint)
         self.new_button = QPushButton("New")
         self.new_button.clicked.connect(self._new)
         self.remove_button = QPushButton("Remove")
@@ -98,15 +123,20 @@ class ConnectionsDialog(QDialog):
         for button in (self.list_button, self.test_button, self.save_button):
             actions.addWidget(button)
         right.addLayout(actions)
-        self.models = QListWidget()
-        right.addWidget(self.models)
-        self.status = QLabel("")
+        self.status = QLabel("")  # right under the buttons: a test's result is read where it was asked for
+        self.status.setObjectName("ConnectionStatus")
         self.status.setWordWrap(True)
         right.addWidget(self.status)
+        right.addWidget(_caption("Models on the server"))
+        self.models = QListWidget()
+        right.addWidget(self.models, 1)
+        self.models_hint = _hint(NO_MODELS_HINT)
+        right.addWidget(self.models_hint)
         layout.addLayout(right, 2)
         self._price_provider: str | None = None
         self._kind: registry.EngineKind = "openai-compatible"
         self.refresh()
+        fit_to_screen(self, QSize(760, 480))
 
     # --- the list ---------------------------------------------------------------------------------------------
 
@@ -114,6 +144,7 @@ class ConnectionsDialog(QDialog):
         found = registry.read_engines()
         self.engine_list.clear()
         self.engine_list.addItems([e.name for e in found.engines])
+        self.engines_hint.setVisible(not found.engines)
         if not found.ok:
             self._say(found.problems[0], error=True)
             self.save_button.setEnabled(False)  # the file is the user's to fix: never saved over
@@ -250,11 +281,12 @@ class ConnectionsDialog(QDialog):
             assert isinstance(result, list)
             self.models.clear()
             self.models.addItems(result)
-            self._say(f"{len(result)} model{'s' if len(result) != 1 else ''} at GET /v1/models.")
+            self.models_hint.setVisible(not result)
+            self._say(f"{_models(len(result))} at GET /v1/models.")
         else:
             assert isinstance(result, tuple)
             models, reply = result
-            self._say(f"Connection works: {len(models)} models; test reply {reply.strip()!r}.")
+            self._say(f"Connection works: {_models(len(models))}; test reply {reply.strip()!r}.")
 
     def _busy(self, busy: bool) -> None:
         for button in (self.list_button, self.test_button):

@@ -1,4 +1,5 @@
-"""The conversations sidebar: new, search, rename, delete."""
+"""The conversations sidebar: new, search, rename, delete; on a narrow window a strip of icons (new chat, show the
+list)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QMenu,
     QPushButton,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
+
+ICON_STRIP_WIDTH = 52
+FULL_MIN_WIDTH = 180
 
 
 class ConversationList(QWidget):
@@ -24,6 +29,8 @@ class ConversationList(QWidget):
     rename_requested = Signal(int, str)
     delete_requested = Signal(int)
     search_changed = Signal(str)
+    expand_requested = Signal()  # the icon strip's "show the conversations"
+    collapse_requested = Signal()  # the list's "collapse to icons"
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -33,15 +40,21 @@ class ConversationList(QWidget):
         layout.setContentsMargins(12, 14, 12, 12)
         layout.setSpacing(10)
         top = QHBoxLayout()
-        brand = QLabel("Hearth")
-        brand.setObjectName("Brand")
-        top.addWidget(brand)
+        self.brand = QLabel("Hearth")
+        self.brand.setObjectName("Brand")
+        top.addWidget(self.brand)
         top.addStretch(1)
+        self.collapse_button = self._icon("«", "Collapse the conversations to icons (Ctrl+B)", self.collapse_requested)
+        top.addWidget(self.collapse_button)
         layout.addLayout(top)
         self.new_button = QPushButton("+  New chat")
         self.new_button.setObjectName("Primary")
+        self.new_button.setToolTip("New chat (Ctrl+N)")
         self.new_button.clicked.connect(self.new_requested)
         layout.addWidget(self.new_button)
+        # The icon strip (a narrow window): new chat, and the list back.
+        self.expand_button = self._icon("☰", "Show the conversations (Ctrl+B)", self.expand_requested)
+        layout.addWidget(self.expand_button, 0, Qt.AlignmentFlag.AlignHCenter)
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search conversations")
         self.search.setClearButtonEnabled(True)
@@ -56,7 +69,39 @@ class ConversationList(QWidget):
         self.list.setEditTriggers(QListWidget.EditTrigger.NoEditTriggers)
         self.list.itemChanged.connect(self._renamed)
         layout.addWidget(self.list, 1)
+        self.strip_stretch = QWidget()  # keeps the icons at the top of the strip
+        layout.addWidget(self.strip_stretch, 1)
+        self._layout = layout
         self._filling = False
+        self.compact = True  # set_compact(False) lays out the full list
+        self.set_compact(False)
+
+    @staticmethod
+    def _icon(text: str, tip: str, signal: Any) -> QToolButton:
+        button = QToolButton()
+        button.setText(text)
+        button.setToolTip(tip)
+        button.setCursor(Qt.CursorShape.PointingHandCursor)
+        button.clicked.connect(signal)
+        return button
+
+    def set_compact(self, compact: bool) -> None:
+        """A strip of icons (new chat, show the list) instead of the full list."""
+        if compact == self.compact:
+            return
+        self.compact = compact
+        for widget in (self.brand, self.collapse_button, self.search, self.list):
+            widget.setVisible(not compact)
+        self.expand_button.setVisible(compact)
+        self.strip_stretch.setVisible(compact)
+        self.new_button.setText("+" if compact else "+  New chat")
+        margin = 6 if compact else 12
+        self._layout.setContentsMargins(margin, 14, margin, 12)
+        if compact:
+            self.setFixedWidth(ICON_STRIP_WIDTH)
+        else:
+            self.setMinimumWidth(FULL_MIN_WIDTH)
+            self.setMaximumWidth(16_777_215)  # QWIDGETSIZE_MAX: the splitter sets its width
 
     def set_conversations(self, conversations: list[Any], current_id: int | None) -> None:
         self._filling = True

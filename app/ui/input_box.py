@@ -56,6 +56,7 @@ class InputBox(QFrame):
             self.stop_requested.emit()
         else:
             self.submit()
+        self.editor.setFocus(Qt.FocusReason.OtherFocusReason)  # the next message is typed at once, no click
 
     def submit(self) -> None:
         text = self.editor.toPlainText().strip()

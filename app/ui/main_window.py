@@ -2,49 +2,52 @@
 and the ChatController, and wires them: input box -> controller -> worker -> backend -> events -> view.
 
 The chat flow (send, stream, regenerate, continue, edit, the store writes) lives in app/ui/chat_controller.py;
-the window keeps what is about the window: menus, the banner, model loading and the panels, import/export.
+the window keeps what is about the window: menus, the banner, model loading and the panels.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QPaintEvent
+from PySide6.QtCore import QRect, Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QCloseEvent, QPaintEvent, QResizeEvent, QShowEvent
 from PySide6.QtWidgets import (
     QApplication,
-    QFileDialog,
-    QHBoxLayout,
-    QLabel,
     QMainWindow,
     QMessageBox,
-    QPushButton,
-    QSplitter,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from app.core.chat.token_counter import load_token_counter
 from app.core.engines.backend import BackendFactory, LoadRequest, MemoryReading, ModelInfo
-from app.core.errors import HearthError
 from app.core.settings import Settings
 from app.core.storage.history import HistoryDamagedError, HistoryError, HistoryStore, default_history_path
 from app.ui import theme
+from app.ui.banner import Banner, ErrorBridge
 from app.ui.chat_controller import ChatController
 from app.ui.chat_view import ChatView
 from app.ui.conversations import ConversationList
+from app.ui.history_file import open_history, start_new_history_file
 from app.ui.input_box import InputBox
 from app.ui.memory_panel import MemoryPanel
 from app.ui.model_bar import ModelBar
-from app.ui.remote_window import RemoteEngines
-from app.ui.server_panel import install_server_panel
+from app.ui.remote_window import RemoteEngines, remote_destination
+from app.ui.server_panel import ServerPanel
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.settings_store import SettingsStore
+from app.ui.transfer import ConversationTransfer
+from app.ui.window_geometry import (
+    SavedGeometry,
+    fit_frame_on_screen,
+    place_on_screen,
+    read_saved_geometry,
+    save_geometry,
+)
+from app.ui.window_menus import MenuSlots, build_menus
+from app.ui.window_panels import MemorySummary, WindowPanels
 from app.ui.worker import Planner, WorkerHost
 
 log = logging.getLogger(__name__)
@@ -52,70 +55,6 @@ log = logging.getLogger(__name__)
 PLAN_DEBOUNCE_MS = 300
 IGNORE_FIT_HINT = "To load it anyway, use --ignore-fit."  # the planner's advice, for the command line
 LOAD_ANYWAY_HINT = "Load anyway tries regardless: it may run out of memory or be very slow."
-
-
-class ErrorBridge(QObject):
-    """Carries errors from any thread (crash hooks) to the GUI thread."""
-
-    error = Signal(str, str)
-
-    def report(self, message: str, details: str) -> None:
-        self.error.emit(message, details)
-
-
-class Banner(QWidget):
-    """A dismissible notice above the chat: errors the user should see without a modal dialog. Messages that
-    arrive while it is showing stack up (a start-up can have several); an optional button offers the fix."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.setObjectName("ErrorCard")
-        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(12, 6, 6, 6)
-        self.label = QLabel()
-        self.label.setObjectName("ErrorText")
-        self.label.setWordWrap(True)
-        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        layout.addWidget(self.label, 1)
-        self.action_button = QPushButton()
-        self.action_button.hide()
-        self.action_button.clicked.connect(self._run_action)
-        layout.addWidget(self.action_button)
-        close = QToolButton()
-        close.setText("✕")
-        close.clicked.connect(self.dismiss)
-        layout.addWidget(close)
-        self.messages: list[str] = []
-        self._action: Callable[[], None] | None = None
-        self.hide()
-
-    def show_message(self, text: str) -> None:
-        if text not in self.messages:
-            self.messages.append(text)
-        self.label.setText("\n\n".join(self.messages))
-        self.show()
-
-    def offer(self, label: str, action: Callable[[], None]) -> None:
-        """A button beside the messages that runs `action` once."""
-        self._action = action
-        self.action_button.setText(label)
-        self.action_button.show()
-
-    def _run_action(self) -> None:
-        action, self._action = self._action, None
-        self.action_button.hide()
-        if action is not None:
-            action()
-
-    def withdraw_offer(self) -> None:
-        self._action = None
-        self.action_button.hide()
-
-    def dismiss(self) -> None:
-        self.messages.clear()
-        self.withdraw_offer()
-        self.hide()
 
 
 class MainWindow(QMainWindow):
@@ -139,17 +78,18 @@ class MainWindow(QMainWindow):
             settings, persist=save_settings_to_disk, file_rejected=settings_file_rejected, parent=self
         )
         self.history_problem: HistoryError | None = None
-        store = store or self._open_history(default_history_path())
+        if store is None:
+            store, self.history_problem = open_history(default_history_path())
         self.palette_ = theme.resolve(settings.theme)
         self.confirm_deletes = True
+        self.remember_geometry = save_settings_to_disk  # window.json: like settings, not for a test's window
         self.setWindowTitle("Hearth")
-        self.resize(1320, 840)
 
         self.host = WorkerHost(backend_factory, planner, parent=self)
         self.chat = ChatController(store, self.settings_store, self.host, parent=self)
         self.chat_model = self.chat.chat_model
+        self.transfer = ConversationTransfer(self.chat, self, self.show_error)
         self.sidebar = ConversationList()
-        self.sidebar.setMinimumWidth(200)
         self.model_bar = ModelBar(settings)
         self.chat_view = ChatView(self.chat_model, self.palette_)
         self.input_box = InputBox()
@@ -171,29 +111,41 @@ class MainWindow(QMainWindow):
         input_row.addWidget(self.input_box)
         center_layout.addLayout(input_row)
 
-        side = QWidget()
-        side.setObjectName("SidePanel")
-        side.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        side_layout = QVBoxLayout(side)
-        side_layout.setContentsMargins(0, 0, 0, 0)
-        side_layout.addWidget(self.memory_panel)
-        self.side_panel = side
-
-        splitter = QSplitter()
-        splitter.setHandleWidth(1)
-        splitter.addWidget(self.sidebar)
-        splitter.addWidget(center)
-        splitter.addWidget(side)
-        splitter.setStretchFactor(1, 1)
-        splitter.setSizes([240, 780, 300])
-        splitter.setCollapsible(1, False)
-        self.setCentralWidget(splitter)
-        self._build_menus()
+        self.menus = build_menus(
+            self.menuBar(),
+            self,
+            MenuSlots(
+                new_chat=self.new_conversation,
+                import_conversation=self.transfer.import_dialog,
+                export_markdown=lambda: self.transfer.export_dialog("md"),
+                export_json=lambda: self.transfer.export_dialog("json"),
+                quit=self.close,
+                settings=self.open_settings,
+                stop=self.chat.stop,
+                choose_model=self.model_bar.choose_model,
+                eject_model=self.unload_model,
+                library=self.open_library,
+            ),
+        )
+        self.models_menu, self.view_menu = self.menus.models, self.menus.view
+        # The panels (app/ui/window_panels.py): sidebar | chat | Memory and Server tabs, collapsing on a narrow window.
+        self.server_panel = ServerPanel(self.host, self.settings_store)
+        self.memory_summary = MemorySummary()
+        self.model_bar.status_slot.addWidget(self.memory_summary)
+        self.memory_panel.summary_changed.connect(self.memory_summary.show_summary)
+        self.memory_summary.show_summary(self.memory_panel.summary())
+        self.panels = WindowPanels(
+            self.sidebar, center, self.memory_panel, self.server_panel, self.memory_summary, self.view_menu, self
+        )
+        self.setCentralWidget(self.panels.splitter)
         # Remote engines (app/ui/remote_window.py): Models ▸ Connections…, their models in the model bar, the cost.
-        self.remote = RemoteEngines(self)
+        self.remote = RemoteEngines(self.model_bar, self.chat, parent=self)
+        self.models_menu.addAction(self.remote.connections_action)
+        self.first_painted.connect(self.remote.model_list.refresh)
         banner_box.addWidget(self.remote.cost_label)
-        # -- the Server switch (issue 13): app/ui/server_panel.py owns its dock, its View menu item and its wiring
-        self.server_panel = install_server_panel(self, self.host, self.settings_store, self.view_menu)
+        self._place_on_screen()
+        # The window's minimum is the collapsed layout's (an explicit minimum: the layout keeps its own off it).
+        self.setMinimumSize(self.panels.collapsed_minimum_width(), self.minimumSizeHint().height())
 
         self.last_memory: MemoryReading | None = None
         self.load_request: LoadRequest | None = None  # the last load asked for ("Load anyway" repeats it)
@@ -234,9 +186,12 @@ class MainWindow(QMainWindow):
         self.chat_view.edit_submitted.connect(chat.edit_message)
         self.chat_view.branch_requested.connect(chat.switch_branch)
         chat.generating_changed.connect(self.input_box.set_generating)
+        chat.generating_changed.connect(self.menus.stop.setEnabled)
         chat.notice.connect(self.show_error)
         chat.conversations_changed.connect(self._refresh_sidebar)
-        chat.context_changed.connect(self.memory_panel.set_context)
+        chat.context_changed.connect(
+            lambda usage, turns, estimate: self.memory_panel.set_context(usage, earlier_turns=turns, estimate=estimate)
+        )
         chat.remaining_context.connect(self._set_remaining_context)
         chat.text_returned.connect(self.input_box.editor.setPlainText)
         chat.reply_finished.connect(self.reply_finished)
@@ -262,6 +217,7 @@ class MainWindow(QMainWindow):
         # The model loads after the window has painted once: the first frame never waits for torch.
         self._autoload = autoload
         self._painted = False
+        self._fitted_frame = False
 
     # -- what the controller and the settings store own, for reading ---------------------------------------
     @property
@@ -281,21 +237,6 @@ class MainWindow(QMainWindow):
         return self.chat.model_info
 
     # -- the history file ---------------------------------------------------------------------------------
-    def _open_history(self, path: Path) -> HistoryStore:
-        """The history at `path`, or, when that file cannot be used, a store in memory: the window always
-        starts, the file is never modified, and the banner explains (and offers to move a damaged file aside)."""
-        store: HistoryStore | None = None
-        try:
-            store = HistoryStore(path)
-            store.list_conversations()  # a file damaged past its header fails here, not in the middle of a chat
-            return store
-        except HistoryError as exc:
-            if store is not None:
-                store.close()
-            log.warning("history unavailable: %s", exc)
-            self.history_problem = exc
-            return HistoryStore(path, in_memory=True)
-
     def _explain_history_problem(self, problem: HistoryError) -> None:
         self.show_error(f"{problem} Conversations in this window are kept in memory only and are lost when it closes.")
         if isinstance(problem, HistoryDamagedError):
@@ -306,9 +247,7 @@ class MainWindow(QMainWindow):
         conversations."""
         path = self.store.path
         try:
-            old = HistoryStore.move_aside(path)
-            self.store.copy_into(path)
-            fresh = HistoryStore(path)
+            fresh, old = start_new_history_file(self.store)
         except (OSError, HistoryError) as exc:
             self.show_error(f"A new history could not be started at {path}: {exc}")
             return
@@ -341,36 +280,23 @@ class MainWindow(QMainWindow):
         bar.install_drop_target(self.input_box.editor)
         self.attachments = bar
         self.chat.attachments = bar
+        self._connect_attachments(self.chat.model_info)
 
-    # -- menus ----------------------------------------------------------------------------------
-    def _build_menus(self) -> None:
-        bar = self.menuBar()
-        file_menu = bar.addMenu("&File")
-        self._action(file_menu, "&New chat", self.new_conversation, QKeySequence.StandardKey.New)
-        file_menu.addSeparator()
-        self._action(file_menu, "&Import conversation…", self._import_dialog)
-        self._action(file_menu, "Export as &Markdown…", lambda: self._export_dialog("md"))
-        self._action(file_menu, "Export as &JSON…", lambda: self._export_dialog("json"))
-        file_menu.addSeparator()
-        self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
-        edit_menu = bar.addMenu("&Edit")
-        self._action(edit_menu, "&Settings…", self.open_settings, QKeySequence.StandardKey.Preferences)
-        self.models_menu = bar.addMenu("&Models")
-        # The model library window (app/ui/library.py) plugs in here.
-        self.library_action = self._action(self.models_menu, "Model &library…", self.open_library)
-        view_menu = self.view_menu = bar.addMenu("&View")
-        toggle = self._action(view_menu, "&Memory panel", lambda: None)
-        toggle.setCheckable(True)
-        toggle.setChecked(True)
-        toggle.toggled.connect(lambda on: self.side_panel.setVisible(on))
+    # -- where the window is -----------------------------------------------------------------------------------
+    def _place_on_screen(self, available: QRect | None = None) -> None:
+        """The last size and place (window.json), fitted to its screen as it is now. `available`: tests."""
+        saved = read_saved_geometry() if self.remember_geometry else None
+        place_on_screen(self, saved, available, before=self.panels.fit_width)
 
-    def _action(self, menu: Any, text: str, slot: Any, shortcut: QKeySequence.StandardKey | None = None) -> QAction:
-        action = QAction(text, self)
-        if shortcut is not None:
-            action.setShortcut(QKeySequence(shortcut))
-        action.triggered.connect(slot)
-        menu.addAction(action)
-        return action
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        if not self._fitted_frame:
+            self._fitted_frame = True
+            QTimer.singleShot(0, lambda: fit_frame_on_screen(self))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self.panels.fit_width(event.size().width())
 
     def open_library(self) -> None:
         import importlib
@@ -438,6 +364,7 @@ class MainWindow(QMainWindow):
             self._offering_load_anyway = False
             self.banner.withdraw_offer()
         self.load_request = request
+        self.menus.eject_model.setEnabled(False)
         self.chat.model_loading()
         self.model_bar.set_loading("Starting…", -1.0)
         self.host.load(request)
@@ -463,24 +390,29 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self.model_bar.set_loaded(info)
+        self.menus.eject_model.setEnabled(True)
         for line in info.recovered:
             self.show_error(line)
-        self._connect_attachment_counts(info)
-        self.model_ready.emit()
-        self.chat.model_loaded(info)  # a message sent while loading gets its reply now
-
-    def _connect_attachment_counts(self, info: ModelInfo) -> None:
-        """Chips show token counts and their share of the free context with the loaded model's tokenizer."""
-        if self.attachments is None:
-            return
         counter = None
         if info.tokenizer_file:
             try:
                 counter = load_token_counter(info.tokenizer_file)
-            except Exception as exc:  # an unreadable tokenizer.json: attachments still work, without counts
+            except Exception as exc:  # an unreadable tokenizer.json: no counts, everything else works
                 log.warning("token counter unavailable: %s", exc)
-        self.attachments.set_token_counter(counter)
+        self.chat.token_counter = counter  # the context gauge of a reopened conversation
+        self._connect_attachments(info)
+        self.model_ready.emit()
+        self.chat.model_loaded(info)  # a message sent while loading gets its reply now
+
+    def _connect_attachments(self, info: ModelInfo | None) -> None:
+        """Chips show token counts and their share of the free context with the loaded model's tokenizer, and,
+        with a remote engine, which files' text will leave this machine."""
+        if self.attachments is None or info is None:
+            return
+        self.attachments.set_token_counter(self.chat.token_counter)
         self.attachments.set_remaining_context(info.context_window or None)
+        remote = self.load_request.remote if self.load_request is not None else None
+        self.attachments.set_destination(remote_destination(remote) if remote is not None else None)
 
     @Slot(str, bool)
     def _on_load_failed(self, message: str, too_large: bool) -> None:
@@ -497,11 +429,16 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_model_unloaded(self) -> None:
+        self.menus.eject_model.setEnabled(False)
+        self.chat.token_counter = None
+        if self.attachments is not None:
+            self.attachments.set_destination(None)
         self.chat.model_unloaded()
         self.model_bar.set_unloaded()
         self.memory_panel.set_memory(None)
 
     def _request_plan(self) -> None:
+        self.memory_panel.set_plan_pending()
         self.host.plan(self.model_bar.request())
 
     @Slot(object)
@@ -516,45 +453,6 @@ class MainWindow(QMainWindow):
     def _on_memory(self, reading: MemoryReading) -> None:
         self.last_memory = reading
         self.memory_panel.set_memory(reading)
-
-    # -- export / import ----------------------------------------------------------------------------
-    def export_conversation(self, path: Path, fmt: str) -> None:
-        if self.conversation_id is None:
-            raise HearthError("There is no conversation to export: open or start one first.")
-        import json
-
-        if fmt == "json":
-            data = json.dumps(self.store.export_json(self.conversation_id), indent=2, ensure_ascii=False)
-        else:
-            data = self.store.export_markdown(self.conversation_id)
-        path.write_text(data, encoding="utf-8")
-
-    def import_conversation(self, path: Path) -> None:
-        conversation = self.store.import_json_file(path)
-        self.chat.open_conversation(conversation.id)
-
-    def _export_dialog(self, fmt: str) -> None:
-        if self.conversation_id is None:
-            self.show_error("There is no conversation to export: open or start one first.")
-            return
-        title = self.store.get_conversation(self.conversation_id).title
-        suggested = "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip() or "conversation"
-        name, _ = QFileDialog.getSaveFileName(
-            self, "Export conversation", f"{suggested}.{fmt}", "Markdown (*.md)" if fmt == "md" else "JSON (*.json)"
-        )
-        if name:
-            try:
-                self.export_conversation(Path(name), fmt)
-            except (HearthError, OSError) as exc:
-                self.show_error(f"Export failed: {exc}")
-
-    def _import_dialog(self) -> None:
-        name, _ = QFileDialog.getOpenFileName(self, "Import conversation", "", "Hearth conversation (*.json)")
-        if name:
-            try:
-                self.import_conversation(Path(name))
-            except HearthError as exc:
-                self.show_error(str(exc))
 
     # -- settings -------------------------------------------------------------------------------------
     def open_settings(self) -> None:
@@ -582,6 +480,8 @@ class MainWindow(QMainWindow):
 
     # -- shutdown ---------------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
+        if self.remember_geometry:
+            save_geometry(SavedGeometry.of(self))
         self.chat.close()
         self.remote.shutdown()
         self.plan_timer.stop()

@@ -64,7 +64,8 @@ class MarkdownRenderer:
             f'<td style="color:{p.muted}; font-size: 8.5pt;">{label}</td>'
             f'<td align="right" style="font-size: 8.5pt;"><a href="copy:{len(blocks) - 1}" '
             f'style="color:{p.muted}; text-decoration: none;">Copy</a></td></tr></table>'
-            f'<pre style="font-family: {MONO}; font-size: 9.5pt; margin-top: 6px;">{body}</pre>'
+            # pre-wrap: a long line wraps inside the box (the chat scrolls only vertically, so it would be cut)
+            f'<pre style="font-family: {MONO}; font-size: 9.5pt; margin-top: 6px; white-space: pre-wrap;">{body}</pre>'
             "</td></tr></table>\n"
         )
 

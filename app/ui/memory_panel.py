@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import QEvent, QPoint, QRectF, QSize, Qt
+from PySide6.QtCore import QEvent, QPoint, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFontMetrics, QHelpEvent, QPainter, QPainterPath
-from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from app.core.engines.backend import ContextUsage, MemoryReading
 from app.ui.theme import Palette
@@ -160,7 +160,14 @@ class StackedBar(QWidget):
         return super().event(event)
 
 
+PLAN_PENDING = "Checking whether the chosen model fits…"
+TEMPLATE_TOOLTIP = "The chat template's own tokens (role markers, separators): there are no earlier turns yet."
+HISTORY_TOOLTIP = "Earlier turns of this conversation, with the chat template's own tokens."
+
+
 class MemoryPanel(QWidget):
+    summary_changed = Signal(str)  # the one line the collapsed panel shows (app/ui/window_panels.py)
+
     def __init__(self, palette: Palette, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.palette_ = palette
@@ -168,7 +175,10 @@ class MemoryPanel(QWidget):
         self._layout.setContentsMargins(16, 14, 16, 14)
         self._layout.setSpacing(8)
 
-        self._layout.addWidget(self._title("MEMORY"))
+        self.header_row = QHBoxLayout()  # the title, and the window's collapse button (app/ui/window_panels.py)
+        self.header_row.addWidget(self._title("MEMORY"))
+        self.header_row.addStretch(1)
+        self._layout.addLayout(self.header_row)
         self._bars_box = QVBoxLayout()
         self._bars_box.setSpacing(10)
         self._layout.addLayout(self._bars_box)
@@ -194,13 +204,16 @@ class MemoryPanel(QWidget):
 
         self._layout.addSpacing(8)
         self._layout.addWidget(self._title("BEFORE LOADING"))
-        self.plan_label = QLabel("Choose a model to see whether it fits.")
+        self.plan_label = QLabel(PLAN_PENDING)  # a model is always chosen (the built-in one at least)
         self.plan_label.setObjectName("Muted")
         self.plan_label.setWordWrap(True)
         self._layout.addWidget(self.plan_label)
         self._layout.addStretch(1)
         self.reading: MemoryReading | None = None
         self.usage: ContextUsage | None = None
+        self.earlier_turns: int | None = None
+        self.estimate = False
+        self.plan_summary = ""
         self.set_context(None)
 
     def _title(self, text: str) -> QLabel:
@@ -214,7 +227,7 @@ class MemoryPanel(QWidget):
             bar.palette_ = palette
         if self.reading is not None:
             self.set_memory(self.reading)
-        self.set_context(self.usage)
+        self.set_context(self.usage, earlier_turns=self.earlier_turns, estimate=self.estimate)
 
     def set_memory(self, reading: MemoryReading | None) -> None:
         self.reading = reading
@@ -252,24 +265,34 @@ class MemoryPanel(QWidget):
         else:
             self.forecast_label.setText("")
         self.forecast_label.setVisible(bool(self.forecast_label.text()))
+        self._summary_changed()
 
-    def set_context(self, usage: ContextUsage | None) -> None:
-        self.usage = usage
+    def set_context(
+        self, usage: ContextUsage | None, *, earlier_turns: int | None = None, estimate: bool = False
+    ) -> None:
+        """`earlier_turns`: turns before the newest message (None: not known). With none, what the engine counts as
+        history is the chat template's own tokens, and is labelled so. `estimate`: counted by the window (a
+        conversation reopened before its next reply), not by the engine: the caption says "about"."""
+        self.usage, self.earlier_turns, self.estimate = usage, earlier_turns, estimate
         p = self.palette_
         if usage is None:
             self.context_bar.set_segments([], total=1, caption="")
+            self.context_bar.setToolTip("")
+            self._summary_changed()
             return
+        template_only = earlier_turns == 0
         self.context_bar.set_segments(
             [
                 Segment("System", usage.system, p.system),
-                Segment("History", usage.history, p.history),
+                Segment("Chat template" if template_only else "History", usage.history, p.history),
                 Segment("Prompt", usage.current, p.current),
                 Segment("Reply", usage.reply, p.reply),
             ],
             total=max(usage.window, usage.used, 1),
-            # a remote server does not say its window (unless the model bar's context length names one)
-            caption=f"{usage.used:,} / {usage.window:,}" if usage.window else f"{usage.used:,} (window unknown)",
+            caption=("about " if estimate else "") + context_caption(usage),
         )
+        self.context_bar.setToolTip(TEMPLATE_TOOLTIP if template_only else HISTORY_TOOLTIP)
+        self._summary_changed()
 
     def set_plan(self, plan: Any) -> None:
         """The planner's MemoryPlan (fits yes/offload/no, total bytes, free bytes, largest context)."""
@@ -287,6 +310,44 @@ class MemoryPanel(QWidget):
         if max_context:
             lines.append(f"largest context that fits: {int(max_context):,} tokens")
         self.plan_label.setText("<br>".join(lines))
+        self.plan_summary = verdict.get(fits, "")
+        self._summary_changed()
 
     def set_plan_message(self, text: str) -> None:
         self.plan_label.setText(text)
+        self.plan_summary = ""
+        self._summary_changed()
+
+    def set_plan_pending(self) -> None:
+        self.plan_label.setText(PLAN_PENDING)
+        self.plan_summary = "Memory: checking the fit…"
+        self._summary_changed()
+
+    # -- the one-line summary -------------------------------------------------------------------------------
+    def summary(self) -> str:
+        """What the panel says, in one line: memory in use (or the verdict before loading), and the context."""
+        reading = self.reading
+        parts: list[str] = []
+        if reading is not None and reading.remote:
+            parts.append("Memory: on the server")
+        elif reading is not None and reading.devices:
+            used = ", ".join(
+                f"{d.device.upper() if d.device == 'cpu' else d.device} {format_bytes(d.used_bytes)}"
+                for d in reading.devices
+            )
+            parts.append(f"Memory {used}")
+        elif self.plan_summary:
+            parts.append(self.plan_summary)
+        else:
+            parts.append("Memory")
+        if self.usage is not None:
+            parts.append(f"context {context_caption(self.usage)}")
+        return " · ".join(parts)
+
+    def _summary_changed(self) -> None:
+        self.summary_changed.emit(self.summary())
+
+
+def context_caption(usage: ContextUsage) -> str:
+    # a remote server does not say its window (unless the model bar's context length names one)
+    return f"{usage.used:,} / {usage.window:,}" if usage.window else f"{usage.used:,} (window unknown)"

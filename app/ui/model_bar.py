@@ -7,15 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QFontMetrics, QResizeEvent
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFocusEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
     QLabel,
     QProgressBar,
     QPushButton,
-    QSizePolicy,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -25,6 +24,7 @@ from app.core.engines.backend import LoadRequest, ModelInfo, RemoteModel
 from app.core.models.model_source import DEFAULT_MODEL_NAME
 from app.core.models.quant import QUANTIZATIONS, auto_summary, parse_quantization
 from app.core.settings import DEVICES, Settings
+from app.ui.elided_label import ElidedLabel
 
 DEFAULT_LABEL = f"{DEFAULT_MODEL_NAME} (built in)"
 LIBRARY_ITEM = "library"  # item data of the library's local models (remote ones carry their RemoteModel)
@@ -32,52 +32,44 @@ LIBRARY_ITEM = "library"  # item data of the library's local models (remote ones
 
 class ModelCombo(QComboBox):
     """The model list; says when its list is about to open, so the library's models can be listed then (listing
-    them reads every model's config: not worth doing at each start)."""
+    them reads every model's config: not worth doing at each start).
+
+    A model's name is read from its start: the box shows the start of a long name (not its end, as a line edit
+    does after setText), and the list opens as wide as its longest name (up to the screen's width), not cut."""
 
     popup_opening = Signal()
 
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setEditable(True)
+        self.view().setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.currentTextChanged.connect(self._show_start)  # typed text keeps its cursor while the box has focus
+        self.currentIndexChanged.connect(lambda _index: self._show_start(self.currentText(), chosen=True))
+
     def showPopup(self) -> None:
         self.popup_opening.emit()
+        metrics = self.view().fontMetrics()
+        widest = max((metrics.horizontalAdvance(self.itemText(i)) for i in range(self.count())), default=0)
+        screen = self.screen().availableGeometry().width() if self.screen() is not None else 1024
+        self.view().setMinimumWidth(min(widest + 48, screen - 32))
         super().showPopup()
 
+    def _show_start(self, text: str, chosen: bool = False) -> None:
+        edit = self.lineEdit()
+        if edit is not None and (chosen or not edit.hasFocus()):
+            edit.setCursorPosition(0)
+        self.setToolTip(self._about if not text else f"{text}\n\n{self._about}")
 
-class ElidedLabel(QLabel):
-    """A one-line label that shrinks to fit: long text ends in "…" and the whole text is in the tooltip.
+    _about = "The built-in model, a folder, a .gguf file or a Hugging Face repo id"
 
-    A plain QLabel's minimum width is its whole text, so one long status ("Converting <file> once…") widened
-    the window past a laptop screen and kept it from shrinking back.
-    """
+    def set_about(self, about: str) -> None:
+        """The tooltip's explanation under the chosen model's whole name."""
+        self._about = about
+        self._show_start(self.currentText())
 
-    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self._full = ""
-        self._notes = ""
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self.setMinimumWidth(80)
-        self.set_full_text(text)
-
-    def full_text(self) -> str:
-        return self._full
-
-    def set_full_text(self, text: str, notes: str = "") -> None:
-        self._full = text
-        self._notes = notes
-        self.setToolTip("\n".join(part for part in (text, notes) if part))
-        self._elide()
-        self.updateGeometry()
-
-    def sizeHint(self) -> QSize:
-        hint = super().sizeHint()
-        hint.setWidth(min(QFontMetrics(self.font()).horizontalAdvance(self._full) + 4, 420))
-        return hint
-
-    def resizeEvent(self, event: QResizeEvent) -> None:
-        super().resizeEvent(event)
-        self._elide()
-
-    def _elide(self) -> None:
-        shown = QFontMetrics(self.font()).elidedText(self._full, Qt.TextElideMode.ElideRight, max(self.width(), 0))
-        super().setText(shown)
+    def focusOutEvent(self, event: QFocusEvent) -> None:
+        super().focusOutEvent(event)
+        self._show_start(self.currentText())
 
 
 class ModelBar(QWidget):
@@ -90,19 +82,19 @@ class ModelBar(QWidget):
         super().__init__(parent)
         self.setObjectName("ModelBar")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        # Two rows: the model (its long name has the whole width) and the load button; then how to load it and
+        # what is loaded. Neither row's minimum width depends on the state (loading, loaded, a long status).
         outer = QVBoxLayout(self)
         outer.setContentsMargins(16, 8, 16, 8)
-        outer.setSpacing(4)
+        outer.setSpacing(6)
         row = QHBoxLayout()
         row.setSpacing(8)
         outer.addLayout(row)
 
         self.model_combo = ModelCombo()
-        self.model_combo.setEditable(True)
-        self.model_combo.setMinimumWidth(160)  # narrow enough for a 1366-px laptop screen with every panel shown
+        self.model_combo.setMinimumWidth(160)
         self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.model_combo.setMinimumContentsLength(12)
-        self.model_combo.setToolTip("The built-in model, a folder, a .gguf file or a Hugging Face repo id")
         self.model_combo.addItem(DEFAULT_LABEL)
         if settings.model:
             self.model_combo.addItem(settings.model)
@@ -118,7 +110,7 @@ class ModelBar(QWidget):
         self.context_spin = QSpinBox()
         self.context_spin.setRange(0, 1_048_576)
         self.context_spin.setSingleStep(1024)
-        self.context_spin.setMinimumWidth(110)
+        self.context_spin.setMinimumWidth(104)
         self.context_spin.setSpecialValueText("max context")
         self.context_spin.setValue(settings.context_length or 0)
         self.context_spin.setToolTip("Context length in tokens (max context = the model's own maximum)")
@@ -128,36 +120,53 @@ class ModelBar(QWidget):
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.clicked.connect(self.cancel_requested)
         self.cancel_button.setVisible(False)
+        # Cancel takes Load's place while loading: one width for both, so nothing beside them moves.
+        width = max(self.load_button.sizeHint().width(), self.cancel_button.sizeHint().width(), 84)
+        for button in (self.load_button, self.cancel_button):
+            button.setFixedWidth(width)
 
+        caption = QLabel("Model")
+        caption.setObjectName("Muted")
+        row.addWidget(caption)
+        row.addWidget(self.model_combo, 1)
+        self.status_slot = QHBoxLayout()  # the window's memory summary goes here (app/ui/window_panels.py)
+        self.status_slot.setContentsMargins(0, 0, 0, 0)
+        row.addLayout(self.status_slot)
+        row.addWidget(self.cancel_button)
+        row.addWidget(self.load_button)
+
+        settings_row = QHBoxLayout()
+        settings_row.setSpacing(8)
         for label, widget in (
-            ("Model", self.model_combo),
             ("Quant", self.quant_combo),
             ("Device", self.device_combo),
             ("Context", self.context_spin),
         ):
             caption = QLabel(label)
             caption.setObjectName("Muted")
-            row.addWidget(caption)
-            row.addWidget(widget, 3 if widget is self.model_combo else 0)
-        row.addWidget(self.cancel_button)
-        row.addWidget(self.load_button)
-
+            settings_row.addWidget(caption)
+            settings_row.addWidget(widget)
+        settings_row.addSpacing(8)
         self.progress = QProgressBar()
         self.progress.setTextVisible(False)
         self.progress.setVisible(False)
-        # The status has a line of its own, beside the progress bar: a long file name never crowds the controls.
+        self.progress.setMinimumWidth(1)  # its own minimum would widen the window while a model loads
+        # The status (what is loaded, or the loading step) elides: a long file name never crowds the controls.
         self.status = ElidedLabel("No model loaded")
         self.status.setObjectName("Muted")
-        status_row = QHBoxLayout()
-        status_row.setSpacing(8)
-        status_row.addWidget(self.status, 3)
-        status_row.addWidget(self.progress, 2)
-        outer.addLayout(status_row)
+        settings_row.addWidget(self.status, 3)
+        settings_row.addWidget(self.progress, 2)
+        outer.addLayout(settings_row)
         self.loaded: ModelInfo | None = None
         self.loading = False
         for combo in (self.model_combo, self.quant_combo, self.device_combo):
             combo.currentTextChanged.connect(self._selection_changed)
         self.context_spin.valueChanged.connect(self._selection_changed)
+
+    def choose_model(self) -> None:
+        """Models ▸ Choose model (Ctrl+L): the model list, open, with the keyboard in its box."""
+        self.model_combo.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        self.model_combo.showPopup()
 
     def request(self) -> LoadRequest:
         text = self.model_combo.currentText().strip()
@@ -248,27 +257,28 @@ class ModelBar(QWidget):
             self.progress.setValue(int(fraction * 1000))
         self.status.set_full_text(message)
         self.cancel_button.setVisible(True)
-        self.load_button.setEnabled(False)
+        self.load_button.setVisible(False)
 
     def set_loaded(self, info: ModelInfo) -> None:
         self.loading = False
         self.loaded = info
         self.progress.setVisible(False)
         self.cancel_button.setVisible(False)
-        self.load_button.setEnabled(True)
+        self.load_button.setVisible(True)
         self.load_button.setText("Unload")
         self.load_button.setObjectName("")
         self.load_button.style().polish(self.load_button)
+        # The figures first (the model's name is in the box above; a narrow bar cuts the end of this line)
         window = f" · {info.context_window:,} ctx" if info.context_window else ""
         where = "remote engine" if info.device == "remote" else f"{info.quantization} · {info.device}"
-        self.status.set_full_text(f"{info.name} · {where}{window}", "\n".join(info.notices))
+        self.status.set_full_text(f"Loaded: {where}{window}", "\n".join([info.name, *info.notices]))
 
     def set_unloaded(self, message: str = "No model loaded") -> None:
         self.loading = False
         self.loaded = None
         self.progress.setVisible(False)
         self.cancel_button.setVisible(False)
-        self.load_button.setEnabled(True)
+        self.load_button.setVisible(True)
         self.load_button.setText("Load")
         self.load_button.setObjectName("Primary")
         self.load_button.style().polish(self.load_button)

@@ -14,16 +14,18 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QWidget
 
 from app.core.engines.backend import RemoteModel
 from app.core.engines.remote import engines as registry
 from app.core.errors import HearthError
+from app.ui.chat_controller import ChatController
 from app.ui.cost import ConversationCostLabel
+from app.ui.model_bar import ModelBar
 from app.ui.tasks import TaskRunner
 
 if TYPE_CHECKING:
     from app.ui.connections import ConnectionsDialog
-    from app.ui.main_window import MainWindow
 
 log = logging.getLogger(__name__)
 LIST_TIMEOUT_S = 5.0  # a server that does not answer GET /v1/models soon is listed by its default model only
@@ -52,6 +54,13 @@ def list_engine_models(engine: registry.EngineConfig) -> list[str]:
         listed = [model for model in listed if try_price_reply(usage, model, engine.price_provider) is not None]
     first = [engine.default_model] if engine.default_model else []
     return first + [model for model in listed if model not in first]
+
+
+def remote_destination(remote: RemoteModel) -> str:
+    """Where a remote model's requests go, in words: "engine gpu-box (http://10.0.0.5:8000/v1)"."""
+    engine = registry.read_engines().get(remote.engine)
+    where = f" ({engine.base_url})" if engine is not None else ""
+    return f"engine {remote.engine}{where}"
 
 
 class RemoteModelList(QObject):
@@ -109,23 +118,25 @@ class RemoteModelList(QObject):
 
 
 class RemoteEngines(QObject):
-    """Installs the remote-engine parts into a MainWindow (one line there) and keeps them in step."""
+    """The remote-engine parts of a window, kept in step: it knows the model bar and the chat controller, never the
+    window. The window puts `connections_action` in a menu, `cost_label` above the chat, and calls
+    `model_list.refresh` once it has painted."""
 
-    def __init__(self, window: MainWindow) -> None:
-        super().__init__(window)
-        self.window = window
+    def __init__(self, model_bar: ModelBar, chat: ChatController, parent: QWidget) -> None:
+        super().__init__(parent)
+        self.parent_widget = parent  # the Connections dialog's parent
+        self.model_bar = model_bar
+        self.chat = chat
         self.model_list = RemoteModelList(parent=self)
         self.model_list.models_changed.connect(self._models_listed)
         self.library_tasks = TaskRunner("library-models", parent=self)
         self.dialog: ConnectionsDialog | None = None
-        self.connections_action = QAction("&Connections…", window)
+        self.connections_action = QAction("&Connections…", parent)
         self.connections_action.setToolTip("Remote engines: vLLM, TGI, SGLang, Ollama, llama-server, hosted APIs")
         self.connections_action.triggered.connect(self.open_connections)
-        window.models_menu.addAction(self.connections_action)
         self.cost_label = ConversationCostLabel()
-        window.chat.conversations_changed.connect(self.update_cost)
-        window.first_painted.connect(self.model_list.refresh)
-        window.model_bar.model_combo.popup_opening.connect(self.list_local_models)
+        chat.conversations_changed.connect(self.update_cost)
+        model_bar.model_combo.popup_opening.connect(self.list_local_models)
 
     def list_local_models(self) -> None:
         """The library's models (what Models ▸ Model library lists) join the model list."""
@@ -138,24 +149,24 @@ class RemoteEngines(QObject):
             log.warning("listing the library's models failed: %s", exc)
 
         if not self.library_tasks.busy:  # one listing at a time
-            self.library_tasks.run("library", job, self.window.model_bar.set_local_models, failed)
+            self.library_tasks.run("library", job, self.model_bar.set_local_models, failed)
 
     def _models_listed(self, models: list[RemoteModel]) -> None:
-        bar = self.window.model_bar
+        bar = self.model_bar
         bar.set_remote_models(models)
         about = "The built-in model, a folder, a .gguf file, a Hugging Face repo id, or MODEL @ ENGINE (remote)"
-        bar.model_combo.setToolTip("\n".join([about, *self.model_list.problems]))
+        bar.model_combo.set_about("\n".join([about, *self.model_list.problems]))
 
     def update_cost(self) -> None:
         """The open conversation's cost, summed from the history (every reply, every branch)."""
-        conversation = self.window.conversation_id
-        self.cost_label.show_replies(self.window.store.reply_stats(conversation) if conversation is not None else [])
+        conversation = self.chat.conversation_id
+        self.cost_label.show_replies(self.chat.store.reply_stats(conversation) if conversation is not None else [])
 
     def open_connections(self) -> None:
         from app.ui.connections import ConnectionsDialog
 
         if self.dialog is None:
-            dialog = ConnectionsDialog(self.window)
+            dialog = ConnectionsDialog(self.parent_widget)
             dialog.engine_saved.connect(lambda _name: self.model_list.refresh())
             dialog.engine_removed.connect(lambda _name: self.model_list.refresh())
             dialog.finished.connect(self._connections_closed)

@@ -57,20 +57,24 @@ class ServerPanel(QWidget):
         self.state = "off"
         self.records: list[RequestRecord] = []
 
+        # Narrow enough for the side panel of a 960-px window: the switch, the port, the address with Copy, each on
+        # a line of its own.
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
-        top = QHBoxLayout()
         self.switch = QCheckBox("Serve the loaded model")
         self.switch.setToolTip("An OpenAI-compatible server for editors, scripts and agents on this computer")
         self.switch.toggled.connect(self._switch_toggled)
-        top.addWidget(self.switch, 1)
-        top.addWidget(QLabel("Port"))
+        layout.addWidget(self.switch)
+
+        port_row = QHBoxLayout()
+        port_row.addWidget(QLabel("Port"))
         self.port = QSpinBox()
         self.port.setRange(0, 65535)
         self.port.setValue(settings.current.server_port)
         self.port.setToolTip("0 = any free port")
-        top.addWidget(self.port)
-        layout.addLayout(top)
+        port_row.addWidget(self.port)
+        port_row.addStretch(1)
+        layout.addLayout(port_row)
 
         address_row = QHBoxLayout()
         self.address = QLineEdit()
@@ -99,7 +103,10 @@ class ServerPanel(QWidget):
         self.log_table.setHorizontalHeaderLabels(list(LOG_COLUMNS))
         self.log_table.verticalHeader().hide()
         self.log_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        # Columns as wide as their contents; the table scrolls sideways in a narrow panel (never widens the window).
         self.log_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.log_table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.log_table.setMinimumWidth(120)
         layout.addWidget(self.log_table, 1)
 
         self.depth_timer = QTimer(self)
@@ -152,6 +159,7 @@ class ServerPanel(QWidget):
         if self.state == "stopping":  # switched off again before it had started: the stop request follows
             return
         self.address.setText(address)
+        self.address.setCursorPosition(0)  # from its start: "http://127.0.0.1:…", not "ttp://…/v1"
         self.status.setText(f"Serving at {address}: use it as an OpenAI base URL (any API key).")
         self._set_state("on")
 

@@ -1,7 +1,11 @@
-"""Settings: sampling, system prompt, default model, theme. Edits the one typed Settings object."""
+"""Settings: sampling, system prompt, default model, theme. Edits the one typed Settings object.
+
+Three tabs (Chat, Sampling, Hugging Face), each scrolling on a short screen, with Save and Cancel always in view: the
+dialog is ~450 px tall, not the 762 px of one long form that a laptop screen squeezed until rows overlapped."""
 
 from __future__ import annotations
 
+from PySide6.QtCore import QSize
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -12,6 +16,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QSpinBox,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -20,6 +25,7 @@ from app.core.chat.sampling import SamplingParams
 from app.core.engines.remote.pricing import COMPARE_CHOICES
 from app.core.errors import InvalidSettingError
 from app.core.settings import CONTEXT_POLICIES, THEMES, Settings
+from app.ui.dialogs import fit_to_screen, scrolling
 
 COMPARE_OFF = "Off"
 
@@ -28,19 +34,21 @@ class SettingsDialog(QDialog):
     def __init__(self, settings: Settings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
-        self.setMinimumWidth(460)
         self.original = settings
         self.result_settings: Settings | None = None
         layout = QVBoxLayout(self)
-        form = QFormLayout()
-        form.setVerticalSpacing(8)
-        layout.addLayout(form)
+        self.tabs = QTabWidget()
+        layout.addWidget(self.tabs, 1)
+        form = self._page("Chat")
 
         self.system_prompt = QPlainTextEdit(settings.system_prompt)
-        self.system_prompt.setFixedHeight(80)
+        self.system_prompt.setFixedHeight(5 * self.system_prompt.fontMetrics().lineSpacing() + 14)  # five lines
         form.addRow("System prompt", self.system_prompt)
         self.model = QLineEdit(settings.model or "")
-        self.model.setPlaceholderText("empty = the built-in SmolLM2-135M-Instruct")
+        self.model.setPlaceholderText("empty: the built-in model")
+        self.model.setToolTip(
+            "A folder, a .gguf file or a Hugging Face repo id; empty: the built-in SmolLM2-135M-Instruct"
+        )
         form.addRow("Default model", self.model)
         self.theme = QComboBox()
         self.theme.addItems(list(THEMES))
@@ -66,6 +74,7 @@ class SettingsDialog(QDialog):
         form.addRow("Compare local replies' cost with", self.compare_cost)
 
         s = settings.sampling
+        form = self._page("Sampling")
         self.temperature = self._double(s.temperature, 0.0, 5.0, 0.05)
         form.addRow("Temperature (0 = greedy)", self.temperature)
         self.top_p = self._double(s.top_p, 0.01, 1.0, 0.01)
@@ -89,10 +98,14 @@ class SettingsDialog(QDialog):
         form.addRow("Seed", self.seed)
 
         # The Hub token goes straight to the OS keyring from this box, never into Settings.
-        from app.ui.library import HubTokenBox
+        from app.ui.hub_token import HubTokenBox
 
         self.hub_token = HubTokenBox()
-        layout.addWidget(self.hub_token)
+        hub_page = QWidget()
+        hub_layout = QVBoxLayout(hub_page)
+        hub_layout.addWidget(self.hub_token)
+        hub_layout.addStretch(1)
+        self.tabs.addTab(scrolling(hub_page), "Hugging Face")
 
         self.error = QLabel()
         self.error.setObjectName("ErrorText")
@@ -103,6 +116,18 @@ class SettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
+        fit_to_screen(self, QSize(540, 470))
+
+    def _page(self, title: str) -> QFormLayout:
+        page = QWidget()
+        column = QVBoxLayout(page)
+        form = QFormLayout()
+        form.setVerticalSpacing(8)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        column.addLayout(form)
+        column.addStretch(1)  # the rows stay together at the top of a tall page
+        self.tabs.addTab(scrolling(page), title)
+        return form
 
     @staticmethod
     def _double(value: float, low: float, high: float, step: float) -> QDoubleSpinBox:

@@ -153,6 +153,10 @@ QListWidget {{ background: transparent; border: none; outline: none; }}
 QListWidget::item {{ padding: 7px 8px; border-radius: 6px; margin: 1px 0; }}
 QListWidget::item:selected {{ background: {p.surface_alt}; color: {p.text}; }}
 QListWidget::item:hover:!selected {{ background: {p.surface}; }}
+QDialog QListWidget {{ background: {p.surface}; border: 1px solid {p.border}; border-radius: 6px; }}
+QDialog QListWidget::item {{ padding: 4px 6px; }}
+#Hint {{ color: {p.muted}; }}
+#MemorySummary {{ color: {p.muted}; }}
 QProgressBar {{ background: {p.free}; border: none; border-radius: 3px; max-height: 6px; }}
 QProgressBar::chunk {{ background: {p.accent}; border-radius: 3px; }}
 QScrollBar:vertical {{ background: transparent; width: 10px; margin: 2px; }}

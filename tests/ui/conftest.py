@@ -1,9 +1,12 @@
 """UI test fixtures: a window over a scripted backend, and a check that no QThread or background task (app/ui/tasks.py)
-outlives its test."""
+outlives its test. The offscreen screen is a 1366x768 laptop's (Qt's own default is 800x800): windows open, fit and
+lay out as they would on the most common laptop screen."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +17,10 @@ from app.core.settings import Settings
 from app.core.storage.history import HistoryStore
 from app.ui.main_window import MainWindow
 from app.ui.tasks import busy_runners
+
+LAPTOP_SCREEN = Path(__file__).with_name("offscreen-1366x768.json")
+if os.environ.get("QT_QPA_PLATFORM") == "offscreen":  # set before pytest-qt creates the QApplication
+    os.environ["QT_QPA_PLATFORM"] = f"offscreen:configfile={LAPTOP_SCREEN}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -13,7 +13,8 @@ from PySide6.QtWidgets import QApplication, QDialog, QPlainTextEdit, QWidget
 from pytestqt.qtbot import QtBot
 
 from app.core.documents import ExtractedDocument, FitDecision, document_block
-from app.ui.attachments import AttachmentBar, AttachmentChip, FitChoiceDialog, local_paths_from_mime
+from app.ui.attachment_chip import AttachmentChip, FitChoiceDialog
+from app.ui.attachments import AttachmentBar, local_paths_from_mime
 from tests.helpers.document_files import SECRET, filler_paragraphs, write_docx, write_pdf
 
 
@@ -67,7 +68,7 @@ def test_dropping_several_files_makes_a_chip_each(qtbot: QtBot, bar: AttachmentB
     pdf_chip, csv_chip = bar.chips()
     tokens = bar.token_counts()[0]
     assert tokens is not None and tokens > 0
-    assert pdf_chip.name_label.text() == "report.pdf"
+    assert pdf_chip.name_label.full_text() == "report.pdf"
     assert pdf_chip.detail_label.text() == f"PDF, 2 pages · {tokens:,} tokens · {tokens / 1000:.0%} of free context"
     assert csv_chip.detail_label.text().startswith("CSV · ")
     assert not pdf_chip.progress.isVisible()
@@ -154,7 +155,7 @@ def test_bad_files_get_their_own_message_inline(qtbot: QtBot, bar: AttachmentBar
     wait_idle(qtbot, bar)
     assert [d.name for d in bar.documents()] == ["good.txt"]
     assert sorted(shown) == sorted(bar.errors())
-    by_name = {chip.name_label.text(): chip.detail_label.text() for chip in bar.chips()}
+    by_name = {chip.name_label.full_text(): chip.detail_label.text() for chip in bar.chips()}
     assert by_name["folder"] == "folder is a folder; attach the files inside it instead."
     assert by_name["empty.txt"] == "empty.txt is empty; there is nothing to attach."
     assert by_name["blob.bin"].startswith("blob.bin is a binary file, not text")
@@ -294,7 +295,7 @@ def test_fit_dialog_buttons(qtbot: QtBot) -> None:
     decision = FitDecision(document_tokens=(3000,), question_tokens=10, remaining_tokens=1026)
     dialog = FitChoiceDialog(decision, [document])
     qtbot.addWidget(dialog)
-    assert "log.txt need 3,000 tokens, but only 1,000 are free" in dialog.summary.text()
+    assert "log.txt needs 3,000 tokens, but only 1,000 are free" in dialog.summary.text()
     assert "drop about 2,000 tokens (67%)" in dialog.trim_button.text()
     dialog.show()
     qtbot.mouseClick(dialog.relevant_button, Qt.MouseButton.LeftButton)

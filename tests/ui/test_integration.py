@@ -58,11 +58,11 @@ def test_models_menu_opens_the_library_and_a_chosen_model_becomes_the_default(
     make_window, qtbot, tmp_path: Path
 ) -> None:
     window = make_window()
-    window.library_action.trigger()
+    window.menus.library.trigger()
     library = window.library_window
     assert library is not None and library.isVisible()
     qtbot.addWidget(library)
-    window.library_action.trigger()
+    window.menus.library.trigger()
     assert window.library_window is library  # one window, raised again
     library.model_chosen.emit(str(tmp_path))
     assert window.settings.model == str(tmp_path)

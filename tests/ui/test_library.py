@@ -15,7 +15,9 @@ from pytestqt.qtbot import QtBot
 
 from app.core.models import hub, library
 from app.core.storage import secrets
-from app.ui.library import DownloadDialog, HubTokenBox, LibraryWindow
+from app.ui.download_dialog import DownloadDialog
+from app.ui.hub_token import HubTokenBox
+from app.ui.library import LibraryWindow
 from tests.helpers import fake_hub as fake_hub_module
 from tests.helpers import memory_keyring
 from tests.helpers.fake_hub import FakeHub, FakeRepo
@@ -46,7 +48,7 @@ def fake(tiny_model_dir, isolated: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
 def make_window(qtbot: QtBot) -> LibraryWindow:
     window = LibraryWindow(quantization="bf16", device="cpu", client_factory=lambda: hub.HubClient(token=None))
     qtbot.addWidget(window)
-    qtbot.waitUntil(lambda: window.status_label.text().startswith("Verdicts for"), timeout=120_000)
+    qtbot.waitUntil(lambda: window.status_label.text().startswith("Memory: what each model needs"), timeout=120_000)
     return window
 
 
@@ -81,7 +83,7 @@ def test_window_lists_models_and_recommendations_with_verdicts(qtbot: QtBot) -> 
     recommended = library.recommended_models()
     assert window.recommended_table.rowCount() == len(recommended)
     llama_row = next(i for i, e in enumerate(recommended) if e.repo_id == "meta-llama/Llama-3.1-8B-Instruct")
-    assert cell(window, llama_row, 5, "recommended") == "gated: needs a token"
+    assert cell(window, llama_row, 5, "recommended") == "yes: needs a token"
     assert cell(window, llama_row, 6, "recommended") not in ("", "planning…")
     window.wait_for_workers()
 

@@ -323,13 +323,13 @@ def test_rename_to_empty_title_shows_the_error(make_window, qtbot) -> None:
 def test_export_markdown_json_and_import(make_window, qtbot, tmp_path: Path) -> None:
     window = make_window(ScriptedBackend(replies=["Paris."]))
     send(window, qtbot, "Capital of France?")
-    window.export_conversation(tmp_path / "c.md", "md")
-    window.export_conversation(tmp_path / "c.json", "json")
+    window.transfer.export_conversation(tmp_path / "c.md", "md")
+    window.transfer.export_conversation(tmp_path / "c.json", "json")
     markdown = (tmp_path / "c.md").read_text(encoding="utf-8")
     assert "Capital of France?" in markdown and "Paris." in markdown
     data = json.loads((tmp_path / "c.json").read_text(encoding="utf-8"))
     assert isinstance(data, dict)
-    window.import_conversation(tmp_path / "c.json")
+    window.transfer.import_conversation(tmp_path / "c.json")
     assert window.sidebar.list.count() == 2
     assert rows(window) == [("user", "Capital of France?"), ("assistant", "Paris.")]
 
@@ -337,13 +337,13 @@ def test_export_markdown_json_and_import(make_window, qtbot, tmp_path: Path) -> 
 def test_export_without_conversation_and_bad_import_are_reported(make_window, qtbot, tmp_path: Path) -> None:
     window = make_window()
     with pytest.raises(HearthError, match="no conversation to export"):
-        window.export_conversation(tmp_path / "x.md", "md")
-    window._export_dialog("md")
+        window.transfer.export_conversation(tmp_path / "x.md", "md")
+    window.transfer.export_dialog("md")
     assert window.banner.label.text() == "There is no conversation to export: open or start one first."
     bad = tmp_path / "bad.json"
     bad.write_text("{not json", encoding="utf-8")
     with pytest.raises(HearthError, match="not valid JSON"):
-        window.import_conversation(bad)
+        window.transfer.import_conversation(bad)
     assert window.store.list_conversations() == []
 
 

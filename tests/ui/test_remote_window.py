@@ -23,6 +23,7 @@ from app.ui.settings_dialog import SettingsDialog
 from app.ui.worker import default_backend_factory
 from tests.helpers import memory_keyring
 from tests.helpers.replay_server import ReplayServer
+from tests.ui.test_attachment_links import linked_files, read
 
 KEY = "sk-window-test-KEY-0c1d2e3f4a5b"
 REMOTE = "gpt-4o-mini @ hosted"
@@ -107,7 +108,8 @@ def test_a_remote_model_picked_in_the_window_streams_its_reply_with_the_cost(
     qtbot.waitUntil(lambda: "runs on the remote engine 'hosted'" in window.memory_panel.plan_label.text())
     choose(window, qtbot, REMOTE)
     assert window.model_info is not None and window.model_info.name == REMOTE
-    assert window.model_bar.status.full_text() == f"{REMOTE} · remote engine"
+    assert window.model_bar.status.full_text() == "Loaded: remote engine"
+    assert REMOTE in window.model_bar.status.toolTip()
     panel = window.memory_panel
     qtbot.waitUntil(lambda: panel.reading is not None)  # the first reading follows the load
     assert panel.remote_label.text() == "remote: hosted KV cache 12% used (server /metrics)"
@@ -327,3 +329,22 @@ def test_the_library_models_join_the_list_when_it_opens(make_window: Any, qtbot:
     assert bar.model_combo.itemText(0) == DEFAULT_LABEL and bar.model_combo.currentText() == DEFAULT_LABEL
     bar.model_combo.setCurrentIndex(bar.model_combo.findText(str(folders["complete"])))
     assert bar.request().model == str(folders["complete"]) and bar.request().remote is None
+
+
+def test_with_a_remote_model_the_attachments_say_which_files_leave_the_computer(
+    make_window: Any,
+    qtbot: QtBot,
+    hosted: registry.EngineConfig,
+    tmp_path: Path,
+) -> None:
+    window = make_window(factory=mixed_factory(ScriptedBackend()))
+    qtbot.waitUntil(lambda: window.attachments is not None, timeout=5_000)
+    plain, link, target = linked_files(tmp_path)
+    read(qtbot, window.attachments, [plain, link])
+    assert not window.attachments.destination_label.isVisible()  # the scripted model is local
+    choose(window, qtbot, REMOTE)
+    notice = window.attachments.destination_label
+    assert notice.isVisible()
+    assert f"for engine hosted ({hosted.base_url}) when sent" in notice.text() and str(target) in notice.text()
+    window.unload_model()
+    qtbot.waitUntil(lambda: not notice.isVisible(), timeout=10_000)

@@ -49,7 +49,7 @@ def test_main_window_screenshot(make_window, qtbot, tmp_path: Path, theme_name: 
         tokens_per_s=600,
     )
     window = make_window(backend, settings=Settings(theme=theme_name))
-    window.resize(1360, 860)
+    window.resize(1366, 736)  # a 1366x768 laptop screen less a title bar
     for title in ("Packing list for a week in Lisbon", "Regex for ISO dates", "Explain Rust lifetimes"):
         window.new_conversation()
         with qtbot.waitSignal(window.reply_finished, timeout=10_000):

@@ -32,6 +32,7 @@ from app.core.documents.fit import (
     trim_to_tokens,
 )
 from app.core.documents.layout import DocumentLike, compose_user_message, document_block, not_yet_in_conversation
+from app.core.documents.sources import remote_send_notice, source_label
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -65,6 +66,8 @@ __all__ = [
     "plan_fit",
     "rank_passages",
     "remaining_context",
+    "remote_send_notice",
+    "source_label",
     "split_passages",
     "trim_to_tokens",
 ]

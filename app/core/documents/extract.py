@@ -99,6 +99,13 @@ class ExtractedDocument:
     pages: int | None = None
     dropped_tokens: int = 0  # > 0 once trimmed or reduced to passages to fit the context
     fit_note: str = ""  # what was done to fit, shown to the user
+    path: str = ""  # the path as given (absolute)
+    real_path: str = ""  # the file actually read: differs from `path` when a link led elsewhere
+
+    @property
+    def via_link(self) -> bool:
+        """A symbolic link (the file or a folder on its way) led to a file elsewhere: say where, never silently."""
+        return bool(self.real_path) and self.real_path != self.path
 
     def with_text(self, text: str, *, dropped_tokens: int, fit_note: str) -> ExtractedDocument:
         return replace(self, text=text, dropped_tokens=dropped_tokens, fit_note=fit_note)
@@ -214,7 +221,7 @@ def extract_document(
         reason = "has no text layer (a scanned PDF?)" if document.mime_type == "application/pdf" else "has no text"
         raise EmptyDocumentError(name, reason)
     _report(progress, 1.0)
-    return document
+    return replace(document, path=os.path.abspath(path), real_path=os.path.realpath(path))
 
 
 def _peek(path: Path) -> bytes:

@@ -1,7 +1,8 @@
 """The model library: every model on this machine and the curated recommendations (verdicts: app.core.memory.verdict).
 
-On disk: the embedded default, repos in the Hugging Face cache, converted GGUF caches, and folders or GGUF files
-the user added (a JSON list in the config dir; removing one from the library never deletes the user's files).
+On disk: the embedded default, repos in the Hugging Face cache, and folders or GGUF files the user added (a JSON list
+in the config dir; removing one from the library never deletes the user's files). Hearth's own cache of converted
+GGUF files is no model of its own (it is a copy of one listed already): `cached_conversions` lists it apart.
 Torch-free: the library window lists models before torch is imported (the planner may import it lazily).
 """
 
@@ -182,7 +183,8 @@ def _hub_entries() -> list[LibraryModel]:
     return found
 
 
-def _converted_entries() -> list[LibraryModel]:
+def cached_conversions() -> list[LibraryModel]:
+    """Hearth's converted copies of GGUF files (a cache: deletable, rebuilt on demand), never listed as models."""
     found = []
     for folder in sorted(paths.converted_models_dir().iterdir()):
         if folder.is_dir() and not folder.name.startswith(".") and (folder / "config.json").is_file():
@@ -241,7 +243,6 @@ def list_models() -> list[LibraryModel]:
     if (default := _default_entry()) is not None:
         found.append(default)
     found.extend(_hub_entries())
-    found.extend(_converted_entries())
     for path in user_paths():
         if path.exists():
             found.append(_user_entry(path))
@@ -249,7 +250,8 @@ def list_models() -> list[LibraryModel]:
 
 
 def find_model(query: str) -> LibraryModel:
-    models = list_models()
+    """A model by name, spec or path; Hearth's cached conversions too (`hearth rm` deletes one by name)."""
+    models = list_models() + cached_conversions()
     for model in models:
         if query in (model.name, model.spec, str(model.path)):
             return model

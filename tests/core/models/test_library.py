@@ -79,14 +79,16 @@ def test_hub_cache_repos_are_listed_and_deleted(hf_cache: Path) -> None:
     assert "org/small" not in {m.spec for m in library.list_models()}
 
 
-def test_converted_caches_are_listed_and_deleted(isolated_cache: Path) -> None:
+def test_converted_caches_are_no_models_but_are_listed_apart_and_deleted(isolated_cache: Path) -> None:
     folder = paths.converted_models_dir() / "tiny-0123456789abcdef"
     folder.mkdir()
     (folder / "config.json").write_bytes(config_bytes(model_type="llama"))
     (folder / "model.safetensors").write_bytes(b"x" * 100)
     (paths.converted_models_dir() / ".convert-staging").mkdir()  # a conversion in progress: not a model
-    converted = [m for m in library.list_models() if m.kind == "converted"]
+    assert all(m.kind != "converted" for m in library.list_models())  # a copy of a model listed already
+    converted = library.cached_conversions()
     assert [m.name for m in converted] == ["tiny-0123456789abcdef"]
+    assert library.find_model("tiny-0123456789abcdef") == converted[0]  # `hearth rm` still finds it
     assert converted[0].architecture == "llama"
     library.delete_model(converted[0])
     assert not folder.exists()
