@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 
 from app.cli import Subparsers
 
@@ -16,17 +15,16 @@ def register(subparsers: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.core.engines.lite.backend import prompt_cache_folder
+    from app.core.engines.lite.backend import clear_prompt_cache, prompt_cache_folder
     from app.core.engines.lite.prefix_store import folder_usage
     from app.core.memory.types import format_bytes
 
     folder = prompt_cache_folder()
-    blocks, size = folder_usage(folder)
     if args.clear:
-        if folder.is_dir() and not folder.is_symlink():
-            shutil.rmtree(folder)
+        blocks, size = clear_prompt_cache()
         print(f"Removed the prompt cache: {blocks:,} blocks, {format_bytes(size)} ({folder}).")
         return 0
+    blocks, size = folder_usage(folder)
     print(f"Prompt cache: {blocks:,} blocks of 256 tokens, {format_bytes(size)} in {folder}")
     print("Clear it with `hearth cache --clear`; its size limit is the prompt_cache_gib setting (0 turns it off).")
     return 0

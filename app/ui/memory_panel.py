@@ -12,7 +12,7 @@ from typing import Any
 
 from PySide6.QtCore import QEvent, QPoint, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFontMetrics, QHelpEvent, QPainter, QPainterPath
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from app.core.engines.backend import ContextUsage, MemoryReading
 from app.ui.theme import Palette
@@ -202,6 +202,24 @@ class MemoryPanel(QWidget):
         self.context_bar = StackedBar("Tokens", format_tokens, palette)
         self._layout.addWidget(self.context_bar)
 
+        # The prompt cache on disk (prompts' KV blocks: a document is prefilled once), with a way to clear it.
+        self.prompt_cache_row = QWidget()
+        row = QHBoxLayout(self.prompt_cache_row)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.prompt_cache_label = QLabel()
+        self.prompt_cache_label.setObjectName("Muted")
+        self.prompt_cache_label.setToolTip(
+            "Prompts' KV cache kept on disk, so a document or a long chat is not prefilled again after a restart "
+            "(Settings: prompt cache size; `hearth cache`)."
+        )
+        self.clear_prompt_cache = QPushButton("Clear")
+        self.clear_prompt_cache.setToolTip("Remove the saved prompt blocks (they are rebuilt as you chat)")
+        self.clear_prompt_cache.clicked.connect(self._clear_prompt_cache)
+        row.addWidget(self.prompt_cache_label, 1)
+        row.addWidget(self.clear_prompt_cache)
+        self.prompt_cache_row.hide()
+        self._layout.addWidget(self.prompt_cache_row)
+
         self._layout.addSpacing(8)
         self._layout.addWidget(self._title("BEFORE LOADING"))
         self.plan_label = QLabel(PLAN_PENDING)  # a model is always chosen (the built-in one at least)
@@ -215,6 +233,13 @@ class MemoryPanel(QWidget):
         self.estimate = False
         self.plan_summary = ""
         self.set_context(None)
+
+    def _clear_prompt_cache(self) -> None:
+        from app.core.engines.lite.backend import clear_prompt_cache  # files only: quick, and no model library
+
+        blocks, size = clear_prompt_cache()
+        self.prompt_cache_label.setText(f"Prompt cache cleared ({blocks:,} blocks, {format_bytes(size)})")
+        self.clear_prompt_cache.setEnabled(False)
 
     def _title(self, text: str) -> QLabel:
         label = QLabel(text)
@@ -257,6 +282,11 @@ class MemoryPanel(QWidget):
                 ],
                 caption=f"{format_bytes(device.used_bytes)} used",
             )
+        cached = reading.prompt_cache_bytes if reading is not None else None
+        self.prompt_cache_row.setVisible(cached is not None)
+        if cached is not None:
+            self.prompt_cache_label.setText(f"Prompt cache on disk: {format_bytes(cached)}")
+            self.clear_prompt_cache.setEnabled(cached > 0)
         if reading is not None and reading.forecast_kv_full_at_tokens:
             per_token = f" ({format_bytes(reading.kv_bytes_per_token)} per token)" if reading.kv_bytes_per_token else ""
             self.forecast_label.setText(

@@ -97,3 +97,23 @@ def test_format_bytes() -> None:
         "5.0 MiB",
         "1.5 GiB",
     ]
+
+
+def test_memory_panel_shows_the_prompt_cache_and_clears_it(qtbot, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HEARTH_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "prompt-cache"
+    folder.mkdir(parents=True)
+    for name in ("a", "b"):
+        (folder / f"{name}.kvb").write_bytes(b"x" * 3 * 2**20)
+    panel = MemoryPanel(theme.LIGHT)
+    qtbot.addWidget(panel)
+    device = DeviceMemory("cpu", 2**30, 0, 2**28, 8 * 2**30)
+    panel.set_memory(MemoryReading((device,), prompt_cache_bytes=6 * 2**20))
+    panel.show()
+    assert panel.prompt_cache_row.isVisibleTo(panel)
+    assert panel.prompt_cache_label.text() == "Prompt cache on disk: 6.0 MiB"
+    panel.clear_prompt_cache.click()
+    assert not folder.exists()
+    assert panel.prompt_cache_label.text() == "Prompt cache cleared (2 blocks, 6.0 MiB)"
+    panel.set_memory(MemoryReading((device,)))  # an engine that keeps none (torch, a remote one): no row
+    assert not panel.prompt_cache_row.isVisibleTo(panel)

@@ -109,6 +109,7 @@ class MemoryReading:
     kv_bytes_per_token: int = 0
     forecast_kv_full_at_tokens: int | None = None  # context length at which the KV cache would fill memory
     remote: str = ""  # a remote engine: what its server reports (e.g. "vLLM KV cache 12% used"), else why not
+    prompt_cache_bytes: int | None = None  # the prompt cache on disk (None: this engine keeps none)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -52,6 +53,7 @@ from app.core.engines.lite.prefix_store import (
     PrefixStore,
     budget_for,
     file_sha256,
+    folder_usage,
     identity_digest,
 )
 from app.core.engines.lite.runtime import (
@@ -335,6 +337,7 @@ class LiteBackend:
             pool_size(budget, engine.model.config.kv_bytes_per_token, info.context_window), engine.new_kv
         )
         self._process = psutil.Process()
+        self._prompt_cache_read = (-PROMPT_CACHE_POLL_S, 0)  # (when, bytes)
 
     def generate(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
         prompt = self.engine.prepare(request)  # the user's errors raise here, before any event
@@ -362,7 +365,21 @@ class LiteBackend:
             total_bytes=int(memory.total),
             process_rss_bytes=rss,
         )
-        return MemoryReading((device,), per_token, kv_tokens + int(memory.available) // per_token)
+        return MemoryReading(
+            (device,),
+            per_token,
+            kv_tokens + int(memory.available) // per_token,
+            prompt_cache_bytes=self._prompt_cache_bytes(),
+        )
+
+    def _prompt_cache_bytes(self) -> int | None:
+        """The prompt cache's size on disk, read at most every PROMPT_CACHE_POLL_S (the panel asks every second)."""
+        if self.engine.prefixes is None:
+            return None
+        now = time.monotonic()
+        if now - self._prompt_cache_read[0] >= PROMPT_CACHE_POLL_S:
+            self._prompt_cache_read = (now, folder_usage(prompt_cache_folder())[1])
+        return self._prompt_cache_read[1]
 
     def forget(self, conversation_id: int) -> None:
         self._caches.forget(conversation_id)
@@ -374,10 +391,20 @@ class LiteBackend:
 
 
 PROMPT_CACHE_FOLDER = "prompt-cache"
+PROMPT_CACHE_POLL_S = 5.0
 
 
 def prompt_cache_folder() -> Path:
     return cache_dir() / PROMPT_CACHE_FOLDER
+
+
+def clear_prompt_cache() -> tuple[int, int]:
+    """Remove every saved prompt block (the window's Clear, `hearth cache --clear`): (blocks, bytes) removed."""
+    folder = prompt_cache_folder()
+    removed = folder_usage(folder)
+    if folder.is_dir() and not folder.is_symlink():
+        shutil.rmtree(folder, ignore_errors=True)
+    return removed
 
 
 def start_prompt_cache(engine: LiteEngine, model: GGUFModel, path: Path, tokenizer: Any, gib: float) -> None:
