@@ -16,10 +16,8 @@ import psutil
 
 from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
-from app.core.engines.backend import ResponseFormat
 from app.core.engines.generation import ReplyEngine, token_ids
 from app.core.engines.lite.runtime import PREFILL_CHUNK, LiteCache, LiteModel, LiteUnavailable
-from app.core.errors import HearthError
 from app.core.fastpath.kernel import ABI as KERNEL_ABI
 from app.core.fastpath.kernel import describe_step
 
@@ -206,13 +204,6 @@ class LiteEngine(ReplyEngine):
             "decode_weights": f"sha256:{self.packed_digest}",
             "kernel_abi": KERNEL_ABI,
         }
-
-    def _constraint(self, response_format: ResponseFormat) -> None:
-        if response_format.kind != "text":
-            raise HearthError(
-                f"The torch-free runtime cannot enforce a {response_format.kind} response format (its grammar masks "
-                "torch tensors): load the model with HEARTH_RUNTIME=torch, as `hearth serve` does."
-            )
 
     def close(self) -> None:
         self.model.close()
