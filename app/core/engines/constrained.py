@@ -99,19 +99,38 @@ def grammar_for_tool_calls(tools: list[dict[str, Any]]) -> GrammarSpec:
 
 def tool_call_schema(tools: list[dict[str, Any]], only: str | None = None) -> dict[str, Any]:
     """The JSON a call must be: {"name": one of the tools, "arguments": its parameters} (`only`: that tool)."""
+    chosen = [tool["function"] for tool in tools if only is None or tool["function"]["name"] == only]
     options = []
-    for tool in tools:
-        function = tool["function"]
-        if only is not None and function["name"] != only:
-            continue
+    for i, function in enumerate(chosen):
+        # The parameters' own "#/$defs/…" references, re-rooted where the parameters now sit.
+        at = "#/properties/arguments" if len(chosen) == 1 else f"#/anyOf/{i}/properties/arguments"
+        try:
+            parameters = _rerooted(function.get("parameters") or {"type": "object"}, at)
+        except RecursionError:
+            raise SchemaError(
+                f"The parameters of the tool {function['name']!r} nest more than {MAX_SCHEMA_DEPTH} deep; Hearth "
+                f"enforces at most {MAX_SCHEMA_DEPTH} levels (its limit on schema size)."
+            ) from None
         options.append({
             "type": "object",
-            "properties": {"name": {"const": function["name"]},
-                           "arguments": function.get("parameters") or {"type": "object"}},
+            "properties": {"name": {"const": function["name"]}, "arguments": parameters},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         })  # fmt: skip
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _rerooted(schema: Any, at: str) -> Any:
+    """A copy of the schema with its local JSON-pointer references ('#', '#/…') made relative to `at`."""
+    if isinstance(schema, list):
+        return [_rerooted(item, at) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _rerooted(value, at) for key, value in schema.items()}
+    reference = schema.get("$ref")
+    if isinstance(reference, str) and (reference == "#" or reference.startswith("#/")):
+        out["$ref"] = at + reference[1:]
+    return out
 
 
 def _json_grammar(schema: dict[str, Any]) -> str:
@@ -128,7 +147,10 @@ def bounded_schema(schema: Any, source: str) -> dict[str, Any]:
     """A copy of the schema, checked against the limits and its references, with the bounds described above."""
     if not isinstance(schema, dict):
         raise SchemaError(f"{source} must be a JSON object, not {type(schema).__name__}.")
-    size = len(json.dumps(schema, separators=(",", ":")))
+    try:
+        size = len(json.dumps(schema, separators=(",", ":")))
+    except RecursionError:
+        size = MAX_SCHEMA_BYTES + 1  # nested past what Python's JSON writer follows
     if size > MAX_SCHEMA_BYTES:
         raise SchemaError(
             f"{source} is {size:,} bytes; Hearth enforces schemas of at most {MAX_SCHEMA_BYTES:,} bytes "
