@@ -167,3 +167,13 @@ def test_a_slow_compile_holds_no_other_request(serve: Any, lite: LiteBackend, mo
         structured.join(120)
     (reply,) = results
     assert set(json.loads(reply.choices[0].message.content)) == {"held"}
+
+
+def test_a_long_repeat_pattern_is_served_not_stuck_compiling(serve: Any, lite: LiteBackend) -> None:
+    """Issue 28's 222-byte schema (xgrammar compiled `^a{40000}$` for 75 s on the model's thread): llguidance builds
+    its lexer lazily, a step at a time within its fuel, so the reply starts at once and ends at its length limit."""
+    reply = ask(serve(lite).client(), [{"role": "user", "content": "Write the letter a many times."}], max_tokens=6,
+                response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {
+                    "type": "string", "pattern": "^a{40000}$"}}})  # fmt: skip
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.choices[0].message.content.startswith('"a') and set(reply.choices[0].message.content[1:]) == {"a"}
