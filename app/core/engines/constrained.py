@@ -38,7 +38,7 @@ MAX_OPTIONAL_PROPERTIES = 200  # named properties one object may leave out (each
 COMPILE_SECONDS = 5.0  # building the grammar and its first mask
 NUMBER_DIGITS = 15  # an integer's digits, a number's before the point (unless the schema's bounds need more)
 FRACTION_DIGITS = 9  # a number's digits after the point (as multipleOf 1e-9; llguidance takes no finer step)
-COMPILED_KEPT = 32  # compiled grammars kept per tokenizer (an API client repeats its schema)
+COMPILED_KEPT = 32  # compiled grammars kept per engine (an API client repeats its schema)
 
 ANY_VALUE = "hearth-any-value"  # the $defs entry that stands for "any JSON value" with bounded numbers
 ANNOTATIONS = {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
@@ -368,9 +368,9 @@ def _any_value() -> dict[str, Any]:
     ]}  # fmt: skip
 
 
-# -- compiling, per tokenizer ----------------------------------------------------------------------------------
+# -- compiling, per engine ---------------------------------------------------------------------------------------
 class GrammarCompiler:
-    """One tokenizer's compiled grammars: llguidance's view of the tokenizer (built on first use, ~1 s), and the
+    """One engine's compiled grammars: llguidance's view of the tokenizer (built on first use, ~1 s), and the
     last COMPILED_KEPT grammars as matchers in their start state (each reply takes a copy), refusals included."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: set[int]) -> None:
@@ -389,7 +389,7 @@ class GrammarCompiler:
             if found is not None:
                 self._compiled.move_to_end(spec.grammar)
         if found is None:
-            self.llg_tokenizer()  # once per tokenizer (~1 s), not counted against the compile's time
+            self.llg_tokenizer()  # once per engine (~1 s), not counted against the compile's time
             found = self._compile_in_time(spec)
             with self._lock:
                 self._compiled[spec.grammar] = found
@@ -454,20 +454,6 @@ class GrammarCompiler:
 def _short(message: str) -> str:
     """llguidance's error without its parser-state dump, on one line."""
     return " ".join(message.split("<state>")[0].split())[:300]
-
-
-_compilers: dict[int, GrammarCompiler] = {}
-_compilers_lock = threading.Lock()
-
-
-def compiler_for(tokenizer: Any, vocab_size: int, eos_ids: set[int]) -> GrammarCompiler:
-    """The tokenizer's compiler (one per tokenizer object, for the life of the process)."""
-    with _compilers_lock:
-        found = _compilers.get(id(tokenizer))
-        if found is None or found.tokenizer is not tokenizer or found.vocab_size != vocab_size:
-            found = GrammarCompiler(tokenizer, vocab_size, eos_ids)
-            _compilers[id(tokenizer)] = found
-        return found
 
 
 # -- one reply's state -----------------------------------------------------------------------------------------

@@ -31,13 +31,7 @@ from app.core.chat.events import (
 from app.core.chat.response_cache import CachedReply, ResponseCache, cache_key
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
-from app.core.engines.constrained import (
-    GrammarCompiler,
-    GrammarSpec,
-    compiler_for,
-    grammar_for_format,
-    grammar_for_tool_calls,
-)
+from app.core.engines.constrained import GrammarCompiler, GrammarSpec, grammar_for_format, grammar_for_tool_calls
 from app.core.engines.tool_prompt import TOOL_CALL_FORMAT, fallback_messages, forced_tool_name
 from app.core.errors import ContextOverflowError, HearthError
 
@@ -45,6 +39,7 @@ log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 512  # bounds the prefill activation peak; also lets cancel act between chunks
 MEMORY_SAMPLE_EVERY = 16  # tokens between RSS samples on the CPU (a psutil call is ~10 µs)
+_GRAMMARS_LOCK = threading.Lock()
 
 
 def token_ids(values: Iterable[Any]) -> set[int]:
@@ -118,6 +113,7 @@ class ReplyEngine(ABC):
     display_name: str
     device_name: str  # where memory is counted ("cpu", "cuda:0")
     polls_memory: bool  # sample the process's memory every MEMORY_SAMPLE_EVERY tokens (the CPU's RSS)
+    _grammar_compiler: GrammarCompiler | None = None
 
     # -- what a model supplies ---------------------------------------------------------------
     @abstractmethod
@@ -142,12 +138,16 @@ class ReplyEngine(ABC):
         """What besides the prompt decides a greedy reply (response cache key): weights, decode path, kernel."""
 
     def _constraint(self, spec: GrammarSpec) -> Constraint:
-        """One reply's state of the grammar (compiled once per tokenizer and grammar); the torch engine wraps it
+        """One reply's state of the grammar (compiled once per engine and grammar); the torch engine wraps it
         to mask tensors."""
         return self._grammars().mask(spec)
 
     def _grammars(self) -> GrammarCompiler:
-        return compiler_for(self.tokenizer, self.vocab_size, self.eos_ids)
+        """This engine's compiled grammars (made on first use; they go with the engine when its model is closed)."""
+        with _GRAMMARS_LOCK:  # the server's compile thread and the model's thread may both ask first
+            if self._grammar_compiler is None:
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_ids)
+            return self._grammar_compiler
 
     def _begin_reply(self) -> None:  # noqa: B027 (optional: most engines have nothing to do)
         """Before a reply's first step (the GPU's peak memory counter is reset here)."""

@@ -224,10 +224,10 @@ def test_masking_never_imports_torch(default_folder: Path) -> None:
     code = (
         "import sys, numpy as np\n"
         "from app.core.engines.backend import ResponseFormat\n"
-        "from app.core.engines.constrained import compiler_for, grammar_for_format\n"
+        "from app.core.engines.constrained import GrammarCompiler, grammar_for_format\n"
         "from app.core.engines.lite.engine import load_tokenizer\n"
         f"tok = load_tokenizer(__import__('pathlib').Path({str(default_folder)!r}))\n"
-        "mask = compiler_for(tok, 49152, {2}).mask(grammar_for_format(ResponseFormat('json_object')))\n"
+        "mask = GrammarCompiler(tok, 49152, {2}).mask(grammar_for_format(ResponseFormat('json_object')))\n"
         "allowed = int(np.isfinite(mask.apply(np.zeros(49152, dtype=np.float32))).sum())\n"
         "assert 0 < allowed < 49152, allowed\n"
         "print('ok', 'torch' in sys.modules, 'xgrammar' in sys.modules)\n"
