@@ -1,25 +1,42 @@
-"""`hearth serve` measured: what a resending chat client gets from the prefix-matched KV cache, and the API's cost.
+"""`hearth serve` measured against `hearth chat`: the same request through every front end, and what a resending chat
+client gets from the prefix-matched KV cache.
 
-    python bench/server.py [--turns 6] [--tokens 32]
+    python bench/server.py [--rounds 3] [--tokens 128] [--peer-python .cache/peer-venv/bin/python] [--cache]
 
-1. A scripted conversation through the openai client against a real server on 127.0.0.1 (the embedded
-   SmolLM2-135M-Instruct, bf16, CPU): each turn resends the whole conversation, as chat clients do. Per turn:
-   prompt tokens, `cached_tokens`, TTFT. Then the same turns with the pool emptied before each one (no reuse).
-2. Decode tok/s through the API (server `timings`) ÷ the engine called directly, same greedy request, interleaved.
+1. Front ends (the default model, CPU, greedy, the same system and user message): decode tok/s and TTFT through
+   `hearth chat` (a fresh process a round, its own `--json` stats), `hearth serve` on the torch-free runtime (the one
+   both now open), `hearth serve` held to the torch runtime (HEARTH_RUNTIME=torch, q4: the CPU fast path it had), and
+   llama.cpp's server (llama-cpp-python's `llama_cpp.server` on the model's own GGUF) where --peer-python has it
+   (`make bench-peer` builds one; add its [server] extra). Servers are measured from the client, streamed: TTFT is
+   the first content chunk, decode rate the chunks after it over their time (the usage's token count when given).
+   Rounds interleave the front ends; printed: medians and per-round paired ratios to `hearth chat`.
+2. --cache: a scripted conversation against a server in this process (bf16, torch): each turn resends the whole
+   conversation; per turn prompt tokens, `cached_tokens`, TTFT, then the same turns with the pool emptied each time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+SYSTEM = "You are a helpful assistant."
+PROMPT = "Tell me a long story about a lighthouse keeper and the ships she guides home."
+DEFAULT_PEER_PYTHON = ROOT / ".cache" / "peer-venv" / "bin" / "python"
 TURNS = [
     "Hi! I'm planning a small vegetable garden.",
     "Which vegetables are easiest for a beginner?",
@@ -29,8 +46,140 @@ TURNS = [
     "Can I grow herbs next to the tomatoes?",
     "Thanks, any last tip?",
 ]
+Row = dict[str, float]
 
 
+# -- 1. front ends ---------------------------------------------------------------------------------------------
+def through_chat(tokens: int) -> Row:
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "chat", PROMPT, "--system", SYSTEM, "--device", "cpu", "--temperature", "0",
+         "--max-tokens", str(tokens), "--no-response-cache", "--json"],
+        capture_output=True, text=True, cwd=ROOT, timeout=900,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise SystemExit(f"hearth chat failed:\n{result.stderr[-2000:]}")
+    stats = next(e for e in map(json.loads, result.stdout.splitlines()) if e["type"] == "stats")
+    rate, ttft, generated = stats["decode_tokens_per_s"], stats["ttft_s"] * 1000, stats["generated_tokens"]
+    return {"tok/s": rate, "ttft_ms": ttft, "tokens": generated}
+
+
+def through_server(base_url: str, tokens: int) -> Row:
+    """One streamed request, timed at the client."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=900)
+    started = time.perf_counter()
+    first = last = None
+    chunks = 0
+    usage = None
+    stream = client.chat.completions.create(
+        model="x", messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}],
+        temperature=0, max_tokens=tokens, stream=True, stream_options={"include_usage": True},
+    )  # fmt: skip
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if chunk.choices and chunk.choices[0].delta.content:
+            last = time.perf_counter()
+            first = first or last
+            chunks += 1
+    generated = usage.completion_tokens if usage is not None else chunks
+    if first is None or last is None or last <= first:
+        return {"tok/s": 0.0, "ttft_ms": 0.0, "tokens": generated}
+    return {"tok/s": (generated - 1) / (last - first), "ttft_ms": (first - started) * 1000, "tokens": generated}
+
+
+@dataclass(frozen=True)
+class ServerProcess:
+    argv: list[str]
+    env: dict[str, str]
+    ready: re.Pattern[str]  # the log line that says it listens; group 1: its base URL (without /v1 for llama.cpp)
+    suffix: str = ""
+
+
+@contextmanager
+def serving(spec: ServerProcess) -> Iterator[str]:
+    """The server process; yields its base URL once its log names it."""
+    process = subprocess.Popen(spec.argv, cwd=ROOT, env=spec.env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               text=True)  # fmt: skip
+    assert process.stderr is not None
+    lines: list[str] = []
+    try:
+        url = None
+        while url is None:
+            line = process.stderr.readline()
+            if not line:
+                raise SystemExit(f"{' '.join(spec.argv[:4])} did not start:\n{''.join(lines)[-2000:]}")
+            lines.append(line)
+            if found := spec.ready.search(line):
+                url = found.group(1) + spec.suffix
+        stderr = process.stderr
+        threading.Thread(target=lambda: list(iter(stderr.readline, "")), daemon=True).start()  # keep the pipe open
+        for line in lines:
+            if line.startswith("hearth: runtime:"):
+                print(f"  {line.strip()}")
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with suppress(subprocess.TimeoutExpired):
+            process.wait(60)
+        if process.poll() is None:
+            process.kill()
+
+
+def front_ends(rounds: int, tokens: int, peer_python: Path) -> None:
+    import psutil
+
+    from app.core.models.model_source import bundled_default_gguf
+
+    hearth_ready = re.compile(r"at (http://127\.0\.0\.1:\d+/v1) · ")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    serve = [sys.executable, "-m", "app", "serve", "--port", "0", "--device", "cpu"]
+    torch_env = {**env, "HEARTH_RUNTIME": "torch"}
+    servers = {
+        "hearth serve (torch-free)": ServerProcess(serve, env, hearth_ready),
+        "hearth serve (torch)": ServerProcess([*serve, "--quant", "q4"], torch_env, hearth_ready),
+    }
+    gguf = bundled_default_gguf()
+    peer = [str(peer_python), "-c", "import llama_cpp.server"]
+    if peer_python.exists() and gguf is not None and subprocess.run(peer, capture_output=True).returncode == 0:
+        threads = psutil.cpu_count(logical=False) or 1
+        servers["llama.cpp server"] = ServerProcess(
+            [str(peer_python), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port",
+             str(free_port()), "--n_threads", str(threads), "--n_ctx", "2048"],
+            env, re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)"), "/v1",
+        )  # fmt: skip
+    else:
+        print(f"  llama.cpp server: not measured ({peer_python} has no llama_cpp.server: `make bench-peer`, then "
+              f"{peer_python} -m pip install 'llama-cpp-python[server]==0.3.36')")  # fmt: skip
+    rows: dict[str, list[Row]] = {"hearth chat": [], **{name: [] for name in servers}}
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(serving(spec)) for name, spec in servers.items()}
+        for number in range(1, rounds + 1):
+            rows["hearth chat"].append(through_chat(tokens))
+            for name, url in urls.items():
+                rows[name].append(through_server(url, tokens))
+            print(f"  round {number}: " + " · ".join(f"{n} {r[-1]['tok/s']:.1f} tok/s" for n, r in rows.items()))
+    chat = rows["hearth chat"]
+    print(f"\nsame request, at most {tokens} tokens, greedy; medians of {rounds} interleaved rounds")
+    print("front end | decode tok/s | TTFT ms | tokens | decode ÷ hearth chat (paired, median)")
+    for name, measured in rows.items():
+        ratios = [m["tok/s"] / c["tok/s"] for m, c in zip(measured, chat, strict=True) if c["tok/s"] > 0]
+        print(f"{name} | {statistics.median(m['tok/s'] for m in measured):.1f} | "
+              f"{statistics.median(m['ttft_ms'] for m in measured):.0f} | "
+              f"{statistics.median(m['tokens'] for m in measured):.0f} | "
+              f"{statistics.median(ratios) if ratios else 0:.3f}")  # fmt: skip
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# -- 2. the prefix-matched cache --------------------------------------------------------------------------------
 def conversation(
     client: object, backend: object, turns: int, tokens: int, *, reuse: bool
 ) -> list[tuple[int, int, float]]:
@@ -51,16 +200,9 @@ def conversation(
     return rows
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--tokens", type=int, default=32)
-    args = parser.parse_args()
+def cache_reuse(turns: int, tokens: int) -> None:
     import openai
 
-    from app.core.chat.events import ChatMessage, StatsEvent
-    from app.core.chat.sampling import SamplingParams
-    from app.core.engines.backend import ReplyRequest
     from app.core.engines.loader import load_model
     from app.core.engines.local import EngineBackend
     from app.core.server import ServerConfig, ServerHandle
@@ -70,35 +212,33 @@ def main() -> int:
     address = handle.start(backend)
     client = openai.OpenAI(base_url=address, api_key="x", max_retries=0)
     try:
-        with_reuse = conversation(client, backend, args.turns, args.tokens, reuse=True)
-        without = conversation(client, backend, args.turns, args.tokens, reuse=False)
+        with_reuse = conversation(client, backend, turns, tokens, reuse=True)
+        without = conversation(client, backend, turns, tokens, reuse=False)
         print("turn | prompt tok | cached tok | TTFT ms (reuse) | TTFT ms (no reuse)")
         for turn, ((prompt, cached, ttft), (_p, _c, cold)) in enumerate(zip(with_reuse, without, strict=True), 1):
             print(f"{turn} | {prompt} | {cached} | {ttft:.0f} | {cold:.0f}")
         total = sum(p for p, _c, _t in with_reuse)
         reused = sum(c for _p, c, _t in with_reuse)
         print(f"reused {reused} of {total} prompt tokens ({100 * reused / total:.0f}%)")
-
-        question = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
-        api_rates, direct_rates = [], []
-        for _ in range(3):
-            reply = client.chat.completions.create(model="x", messages=question, max_tokens=96, temperature=0)
-            api_rates.append(reply.model_extra["timings"]["predicted_per_second"])
-            request = ReplyRequest(
-                (ChatMessage("user", question[0]["content"]),),
-                params=SamplingParams(temperature=0, max_new_tokens=96),
-                use_response_cache=False,
-            )
-            for event in backend.generate(request, threading.Event()):
-                if isinstance(event, StatsEvent):
-                    direct_rates.append(event.stats.decode_tokens_per_s)
-        api, direct = statistics.median(api_rates), statistics.median(direct_rates)
-        print(f"decode tok/s: API {api:.1f}, direct {direct:.1f}, ratio {api / direct:.3f}")
     finally:
         handle.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--peer-python", type=Path, default=DEFAULT_PEER_PYTHON)
+    parser.add_argument("--cache", action="store_true", help="also the prefix-cache conversation (bf16, torch)")
+    parser.add_argument("--turns", type=int, default=6)
+    args = parser.parse_args()
+    print("1. the same request through every front end")
+    front_ends(args.rounds, args.tokens, args.peer_python)
+    if args.cache:
+        print("\n2. a resending chat client and the prefix-matched KV cache")
+        cache_reuse(args.turns, 32)
     return 0
 
 
 if __name__ == "__main__":
-    time.sleep(0)
     raise SystemExit(main())

@@ -56,6 +56,11 @@ def register(subparsers: Subparsers) -> None:
     net.add_argument(
         "--max-tokens", type=int, default=Limits.max_tokens, help="the most tokens one request may ask for"
     )
+    net.add_argument(
+        "--strict-tools", action="store_true",
+        help="refuse 'tools' (400) on a model whose chat template has none, instead of offering them through "
+        "Hearth's fallback prompt and a grammar-forced call",
+    )  # fmt: skip
     parser.set_defaults(handler=run)
 
 
@@ -94,7 +99,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=args.host, port=args.port, api_key=key, allow_network=args.allow_network,
         cors_origins=tuple(args.cors_origin), max_queue=args.max_queue, trusted_proxies=tuple(args.trusted_proxy),
-        limits=Limits(max_tokens=args.max_tokens, default_max_tokens=min(Limits.default_max_tokens, args.max_tokens)),
+        limits=Limits(max_tokens=args.max_tokens, default_max_tokens=min(Limits.default_max_tokens, args.max_tokens),
+                      tool_prompt_fallback=not args.strict_tools),
     )  # fmt: skip
 
 
@@ -118,9 +124,16 @@ def run(args: argparse.Namespace) -> int:
 
     # No response cache: an API client asking again wants a fresh reply (seeds are honoured).
     request = LoadRequest.from_settings(settings, ignore_fit=bool(args.ignore_fit), response_cache=False)
-    # Through torch: response_format's JSON grammars mask torch tensors (the torch-free runtime has none).
-    backend = open_backend(request, progress_to_stderr, runtime="torch")
+    # The load `hearth chat` and the window make (the torch-free runtime where it can take the model): the same
+    # runtime gives the same greedy tokens and speed; grammars mask its numpy logits as they do torch's.
+    from app.core.engines.lite.backend import lite_candidate
+
+    candidate = lite_candidate(request)  # the torch-free runtime's verdict, before the load writes anything
+    backend = open_backend(request, progress_to_stderr)
     refuse_unsafe_template(backend)  # never serve a model whose every reply would fail
+    for notice in [*backend.info.notices, *backend.info.recovered]:
+        print(f"hearth: note: {notice}", file=sys.stderr)
+    print(f"hearth: runtime: {runtime_line(backend, candidate)}", file=sys.stderr, flush=True)
     handle = ServerHandle(config, on_request=print_record)
     try:
         address = handle.start(backend)
@@ -145,6 +158,19 @@ def run(args: argparse.Namespace) -> int:
     finally:
         handle.stop()
         backend.close()
+
+
+def runtime_line(backend: Any, candidate: object) -> str:
+    """Which runtime serves and, when it is torch, why (`candidate`: lite_candidate's verdict before the load)."""
+    from app.core.engines.lite.backend import LiteBackend
+
+    if isinstance(backend, LiteBackend):
+        return "torch-free, as `hearth chat` and the window run it"
+    if candidate == "a remote model":
+        return "the remote engine's"
+    if isinstance(candidate, str):
+        return f"torch ({candidate})"
+    return "torch (the torch-free runtime could not open this model; the log says why)"
 
 
 def stop_on_sigterm(stopped: threading.Event) -> Any:

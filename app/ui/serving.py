@@ -97,6 +97,12 @@ class SharedModel:
         self.apply_forgets()  # in the queue's thread, between requests
         return self.backend.generate(request, cancel)
 
+    def compile_grammar(self, request: ReplyRequest) -> None:
+        """In the server's compile thread: the backend's grammars are its own (thread-safe), not its model."""
+        compile_grammar = getattr(self.backend, "compile_grammar", None)
+        if compile_grammar is not None:
+            compile_grammar(request)
+
     def memory(self) -> MemoryReading:
         reading = self.backend.memory()
         self.last_memory = reading

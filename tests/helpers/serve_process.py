@@ -12,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,11 @@ class ServeProcess:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def runtime(self) -> str:
+        """Its `hearth: runtime: …` line."""
+        return next((line.decode().strip() for line in self.lines if line.startswith(b"hearth: runtime: ")), "")
 
     def stderr_bytes(self) -> bytes:
         return b"".join(self.lines)
@@ -118,11 +124,23 @@ def parse_reply(data: bytes) -> RawReply:
     return RawReply(status, headers, rest)
 
 
-def start_serve(home: Path, *args: str, env: dict[str, str] | None = None) -> ServeProcess:
-    """`hearth serve --port 0 ARGS` on the embedded model in bf16; returns once it listens."""
+@contextmanager
+def hearth_serve(home: Path, *args: str) -> Iterator[ServeProcess]:
+    """`hearth serve --port 0 ARGS` as a user starts it (the runtime `hearth chat` would pick), stopped at the end."""
+    served = start_serve(home, *args, bf16=False)
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def start_serve(home: Path, *args: str, env: dict[str, str] | None = None, bf16: bool = True) -> ServeProcess:
+    """`hearth serve --port 0 ARGS` on the embedded model (in bf16 on the torch runtime unless `bf16` is False);
+    returns once it listens."""
     environment = {**os.environ, "PYTHONPATH": str(REPO), "HEARTH_HOME": str(home), **(env or {})}
+    forced = ["--quant", "bf16", "--device", "cpu"] if bf16 else []
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--port", "0", "--quant", "bf16", "--device", "cpu", *args],
+        [sys.executable, "-m", "app", "serve", "--port", "0", *forced, *args],
         cwd=REPO, env=environment, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     served = ServeProcess(process, 0)

@@ -134,7 +134,10 @@ class ReplyRequest:
     use_response_cache: bool = True
     stop: Sequence[str] = ()  # stop sequences (not included in the reply)
     response_format: ResponseFormat = field(default_factory=ResponseFormat)
-    tools: Sequence[dict[str, Any]] = ()  # OpenAI-style tool definitions, for chat templates that support tools
+    tools: Sequence[dict[str, Any]] = ()  # OpenAI-style tool definitions
+    # Tools on a chat template without them: the documented fallback prompt (app.core.engines.tool_prompt) when
+    # True, else refused (`hearth serve --strict-tools`).
+    tool_prompt_fallback: bool = True
     model: str | None = None  # a remote engine's model id; local backends serve the model they loaded
     raw_prompt: str | None = None  # /v1/completions: this text as the whole prompt, no chat template
 

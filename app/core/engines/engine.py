@@ -28,8 +28,7 @@ from transformers.generation.logits_process import (
 from app.core.chat.chat_format import FALLBACK_NOTICE
 from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
-from app.core.engines.backend import ResponseFormat
-from app.core.engines.constrained import LogitsMask, logits_mask
+from app.core.engines.constrained import GrammarSpec, LogitsMask
 from app.core.engines.generation import PreparedPrompt, ReplyEngine, token_ids
 from app.core.engines.kv_pool import shared_prefix
 from app.core.engines.loader import LoadedModel
@@ -166,8 +165,8 @@ class Engine(ReplyEngine):
     def _sampler(self, params: SamplingParams, prompt_ids: list[int]) -> TorchSampler:
         return TorchSampler(params, prompt_ids, self.device)
 
-    def _constraint(self, response_format: ResponseFormat) -> LogitsMask | None:
-        return logits_mask(self.tokenizer, self.vocab_size, response_format)
+    def _constraint(self, spec: GrammarSpec) -> TensorMask:
+        return TensorMask(self._grammars().mask(spec))
 
     def _cache_identity(self, budget: int) -> dict[str, Any]:
         return {
@@ -222,6 +221,27 @@ class Engine(ReplyEngine):
         out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep, **kwargs)
         kv.ids.extend(ids)
         return out.logits[:, -1, :].float()
+
+
+class TensorMask:
+    """A reply's grammar (app.core.engines.constrained, numpy) masking this engine's logits tensors."""
+
+    def __init__(self, mask: LogitsMask) -> None:
+        self.mask = mask
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        allowed = torch.from_numpy(self.mask.allowed())
+        if allowed.shape[0] < logits.shape[-1]:  # logits past the tokenizer's vocabulary: never allowed
+            allowed = torch.nn.functional.pad(allowed, (0, logits.shape[-1] - allowed.shape[0]))
+        allowed = allowed[: logits.shape[-1]].to(logits.device, non_blocking=True)
+        return logits.float().masked_fill(~allowed, float("-inf"))
+
+    def accept(self, token: int) -> None:
+        self.mask.accept(token)
+
+    @property
+    def finished(self) -> bool:
+        return self.mask.finished
 
 
 class TorchSampler:

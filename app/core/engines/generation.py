@@ -30,13 +30,16 @@ from app.core.chat.events import (
 )
 from app.core.chat.response_cache import CachedReply, ResponseCache, cache_key
 from app.core.chat.sampling import SamplingParams
-from app.core.engines.backend import ReplyRequest, ResponseFormat
+from app.core.engines.backend import ReplyRequest
+from app.core.engines.constrained import GrammarCompiler, GrammarSpec, grammar_for_format, grammar_for_tool_calls
+from app.core.engines.tool_prompt import TOOL_CALL_FORMAT, fallback_messages, forced_tool_name
 from app.core.errors import ContextOverflowError, HearthError
 
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 512  # bounds the prefill activation peak; also lets cancel act between chunks
 MEMORY_SAMPLE_EVERY = 16  # tokens between RSS samples on the CPU (a psutil call is ~10 µs)
+_GRAMMARS_LOCK = threading.Lock()
 
 
 def token_ids(values: Iterable[Any]) -> set[int]:
@@ -110,6 +113,7 @@ class ReplyEngine(ABC):
     display_name: str
     device_name: str  # where memory is counted ("cpu", "cuda:0")
     polls_memory: bool  # sample the process's memory every MEMORY_SAMPLE_EVERY tokens (the CPU's RSS)
+    _grammar_compiler: GrammarCompiler | None = None
 
     # -- what a model supplies ---------------------------------------------------------------
     @abstractmethod
@@ -133,10 +137,17 @@ class ReplyEngine(ABC):
     def _cache_identity(self, budget: int) -> dict[str, Any]:
         """What besides the prompt decides a greedy reply (response cache key): weights, decode path, kernel."""
 
-    @abstractmethod
-    def _constraint(self, response_format: ResponseFormat) -> Constraint | None:
-        """The grammar that enforces a response format for one reply (None for free text); HearthError when this
-        engine can't enforce it or the schema is bad."""
+    def _constraint(self, spec: GrammarSpec) -> Constraint:
+        """One reply's state of the grammar (compiled once per engine and grammar); the torch engine wraps it
+        to mask tensors."""
+        return self._grammars().mask(spec)
+
+    def _grammars(self) -> GrammarCompiler:
+        """This engine's compiled grammars (made on first use; they go with the engine when its model is closed)."""
+        with _GRAMMARS_LOCK:  # the server's compile thread and the model's thread may both ask first
+            if self._grammar_compiler is None:
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_ids)
+            return self._grammar_compiler
 
     def _begin_reply(self) -> None:  # noqa: B027 (optional: most engines have nothing to do)
         """Before a reply's first step (the GPU's peak memory counter is reset here)."""
@@ -188,26 +199,55 @@ class ReplyEngine(ABC):
 
     def prepare(self, request: ReplyRequest) -> PreparedPrompt:
         """The request's prompt as token ids, tokenized once; raises the user's errors (the prompt does not fit, a
-        feature this engine cannot honour) before any event."""
-        if request.tools and not supports_tools(self.tokenizer):
-            raise HearthError(
-                f"The chat template of {self.display_name} does not support tools: send the request without "
-                "'tools', or load a model whose template has them (e.g. Qwen2.5 or Llama 3.1 Instruct)."
-            )
+        feature this engine cannot honour, a schema it cannot enforce) before any event."""
+        by_prompt = self._tools_by_prompt(request)
         if request.raw_prompt is not None:  # a plain completion: the text as is, with the tokenizer's own BOS
             ids = list(self.tokenizer(request.raw_prompt)["input_ids"])
             if len(ids) >= self.context_window:
                 raise ContextOverflowError(len(ids), self.context_window)
             prompt = PreparedPrompt(ids, 0, False)
         else:
+            messages, tools = list(request.messages), list(request.tools) or None
+            if by_prompt:
+                forced = request.response_format.name == TOOL_CALL_FORMAT
+                only = forced_tool_name(request.response_format) if forced else None
+                messages, tools = fallback_messages(messages, list(request.tools), forced=forced, only=only), None
             prompt = self.prepare_prompt(
-                list(request.messages),
+                messages,
                 assistant_prefix=request.assistant_prefix,
                 context_policy=request.context_policy,
-                tools=list(request.tools) or None,
+                tools=tools,
             )
-        constraint = self._constraint(request.response_format)  # a bad schema raises
-        return replace(prompt, constraint=constraint) if constraint is not None else prompt
+        spec = self.grammar(request)  # a bad schema raises
+        return replace(prompt, constraint=self._constraint(spec)) if spec is not None else prompt
+
+    def grammar(self, request: ReplyRequest) -> GrammarSpec | None:
+        """What the reply must match: the response format's schema (a forced tool call's too), or on a template
+        without tools the fallback prompt's format (free text or tool calls); None for free text."""
+        if self._tools_by_prompt(request) and request.response_format.kind == "text":
+            return grammar_for_tool_calls(list(request.tools))
+        forced = request.response_format.name == TOOL_CALL_FORMAT
+        source = "The tools' parameters" if forced else "The JSON schema in response_format"
+        return grammar_for_format(request.response_format, source)
+
+    def compile_grammar(self, request: ReplyRequest) -> None:
+        """Compile the request's grammar now, so that its reply finds it compiled: the server calls this off the
+        model's thread. SchemaError when it can't be enforced (or takes longer than the compile limit)."""
+        spec = self.grammar(request)
+        if spec is not None:
+            self._grammars().compile(spec)
+
+    def _tools_by_prompt(self, request: ReplyRequest) -> bool:
+        """Whether the request's tools go through the fallback prompt (the template has no tools); HearthError
+        when the request refuses that."""
+        if not request.tools or supports_tools(self.tokenizer):
+            return False
+        if not request.tool_prompt_fallback:
+            raise HearthError(
+                f"The chat template of {self.display_name} does not support tools: send the request without "
+                "'tools', or load a model whose template has them (e.g. Qwen2.5 or Llama 3.1 Instruct)."
+            )
+        return True
 
     def context_usage(self, request: ReplyRequest, prompt: PreparedPrompt) -> ContextUsage:
         """How the prepared prompt fills the window: the system prompt and the newest message counted alone, the

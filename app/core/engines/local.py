@@ -71,6 +71,10 @@ class EngineBackend:
         kv = self._pool.take(prompt.ids) if conversation is None else self._caches.take(conversation)
         return self.engine.generate_prepared(prompt, request, kv=kv, cancel=cancel)
 
+    def compile_grammar(self, request: ReplyRequest) -> None:
+        """The request's grammar compiled now, off the model's thread (the server's compile thread)."""
+        self.engine.compile_grammar(request)
+
     def count_tokens(self, text: str) -> int:
         return self.engine.count_tokens(text) if text else 0
 

@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.chat.events import DoneEvent, ReplyStats, StatsEvent, TokenEvent
+from app.core.engines.constrained import SchemaError
+from app.core.engines.tool_prompt import TOOL_CALL_OPEN
 from app.core.errors import ContextOverflowError, HearthError
 from app.core.memory.release import release_freed_memory
 from app.core.server import protocol
@@ -40,7 +43,6 @@ from app.core.server.security import allowed_host_names, host_name, key_matches
 from app.core.server.stops import StopFilter
 
 log = logging.getLogger(__name__)
-TOOL_CALL_OPEN = "<tool_call>"
 RELEASE_AFTER_BYTES = 2**20  # after a request body this large, freed heap memory goes back to the system
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models"}
 Item = tuple[str, JobItem]  # (the text the client sees, the backend's item)
@@ -277,6 +279,22 @@ class Reply:
                     text += raw
         return text
 
+    def incomplete_tool_call(self) -> ApiError | None:
+        """A forced tool call that did not complete (cut by max_tokens or a stop sequence): an error the client
+        sees, never an empty success."""
+        if not self.forced_tool or self.tool_calls or self.done is None or self.done.finish_reason == "error":
+            return None
+        generated = self.stats.stats.generated_tokens if self.stats is not None else 0
+        if self.done.finish_reason == "length":
+            return ApiError(
+                400, f"The forced tool call was cut by the length limit after {generated} tokens, before its JSON "
+                "was complete: raise 'max_tokens'.", param="max_tokens", code="tool_call_incomplete",
+            )  # fmt: skip
+        return ApiError(
+            400, "The forced tool call ended before its JSON was complete (a stop sequence cut it): send the request "
+            "without that 'stop'.", param="stop", code="tool_call_incomplete",
+        )  # fmt: skip
+
     @property
     def content(self) -> str:
         full = "".join(self.text)
@@ -320,6 +338,7 @@ class ServerApp:
         self.started_at = int(time.time())
         self.prompt_bound = PromptBound(queue.model.info.tokenizer_file, queue.model.info.context_window)
         self._counting = asyncio.Semaphore(1)  # one prompt counted at a time, off the event loop and the worker
+        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hearth-grammar")
         routes = [
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
@@ -409,6 +428,11 @@ class ServerApp:
             self.metrics.request_done(endpoint, error.status)
             self._log(request, error.status, error=error.log_message)
             return _releasing(error_response(error), size)
+        refused = await self._compile_grammar(parsed)
+        if refused is not None:
+            self.metrics.request_done(endpoint, refused.status)
+            self._log(request, refused.status, error=refused.log_message)
+            return _releasing(error_response(refused), size)
         cancel = threading.Event()
         loop = asyncio.get_running_loop()
         items: Items = asyncio.Queue()
@@ -455,6 +479,21 @@ class ServerApp:
                 too_long = await asyncio.to_thread(self.prompt_bound.by_tokens, texts)
         if too_long is not None:
             raise _too_long_error(too_long, "prompt" if reply.raw_prompt is not None else "messages")
+
+    async def _compile_grammar(self, parsed: ParsedRequest) -> ApiError | None:
+        """Compile the request's grammar (response_format, forced or fallback tool calls) before it joins the queue,
+        in the server's one compile thread, never the model's: a slow schema holds no other request, and one that
+        can't be enforced (or passes the compile limit) is a 400 naming why. The reply then finds it compiled."""
+        compile_grammar = getattr(self.queue.model, "compile_grammar", None)
+        reply = parsed.reply
+        if compile_grammar is None or (reply.response_format.kind == "text" and not reply.tools):
+            return None
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._compiler, compile_grammar, reply)
+        except HearthError as exc:  # a schema it can't enforce; tools refused (--strict-tools)
+            code = "invalid_schema" if isinstance(exc, SchemaError) else None
+            return ApiError(400, str(exc), param="tools" if reply.tools else "response_format", code=code)
+        return None
 
     # --- the request log ------------------------------------------------------------------------------------------
     def _log(self, request: Request, status: int, *, reply: Reply | None = None, stream: bool = False,
@@ -566,6 +605,11 @@ class _Exchange:
             self.app.reply_finished(self.endpoint, reply, error.status)
             self.app._log(self.request, error.status, reply=reply, started=self.received, error=error.message)
             return error_response(error)
+        incomplete = reply.incomplete_tool_call()
+        if incomplete is not None:
+            self.app.reply_finished(self.endpoint, reply, incomplete.status)
+            self.app._log(self.request, incomplete.status, reply=reply, started=self.received, error=incomplete.message)
+            return error_response(incomplete)
         body = self._base()
         if self.endpoint == "chat":
             said: dict[str, Any] = {"role": "assistant", "content": reply.content}
@@ -605,11 +649,14 @@ class _Exchange:
                 yield self._chunk({"content": text}, text)
             if self.gone.is_set():
                 return
-            if reply.error is not None or (reply.done is not None and reply.done.finish_reason == "error"):
+            failed = reply.error is not None or (reply.done is not None and reply.done.finish_reason == "error")
+            incomplete = reply.incomplete_tool_call()
+            if failed or incomplete is not None:
                 detail = str(reply.error) if reply.error is not None else (reply.done.error if reply.done else "")
-                error = ApiError(500, f"The model failed mid-reply: {detail}", code="server_error")
-                self.app.reply_finished(self.endpoint, reply, 500)
-                self.app._log(self.request, 500, reply=reply, stream=True, started=self.received, error=error.message)
+                error = incomplete or ApiError(500, f"The model failed mid-reply: {detail}", code="server_error")
+                self.app.reply_finished(self.endpoint, reply, error.status)
+                self.app._log(self.request, error.status, reply=reply, stream=True, started=self.received,
+                              error=error.message)  # fmt: skip
                 yield _sse(error.body())
                 yield "data: [DONE]\n\n"
                 finished = True

@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 from app.core.chat.events import ChatMessage
 from app.core.chat.sampling import MAX_TOP_K, SamplingParams
 from app.core.engines.backend import ReplyRequest, ResponseFormat
+from app.core.engines.constrained import tool_call_schema
+from app.core.engines.tool_prompt import TOOL_CALL_FORMAT
 from app.core.errors import InvalidSettingError
 from app.core.server.logsafe import echo, printable
 from app.core.storage.schema import check_field
@@ -24,7 +26,6 @@ from app.core.storage.schema import check_field
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_STOP_CHARS = 200
 MAX_JSON_DEPTH = 64  # far beyond any real request (a tool schema nests a dozen levels), far below Python's stack
-TOOL_CALL_FORMAT = "tool_call"  # the ResponseFormat name the server uses when it forces a tool call
 
 
 class ApiError(Exception):
@@ -59,6 +60,9 @@ class Limits:
     default_max_tokens: int = 1024  # when the request says nothing: a missing max_tokens must not run away
     max_body_bytes: int = 4 * 2**20
     max_messages: int = 1024
+    # Tools on a model whose template has none: the fallback prompt (docs/structured-output.md), or a 400 when
+    # False (`hearth serve --strict-tools`).
+    tool_prompt_fallback: bool = True
 
 
 @dataclass(frozen=True)
@@ -367,21 +371,7 @@ def tools(body: dict[str, Any]) -> tuple[tuple[dict[str, Any], ...], ToolMode]:
 
 def forced_tool_schema(tool_list: tuple[dict[str, Any], ...], mode: ToolMode) -> dict[str, Any]:
     """The JSON schema a forced tool call's text must match: {"name": one of the tools, "arguments": its params}."""
-    options = []
-    for tool in tool_list:
-        function = tool["function"]
-        if mode.function is not None and function["name"] != mode.function:
-            continue
-        options.append({
-            "type": "object",
-            "properties": {
-                "name": {"const": function["name"]},
-                "arguments": function.get("parameters") or {"type": "object"},
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })  # fmt: skip
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    return tool_call_schema(list(tool_list), only=mode.function)
 
 
 def chat_request(body: dict[str, Any], limits: Limits, context_window: int) -> ParsedRequest:
@@ -406,6 +396,7 @@ def chat_request(body: dict[str, Any], limits: Limits, context_window: int) -> P
         stop=stop_sequences(body),
         response_format=fmt,
         tools=tool_list,
+        tool_prompt_fallback=limits.tool_prompt_fallback,
         model=None,
     )
     return ParsedRequest(

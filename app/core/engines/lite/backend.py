@@ -3,8 +3,8 @@
 A GGUF file on the CPU runs on its own blocks (app.core.engines.lite.gguf_model); a q4 model folder whose packed copy
 is cached (written by its first load through torch) runs from that copy. Either way without torch:
 `open_lite_backend` returns a LiteBackend, or the reason it can't, and the caller (app.core.engines.opening) then
-loads through torch as before. What needs torch stays there: JSON response formats (xgrammar masks torch tensors),
-models whose code or tokenizer only transformers' auto classes load, and every GPU.
+loads through torch as before. What needs torch stays there: models whose code or tokenizer only transformers' auto
+classes load, and every GPU.
 """
 
 from __future__ import annotations
@@ -344,6 +344,10 @@ class LiteBackend:
         conversation = request.conversation_id
         kv = self._pool.take(prompt.ids) if conversation is None else self._caches.take(conversation)
         return self.engine.generate_prepared(prompt, request, kv=kv, cancel=cancel)
+
+    def compile_grammar(self, request: ReplyRequest) -> None:
+        """The request's grammar compiled now, off the model's thread (the server's compile thread)."""
+        self.engine.compile_grammar(request)
 
     def count_tokens(self, text: str) -> int:
         return self.engine.count_tokens(text) if text else 0

@@ -17,7 +17,6 @@ import psutil
 
 from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
-from app.core.engines.backend import ResponseFormat
 from app.core.engines.generation import ReplyEngine, token_ids
 from app.core.engines.lite.prefix_store import PrefixCache
 from app.core.engines.lite.runtime import DecoderRuntime, LiteCache, LiteUnavailable
@@ -228,13 +227,6 @@ class LiteEngine(ReplyEngine):
             "decode_weights": self.model.digest,
             "kernel_abi": KERNEL_ABI,
         }
-
-    def _constraint(self, response_format: ResponseFormat) -> None:
-        if response_format.kind != "text":
-            raise HearthError(
-                f"The torch-free runtime cannot enforce a {response_format.kind} response format (its grammar masks "
-                "torch tensors): load the model with HEARTH_RUNTIME=torch, as `hearth serve` does."
-            )
 
     def close(self) -> None:
         if self.prefixes is not None:

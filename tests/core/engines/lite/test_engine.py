@@ -3,10 +3,12 @@ tokenizer against AutoTokenizer's, and a reply's behaviour (stop, cancel, stats,
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
@@ -14,10 +16,10 @@ from transformers import AutoTokenizer
 from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import LoadRequest, ReplyRequest, ResponseFormat
+from app.core.engines.constrained import SchemaError
 from app.core.engines.lite.backend import LiteBackend, open_lite_backend
 from app.core.engines.lite.engine import NumpySampler, load_tokenizer
 from app.core.engines.lite.runtime import LiteUnavailable
-from app.core.errors import HearthError
 from app.core.fastpath import kernel
 from tests.helpers.warpers import WARPED_PARAMS, distance_from_warped, kept_tokens
 
@@ -130,13 +132,32 @@ def test_stop_strings_and_cancel_end_a_reply(lite_backend: LiteBackend) -> None:
     assert isinstance(last, DoneEvent) and last.finish_reason == "cancelled" and tokens == 1
 
 
+CITY = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "population": {"type": "integer"},
+        "area_km2": {"type": "number"},
+        "kind": {"enum": ["city", "town", "village"]},
+        "mayor": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                  "required": ["name", "age"]},
+    },
+    "required": ["name", "population", "area_km2", "kind", "mayor"],
+}  # fmt: skip
+
+
 @needs_kernel
-def test_a_json_response_format_is_refused_with_what_to_do(lite_backend: LiteBackend) -> None:
-    request = ReplyRequest([ChatMessage("user", "Hi")], GREEDY, response_format=ResponseFormat("json_object"))
-    with pytest.raises(
-        HearthError, match=r"torch-free runtime cannot enforce a json_object response format.*HEARTH_RUNTIME=torch"
-    ):
-        lite_backend.generate(request, threading.Event())
+def test_a_json_schema_is_enforced_on_its_numpy_logits(lite_backend: LiteBackend) -> None:
+    request = ReplyRequest([ChatMessage("user", "Describe Paris as JSON.")],
+                           SamplingParams(temperature=0, max_new_tokens=200),
+                           response_format=ResponseFormat("json_schema", CITY))  # fmt: skip
+    done = run(lite_backend, request)[-1]
+    assert done.finish_reason == "stop", done.text
+    jsonschema.validate(json.loads(done.text), CITY)
+    remote = ResponseFormat("json_schema", {"$ref": "https://example.com/x.json"})
+    bad = ReplyRequest([ChatMessage("user", "Hi")], GREEDY, response_format=remote)
+    with pytest.raises(SchemaError, match="outside the schema"):  # before any event
+        lite_backend.generate(bad, threading.Event())
 
 
 @needs_kernel
