@@ -1,16 +1,18 @@
 """The one GGUF header reader: a file's metadata, tensor table and the config transformers would convert it to,
-read from the header alone (no tensor data), for the library, the memory planner and the converter's checks.
+read from the header alone (no tensor data), for the library, the memory planner, the loaders and the tokenizer.
 
 transformers' own reader (load_gguf_checkpoint) and gguf.GGUFReader turn every tokenizer string into Python
 objects: 40-90 s for the 49k-token default model on the 2-core CI box. This walks the header once with
-struct.unpack_from over a buffered read and skips arrays it does not need, in well under a second. The config's
-key renames come from transformers' GGUF tables, so they stay in step with what the loader converts. Torch-free.
+struct.unpack_from over a buffered read and skips arrays it does not need, in well under a second; the long arrays
+(the vocabulary, merges, token types, scores) are read only when asked for (read_gguf_arrays, for the tokenizer). The
+config's key renames come from transformers' GGUF tables, so they stay in step with what transformers reads. Torch-free.
 """
 
 from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -24,6 +26,7 @@ _STRING, _ARRAY = 8, 9
 # Arrays longer than this (token lists, merges, scores) are skipped; only their length is kept.
 _MAX_ARRAY_KEPT = 4096
 _READ_BLOCK = 1 << 20
+_LENGTH = struct.Struct("<Q")
 
 
 class SkippedArray:
@@ -38,6 +41,13 @@ class TensorExtent:
     kind: int  # GGML quantization type
     elements: int
     offset: int  # from the start of the data section
+    name: str = ""
+    dims: tuple[int, ...] = ()  # as the file lists them: ggml order, the fastest-moving (row length) first
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The tensor's shape in torch/numpy order (rows, row length)."""
+        return tuple(reversed(self.dims))
 
 
 @dataclass(frozen=True)
@@ -93,7 +103,36 @@ class _Reader:
         self.position += length
         return self.buffer[offset : offset + length].decode("utf-8", errors="replace")
 
-    def value(self, kind: int) -> Any:
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row, in one tight loop (a 128k-token vocabulary and its merges are 256k strings)."""
+        values: list[str] = []
+        append, unpack = values.append, _LENGTH.unpack_from
+        buffer, offset = self.buffer, self.position - self.start
+        for _ in range(count):
+            if offset + 8 > len(buffer):
+                buffer, offset = self._refill(offset, 8)
+            (length,) = unpack(buffer, offset)
+            end = offset + 8 + length
+            if end > len(buffer):
+                if length > 1 << 20:
+                    raise CorruptModelError(
+                        f"{self.path}: a GGUF header string claims {length} bytes; the file is corrupt."
+                    )
+                buffer, offset = self._refill(offset, 8 + length)
+                end = offset + 8 + length
+            append(buffer[offset + 8 : end].decode("utf-8", errors="replace"))
+            offset = end
+        self.position = self.start + offset
+        return values
+
+    def _refill(self, offset: int, size: int) -> tuple[bytes, int]:
+        """Move the buffer to `offset` (in the current buffer) with `size` bytes available there."""
+        self.position = self.start + offset
+        self._need(size)
+        return self.buffer, self.position - self.start
+
+    def value(self, kind: int, keep: bool = False) -> Any:
+        """The next value of type `kind`; an array longer than _MAX_ARRAY_KEPT only as its length unless `keep`."""
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind])
         if kind == _STRING:
@@ -101,15 +140,49 @@ class _Reader:
         if kind == _ARRAY:
             item_kind = self.unpack("<I")
             count = self.unpack("<Q")
-            if count <= _MAX_ARRAY_KEPT:
-                return [self.value(item_kind) for _ in range(count)]
             if item_kind in _SCALARS:
-                self.position += count * struct.calcsize(_SCALARS[item_kind])
-            else:
-                for _ in range(count):
-                    self.value(item_kind)
+                fmt = _SCALARS[item_kind]
+                size = count * struct.calcsize(fmt)
+                if count <= _MAX_ARRAY_KEPT or keep:
+                    self._need(size)
+                    values = struct.unpack_from(f"<{count}{fmt[1]}", self.buffer, self.position - self.start)
+                    self.position += size
+                    return list(values)
+                self.position += size
+                return SkippedArray(count)
+            if item_kind == _STRING:
+                if count <= _MAX_ARRAY_KEPT or keep:
+                    return self.strings(count)
+                self.skip_strings(count)
+                return SkippedArray(count)
+            if count <= _MAX_ARRAY_KEPT or keep:
+                return [self.value(item_kind, keep) for _ in range(count)]
+            for _ in range(count):
+                self.value(item_kind)
             return SkippedArray(count)
         raise CorruptModelError(f"{self.path}: unknown GGUF value type {kind}; the file is corrupt.")
+
+    def skip_strings(self, count: int) -> None:
+        unpack = _LENGTH.unpack_from
+        for _ in range(count):
+            self._need(8)
+            (length,) = unpack(self.buffer, self.position - self.start)
+            if length > 1 << 20:
+                raise CorruptModelError(
+                    f"{self.path}: a GGUF header string claims {length} bytes; the file is corrupt."
+                )
+            self.position += 8 + length
+
+    def metadata(self, keep: Collection[str] = ()) -> tuple[int, dict[str, Any]]:
+        """(tensor count, metadata) from the start of the file; the arrays named in `keep` in full."""
+        self.position = 8  # magic + version, checked by check_gguf_header
+        tensor_count = self.unpack("<Q")
+        kv_count = self.unpack("<Q")
+        metadata: dict[str, Any] = {}
+        for _ in range(kv_count):
+            key = self.string()
+            metadata[key] = self.value(self.unpack("<I"), key in keep)
+        return tensor_count, metadata
 
 
 def read_gguf_header(path: Path) -> GGUFHeader:
@@ -127,22 +200,18 @@ def _read_header(path: Path, size: int, mtime_ns: int) -> GGUFHeader:
     except OSError as exc:
         raise CorruptModelError(f"Cannot read {path}: {exc.strerror or exc}.") from exc
     try:
-        reader.position = 8  # magic + version, checked above
-        tensor_count = reader.unpack("<Q")
-        kv_count = reader.unpack("<Q")
-        metadata: dict[str, Any] = {}
-        for _ in range(kv_count):
-            key = reader.string()
-            metadata[key] = reader.value(reader.unpack("<I"))
+        tensor_count, metadata = reader.metadata()
         names: list[str] = []
         tensors: list[TensorExtent] = []
         for _ in range(tensor_count):
-            names.append(reader.string())
+            name = reader.string()
+            names.append(name)
+            dims = tuple(reader.unpack("<Q") for _ in range(reader.unpack("<I")))
             elements = 1
-            for _ in range(reader.unpack("<I")):
-                elements *= reader.unpack("<Q")
+            for dim in dims:
+                elements *= dim
             kind = reader.unpack("<I")
-            tensors.append(TensorExtent(kind, elements, reader.unpack("<Q")))
+            tensors.append(TensorExtent(kind, elements, reader.unpack("<Q"), name, dims))
     except (struct.error, UnicodeDecodeError, OverflowError) as exc:
         raise CorruptModelError(f"{path}: the GGUF header could not be read ({exc}).") from exc
     except OSError as exc:
@@ -153,6 +222,26 @@ def _read_header(path: Path, size: int, mtime_ns: int) -> GGUFHeader:
     alignment = alignment if isinstance(alignment, int) and alignment > 0 else 32
     data_start = -(-reader.position // alignment) * alignment
     return GGUFHeader(metadata, frozenset(names), tuple(tensors), data_start)
+
+
+def read_gguf_arrays(path: Path, keys: Collection[str]) -> dict[str, Any]:
+    """The metadata values named in `keys` (those present), long arrays in full: what read_gguf_header keeps only as
+    their lengths (tokenizer.ggml.tokens, .merges, .token_type, .scores). Not cached: a 128k-token vocabulary with
+    its merges is tens of MB of Python strings, wanted once per load."""
+    check_gguf_header(path)
+    try:
+        reader = _Reader(path)
+    except OSError as exc:
+        raise CorruptModelError(f"Cannot read {path}: {exc.strerror or exc}.") from exc
+    try:
+        _count, metadata = reader.metadata(keep=frozenset(keys))
+    except (struct.error, UnicodeDecodeError, OverflowError) as exc:
+        raise CorruptModelError(f"{path}: the GGUF header could not be read ({exc}).") from exc
+    except OSError as exc:
+        raise CorruptModelError(f"Cannot read {path}: {exc.strerror or exc}.") from exc
+    finally:
+        reader.close()
+    return {key: metadata[key] for key in keys if key in metadata}
 
 
 def _tensor_bytes(kind: int, count: int) -> int:
@@ -206,6 +295,10 @@ def config_dict_from_gguf(path: Path) -> dict[str, Any]:
         if renamed is None or renamed == -1 or isinstance(value, SkippedArray):
             continue
         config[renamed] = value
+    for key, renamed in tables.get("tokenizer", {}).items():  # bos/eos/unk/pad ids, as transformers' config has them
+        value = metadata.get(f"tokenizer.{key}")
+        if isinstance(value, int) and not isinstance(value, bool):
+            config[renamed] = value
     tokens = metadata.get("tokenizer.ggml.tokens")
     if "vocab_size" not in config and tokens is not None:
         config["vocab_size"] = tokens.length if isinstance(tokens, SkippedArray) else len(tokens)

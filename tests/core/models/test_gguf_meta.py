@@ -55,3 +55,41 @@ def test_damaged_headers_give_clear_errors(tmp_path: Path) -> None:
         with pytest.raises(CorruptModelError, match=message) as info:
             read_gguf_header(path)
         assert name in str(info.value)
+
+
+def test_long_arrays_are_read_in_full_only_when_asked_for(tmp_path: Path) -> None:
+    from app.core.models.gguf_meta import SkippedArray, read_gguf_arrays
+    from tests.helpers.gguf_files import sentencepiece_llama, synthetic_bpe, write_gguf
+
+    bpe = synthetic_bpe(6000)
+    path = write_gguf(tmp_path / "bpe.gguf", bpe)
+    header = read_gguf_header(path)
+    assert isinstance(header.metadata["tokenizer.ggml.tokens"], SkippedArray)
+    assert header.metadata["tokenizer.ggml.tokens"].length == 6000
+    keys = ["tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "no.such.key"]
+    arrays = read_gguf_arrays(path, keys)
+    assert arrays == {
+        "tokenizer.ggml.tokens": bpe.tokens,
+        "tokenizer.ggml.merges": bpe.merges,
+        "tokenizer.ggml.token_type": bpe.token_types,
+    }
+    spm = sentencepiece_llama()
+    scores = read_gguf_arrays(write_gguf(tmp_path / "spm.gguf", spm), ["tokenizer.ggml.scores"])
+    assert scores["tokenizer.ggml.scores"] == spm.scores
+
+
+def test_the_tensor_table_names_each_tensor_with_its_shape() -> None:
+    header = read_gguf_header(default_model_gguf())
+    embedding = next(tensor for tensor in header.tensors if tensor.name == "token_embd.weight")
+    assert embedding.dims == (576, 49152) and embedding.shape == (49152, 576)
+    assert {tensor.name for tensor in header.tensors} == header.tensor_names
+
+
+def test_the_config_carries_the_tokenizers_special_ids() -> None:
+    config = config_dict_from_gguf(default_model_gguf())
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"], config["unk_token_id"]) == (
+        1,
+        2,
+        2,
+        0,
+    )

@@ -1,0 +1,127 @@
+"""A GGUF file's tokenizer, built from its metadata alone: torch-free, and without transformers' GGUF reader.
+
+`AutoTokenizer.from_pretrained(folder, gguf_file=name)` reads the header with a reader that imports torch (13.6 s
+for the default model on the 2-core CI box, most of it importing torch; older transformers turned every string into
+Python objects for 40-90 s). Here the one header reader (app.core.models.gguf_meta) reads the vocabulary, merges and
+token types (0.2 s at 49k tokens), and transformers' own GGUF tokenizer builders (integrations.gguf.
+gguf_tokenizer_mapping, torch-free) turn them into the same `tokenizers` object, wrapped in the class AutoTokenizer
+gives these files (TokenizersBackend). The tests hold ids, special tokens, chat template and decoding equal to
+AutoTokenizer's on the default model and on tiny GGUFs written in the test run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from app.core.errors import CorruptModelError, UnsupportedModelError
+from app.core.models.gguf_meta import SkippedArray, read_gguf_arrays, read_gguf_header
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's end-of-generation ids beside eos: end of turn and end of message (Llama 3's <|eot_id|>, <|eom_id|>).
+_END_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+# transformers' names for the special tokens, and the metadata key of each one's id.
+_SPECIAL_TOKENS = {
+    "bos_token": "bos_token_id",
+    "eos_token": "eos_token_id",
+    "unk_token": "unknown_token_id",
+    "pad_token": "padding_token_id",
+}
+
+
+def gguf_tokenizer_parts(path: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(architecture, tokenizer dict, tokenizer config) as transformers' get_gguf_tokenizer makes them, from the
+    one header reader."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING
+
+    header = read_gguf_header(path)
+    long_arrays = [
+        key
+        for key, value in header.metadata.items()
+        if key.startswith("tokenizer.") and isinstance(value, SkippedArray)
+    ]
+    metadata = {**header.metadata, **read_gguf_arrays(path, long_arrays)}
+    grouped = {
+        group: {name: metadata[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in metadata}
+        for group, renames in GGUF_TOKENIZER_MAPPING.items()
+    }
+    tokenizer, config = grouped["tokenizer"], grouped["tokenizer_config"]
+    tokens = tokenizer.get("tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise UnsupportedModelError(f"{path.name} holds no tokenizer (no tokenizer.ggml.tokens in its header): {path}")
+    tokenizer_type = tokenizer.get("tokenizer_type")
+    if tokenizer_type == "llama":
+        # As transformers: older files have no flag, and llama.cpp adds BOS to a sentencepiece vocabulary.
+        config.setdefault("add_bos_token", True)
+    elif tokenizer_type == "gemma4":
+        config["add_bos_token"] = False  # the chat template writes <bos> itself (transformers follows the reference)
+    for name, key in _SPECIAL_TOKENS.items():
+        token_id = metadata.get(f"tokenizer.ggml.{key}")
+        if token_id is not None and not (isinstance(token_id, int) and 0 <= token_id < len(tokens)):
+            raise CorruptModelError(
+                f"{path.name}: its tokenizer's {name} id {token_id!r} is not one of its {len(tokens):,} tokens; "
+                f"the file is corrupt. File: {path}"
+            )
+        config[name] = tokens[token_id] if token_id is not None else None
+    return header.architecture, tokenizer, config
+
+
+def load_gguf_tokenizer(path: Path) -> Any:
+    """The GGUF's tokenizer as a transformers TokenizersBackend (what AutoTokenizer gives for these files), without
+    importing torch. UnsupportedModelError for a tokenizer type transformers cannot build, CorruptModelError for
+    a header that does not hold together."""
+    from transformers import TokenizersBackend
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+    architecture, tokenizer_dict, config = gguf_tokenizer_parts(path)
+    try:
+        backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
+    except ValueError as exc:
+        raise UnsupportedModelError(f"{path.name}: its tokenizer cannot be built ({exc}) File: {path}") from exc
+    except Exception as exc:  # the tokenizers library raises plain Exceptions for a vocabulary it cannot take
+        raise CorruptModelError(
+            f"{path.name}: its tokenizer could not be built from the header ({type(exc).__name__}: {exc}); the file "
+            f"may be damaged. File: {path}"
+        ) from exc
+    # tokenizer_object= would deep-copy the backend (1.1 s at 128k tokens); __init__ keeps one already set instead.
+    tokenizer = TokenizersBackend.__new__(TokenizersBackend)
+    tokenizer._tokenizer = backend
+    tokenizer.__init__(name_or_path=str(path.parent), **config, **extra)  # type: ignore[misc]
+    return tokenizer
+
+
+def gguf_eos_ids(path: Path) -> set[int]:
+    """The ids that end a reply: the header's eos, and its end-of-turn and end-of-message ids where it states them
+    (llama.cpp stops on all three). For the default model {2} (<|im_end|>), as its converted folder's
+    generation_config, config and tokenizer said."""
+    metadata = read_gguf_header(path).metadata
+    return {value for key in _END_KEYS if isinstance(value := metadata.get(key), int) and not isinstance(value, bool)}
+
+
+def gguf_tokenizer_file(path: Path, tokenizer: Any | None = None) -> Path:
+    """A tokenizer.json of the GGUF's tokenizer in the cache (a few MB, written once per file version), for what reads
+    a tokenizer.json alone: the window's torch-free token counts (app.core.chat.token_counter)."""
+    from app.core.storage.paths import cache_dir
+
+    stat = path.stat()
+    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    target = cache_dir() / "gguf-tokenizers" / f"{path.stem[:60]}-{digest}.json"
+    if target.is_file():
+        return target
+    backend = (tokenizer if tokenizer is not None else load_gguf_tokenizer(path)).backend_tokenizer
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(prefix=".tokenizer-", suffix=".json", dir=target.parent)
+    os.close(handle)
+    try:
+        backend.save(staging)
+        os.replace(staging, target)  # atomic: a reader never sees half a file
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+    return target

@@ -1,0 +1,228 @@
+"""A GGUF's tokenizer from its header alone: the same ids, special tokens, chat template and decoding as
+AutoTokenizer.from_pretrained(folder, gguf_file=name), without torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.core.errors import CorruptModelError, UnsupportedModelError
+from app.core.models.gguf_tokenizer import gguf_eos_ids, gguf_tokenizer_file, load_gguf_tokenizer
+from app.core.models.model_source import default_model_gguf
+from tests.helpers.gguf_files import (
+    SAMPLE_TEXT,
+    TokenizerSpec,
+    byte_level_bpe,
+    sentencepiece_llama,
+    write_gguf,
+)
+
+# AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf") with transformers 5.25, once
+# (it takes 13-90 s, depending on the transformers version): prompt -> input_ids.
+DEFAULT_MODEL_IDS = {
+    "What is the capital of France?": [1780, 314, 260, 3575, 282, 4649, 47],
+    "Hello <|im_start|>user\nwörld 🤗<|im_end|>": [19556, 216, 1, 4093, 198, 103, 29989, 400, 15107, 114, 241, 2],
+    "  two leading spaces, a tab\tand a newline\n": [
+        216,
+        827,
+        2899,
+        5600,
+        28,
+        253,
+        10147,
+        197,
+        397,
+        253,
+        725,
+        1311,
+        198,
+    ],
+    "日本語のテキスト — naïve café": [
+        *(23274, 115, 40993, 179, 120, 248, 26453, 11100, 224, 10391),
+        *(251, 10391, 134, 11100, 226, 1841, 15486, 46494, 37366),
+    ],
+    "def f(x):\n    return x**2  # 100%": [
+        1604,
+        275,
+        24,
+        104,
+        727,
+        472,
+        1003,
+        1792,
+        828,
+        34,
+        216,
+        907,
+        216,
+        33,
+        32,
+        32,
+        21,
+    ],
+    "<|endoftext|><repo_name>x": [0, 3, 104],
+}
+CHAT = [
+    {"role": "user", "content": "Hi 🤗"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "2+2?"},
+]
+DEFAULT_MODEL_CHAT = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nHi 🤗<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+PROMPTS = [
+    "The capital of France is Paris.",
+    "  Hello, world!\n\tdef add(a, b): return a + b",
+    "Café naïve über 日本語 🤗 — 3.14159",
+    "<|im_start|>user\nHi<|im_end|>\n<s>[INST] x </s>",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def default_tokenizer() -> Any:
+    return load_gguf_tokenizer(default_model_gguf())
+
+
+def test_the_default_models_ids_are_the_ones_auto_tokenizer_gives(default_tokenizer: Any) -> None:
+    for prompt, ids in DEFAULT_MODEL_IDS.items():
+        assert default_tokenizer(prompt)["input_ids"] == ids, prompt
+        assert default_tokenizer.decode(ids) == prompt
+    assert default_tokenizer.decode(DEFAULT_MODEL_IDS["Hello <|im_start|>user\nwörld 🤗<|im_end|>"], True) == (
+        "Hello user\nwörld 🤗"
+    )
+
+
+def test_the_default_models_special_tokens_and_chat_template(default_tokenizer: Any) -> None:
+    tokenizer = default_tokenizer
+    assert type(tokenizer).__name__ == "TokenizersBackend"
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token, tokenizer.unk_token) == (
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+    )
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id) == (
+        1,
+        2,
+        2,
+        0,
+    )
+    assert len(tokenizer) == 49152 and len(tokenizer.added_tokens_decoder) == 17
+    assert tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True) == DEFAULT_MODEL_CHAT
+    assert gguf_eos_ids(default_model_gguf()) == {2}
+
+
+def test_it_never_imports_torch() -> None:
+    code = (
+        "import sys\n"
+        "from app.core.models.gguf_tokenizer import load_gguf_tokenizer, gguf_eos_ids\n"
+        "from app.core.models.model_source import default_model_gguf\n"
+        "tokenizer = load_gguf_tokenizer(default_model_gguf())\n"
+        "assert tokenizer('Paris')['input_ids'] == [38634]\n"
+        "print(sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def tiny_ggufs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    folder = tmp_path_factory.mktemp("gguf-tokenizers")
+    specs = {
+        "llama-bpe": byte_level_bpe(),
+        "qwen2": byte_level_bpe(pre="qwen2"),
+        "sentencepiece": sentencepiece_llama(),
+    }
+    yield {name: write_gguf(folder / f"{name}.gguf", spec) for name, spec in specs.items()}
+
+
+@pytest.mark.parametrize("kind", ["llama-bpe", "qwen2", "sentencepiece"])
+def test_tiny_tokenizers_match_auto_tokenizer(kind: str, tiny_ggufs: dict[str, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    path = tiny_ggufs[kind]
+    ours = load_gguf_tokenizer(path)
+    theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    assert json.loads(ours.backend_tokenizer.to_str()) == json.loads(theirs.backend_tokenizer.to_str())
+    for name in (
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "all_special_ids",
+        "add_bos_token",
+        "chat_template",
+    ):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert {i: repr(t) for i, t in ours.added_tokens_decoder.items()} == {
+        i: repr(t) for i, t in theirs.added_tokens_decoder.items()
+    }
+    for prompt in [*PROMPTS, SAMPLE_TEXT]:
+        ids = ours(prompt)["input_ids"]
+        assert ids == theirs(prompt)["input_ids"], prompt
+        assert ours.decode(ids) == theirs.decode(ids)
+        assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
+    assert ours.apply_chat_template(CHAT, tokenize=False) == theirs.apply_chat_template(CHAT, tokenize=False)
+
+
+def test_the_end_of_reply_ids_include_end_of_turn(tiny_ggufs: dict[str, Path]) -> None:
+    spec = byte_level_bpe()
+    assert spec.eos is not None and spec.eot is not None and spec.eos != spec.eot
+    assert gguf_eos_ids(tiny_ggufs["llama-bpe"]) == {spec.eos, spec.eot}
+    assert gguf_eos_ids(tiny_ggufs["sentencepiece"]) == {2}
+
+
+def test_a_tokenizer_json_for_token_counts_is_written_once(default_tokenizer: Any, isolated_cache: Path) -> None:
+    from tokenizers import Tokenizer
+
+    path = gguf_tokenizer_file(default_model_gguf(), default_tokenizer)
+    assert path.is_relative_to(isolated_cache) and path.suffix == ".json"
+    written = path.stat().st_mtime_ns
+    assert gguf_tokenizer_file(default_model_gguf()) == path and path.stat().st_mtime_ns == written
+    counted = Tokenizer.from_file(str(path)).encode("What is the capital of France?", add_special_tokens=False)
+    assert counted.ids == DEFAULT_MODEL_IDS["What is the capital of France?"]
+    assert not list(path.parent.glob(".tokenizer-*"))  # no staging file left behind
+
+
+def _spec(**changes: Any) -> TokenizerSpec:
+    spec = byte_level_bpe()
+    for name, value in changes.items():
+        setattr(spec, name, value)
+    return spec
+
+
+def test_a_file_without_a_vocabulary_is_refused(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "no-vocab.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match=r"no-vocab\.gguf holds no tokenizer \(no tokenizer\.ggml\.tokens"):
+        load_gguf_tokenizer(path)
+
+
+def test_an_unknown_tokenizer_type_is_named(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "odd.gguf", _spec(model="wordpiece-9"))
+    with pytest.raises(UnsupportedModelError, match=r"odd\.gguf: its tokenizer cannot be built \(.*'wordpiece-9'"):
+        load_gguf_tokenizer(path)
+
+
+def test_a_special_token_id_outside_the_vocabulary_is_corrupt(tmp_path: Path) -> None:
+    spec = _spec()
+    path = write_gguf(tmp_path / "bad-eos.gguf", _spec(eos=len(spec.tokens) + 5))
+    with pytest.raises(CorruptModelError, match=r"bad-eos\.gguf: its tokenizer's eos_token id \d+ is not one of its"):
+        load_gguf_tokenizer(path)
