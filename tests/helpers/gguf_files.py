@@ -200,7 +200,7 @@ def write_gguf(
     name: str = "tiny",
 ) -> Path:
     """A GGUF file: the llama-style header keys for `shape`, the tokenizer, and `tensors` (name -> (fp32 values in
-    torch order, ggml type to store them as))."""
+    torch order, ggml type to store them as), or (uint8 blocks as stored, their ggml type))."""
     import gguf
 
     values = {**LLAMA_SHAPE, **(shape or {})}
@@ -219,7 +219,10 @@ def write_gguf(
     _add_tokenizer(writer, tokenizer)
     for tensor_name, (array, kind) in tensors.items():
         qtype = gguf.GGMLQuantizationType(kind)
-        data = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
+        if array.dtype == np.uint8:  # blocks as stored (random_blocks): types gguf-py can't quantize to
+            data = array
+        else:
+            data = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
         writer.add_tensor(tensor_name, data, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -278,3 +281,52 @@ def llama_gguf_tensors(
             kind = f32 if rest.endswith("layernorm.weight") else matrix_type
             tensors[f"blk.{layer}.{_LAYER_NAMES[rest]}"] = (array, kind)
     return tensors
+
+
+# Where each block type keeps its fp16 scales (byte offsets in the block), for random_blocks.
+_SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82)}
+_SCALE_OFFSETS |= {"Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(kind: int, rows: int, row: int, seed: int = 0) -> np.ndarray:
+    """`rows` rows of `row` weights as random blocks of ggml type `kind`, their fp16 scales set to small finite values
+    (random bytes there could be inf or NaN): what a quantizer could have written, for the types gguf-py only reads."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType(kind)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, row // block, size), dtype=np.uint8)
+    for offset in _SCALE_OFFSETS[qtype.name]:
+        scales = (rng.random((rows, row // block)) * 0.02 + 0.001).astype(np.float16)
+        blocks[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, row // block, 2)
+    return blocks.reshape(rows, row // block * size)
+
+
+def tiny_llama(seed: int = 0, **overrides: Any) -> tuple[Any, dict[str, Any]]:
+    """A random transformers llama with LLAMA_SHAPE (fp32), and its config values."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = {**LLAMA_SHAPE, "vocab_size": len(byte_level_bpe().tokens), "tie_word_embeddings": True, **overrides}
+    config = AutoConfig.for_model("llama", head_dim=values["hidden_size"] // values["num_attention_heads"], **values)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    return model, values
+
+
+def tiny_llama_gguf(
+    path: Path,
+    matrix_type: int = 0,
+    embedding_type: int | None = None,
+    *,
+    seed: int = 0,
+    name: str = "tiny",
+    **overrides: Any,
+) -> tuple[Path, Any]:
+    """A tiny random llama written as llama.cpp writes one (with byte_level_bpe's vocabulary), and the transformers
+    model it was written from."""
+    model, values = tiny_llama(seed, **overrides)
+    tensors = llama_gguf_tensors(model.state_dict(), values, matrix_type, embedding_type)
+    write_gguf(path, byte_level_bpe(), tensors, shape=values, name=name)
+    return path, model

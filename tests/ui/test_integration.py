@@ -12,11 +12,11 @@ from app.ui.settings_dialog import SettingsDialog
 
 
 def test_attachment_chips_count_tokens_with_the_loaded_models_tokenizer(
-    make_window, qtbot, tmp_path: Path, default_folder: Path
+    make_window, qtbot, tmp_path: Path, default_tokenizer_folder: Path
 ) -> None:
     window = make_window()
     qtbot.waitUntil(lambda: window.attachments is not None, timeout=5000)
-    tokenizer_file = default_folder / "tokenizer.json"
+    tokenizer_file = default_tokenizer_folder / "tokenizer.json"
     window._on_model_loaded(ModelInfo("SmolLM2", "bf16", "cpu", 2048, tokenizer_file=str(tokenizer_file)))
     text = "The launch code is 4321. " * 20
     notes = tmp_path / "notes.txt"

@@ -55,7 +55,7 @@ def test_a_schema_that_cannot_compile_is_a_clear_error(default_loaded: Any) -> N
         logits_mask(default_loaded.tokenizer, 49152, ResponseFormat("json_schema", {"type": "no-such-type"}))
 
 
-def test_works_without_triton(default_folder: Path) -> None:
+def test_works_without_triton(default_tokenizer_folder: Path) -> None:
     """pip installs triton with xgrammar on Linux; the CPU bundle leaves it out: masking must not need it."""
     code = (
         "import sys; sys.modules['triton'] = None\n"  # any `import triton` now fails
@@ -63,7 +63,7 @@ def test_works_without_triton(default_folder: Path) -> None:
         "from transformers import AutoTokenizer\n"
         "from app.core.engines.backend import ResponseFormat\n"
         "from app.core.engines.constrained import logits_mask\n"
-        f"tok = AutoTokenizer.from_pretrained({str(default_folder)!r})\n"
+        f"tok = AutoTokenizer.from_pretrained({str(default_tokenizer_folder)!r})\n"
         "mask = logits_mask(tok, 49152, ResponseFormat('json_object'))\n"
         "logits = mask.apply(torch.zeros(1, 49152))\n"
         "allowed = int((logits > -1e30).sum())\n"
