@@ -304,6 +304,6 @@ def load_gguf_model(
         reader.close()
     model.config.name_or_path = str(path)
     ends = sorted(gguf_eos_ids(path))
-    if ends and len(ends) > 1 and model.generation_config is not None:
+    if len(ends) > 1 and model.generation_config is not None:
         model.generation_config.eos_token_id = ends  # the end-of-turn ids llama.cpp stops on too
     return model
