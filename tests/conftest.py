@@ -15,7 +15,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# Converted models survive between runs here (gitignored): converting the default GGUF takes ~30 s.
+# Hearth's derived files (packed copies, compiled kernels) survive between runs here (gitignored).
 MODEL_CACHE = Path(os.environ.get("HEARTH_TEST_CACHE", REPO_ROOT / ".cache" / "test-models"))
 
 
@@ -131,7 +131,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def hearth_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test gets fresh data and config dirs; the converted-model cache is shared."""
+    """Each test gets fresh data and config dirs; the cache of derived files is shared."""
     home = tmp_path / "hearth-home"
     monkeypatch.setenv("HEARTH_HOME", str(home))
     return home
@@ -167,13 +167,38 @@ def default_loaded_fp32() -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
-def default_folder(default_loaded: object) -> Path:
-    """The converted (safetensors) folder of the default model: source of the tokenizer for tiny models."""
-    return default_loaded.folder  # type: ignore[attr-defined,no-any-return]
+def default_tokenizer_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model's tokenizer (tokenizer.json, tokenizer_config.json, chat template), written once per run from
+    its GGUF: the tokenizer of the tiny models."""
+    from app.core.models.gguf_tokenizer import load_gguf_tokenizer
+    from app.core.models.model_source import default_model_gguf
+
+    folder = tmp_path_factory.mktemp("default-tokenizer")
+    load_gguf_tokenizer(default_model_gguf()).save_pretrained(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_folder: Path):  # type: ignore[no-untyped-def]
+def default_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model as a Hugging Face folder (fp32 safetensors, config, tokenizer), written once per run from its
+    GGUF, for what needs a folder: the folder planner, the torch-free runtime's packed copy, transformers serve."""
+    import torch
+
+    from app.core.engines.gguf_torch import gguf_config, load_gguf_model
+    from app.core.models.gguf_tokenizer import load_gguf_tokenizer
+    from app.core.models.model_source import default_model_gguf
+
+    gguf = default_model_gguf()
+    folder = tmp_path_factory.mktemp("default-model")
+    model = load_gguf_model(gguf, gguf_config(gguf), device_map={"": "cpu"}, dtype=torch.float32)
+    model.save_pretrained(folder)
+    load_gguf_tokenizer(gguf).save_pretrained(folder)
+    del model
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_tokenizer_folder: Path):  # type: ignore[no-untyped-def]
     """Factory: build_tiny(arch, **overrides) -> folder, cached per (arch, overrides) for the run."""
     from tests.helpers.tiny_models import build_tiny_model
 
@@ -183,7 +208,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_folder: Pat
         key = arch + repr(sorted(overrides.items()))
         if key not in built:
             folder = tmp_path_factory.mktemp(f"tiny-{arch}")
-            built[key] = build_tiny_model(arch, folder, default_folder, **overrides)
+            built[key] = build_tiny_model(arch, folder, default_tokenizer_folder, **overrides)
         return built[key]
 
     return build

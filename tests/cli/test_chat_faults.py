@@ -32,7 +32,7 @@ def hearth(*args: str, home: Path, cache: Path | None = None, timeout: float = 6
     )
 
 
-def test_chat_on_a_full_disk_replies_and_leaves_the_cache_untouched(tmp_path: Path, default_folder: Path) -> None:
+def test_chat_on_a_full_disk_replies_and_leaves_the_cache_untouched(tmp_path: Path, default_model_folder: Path) -> None:
     """2.2: before, the healthy responses.sqlite was moved aside as damaged and the reply crashed."""
     with small_filesystem(tmp_path / "home", size="4m") as home:
         cache_file = home / "cache" / "responses.sqlite"
@@ -42,7 +42,7 @@ def test_chat_on_a_full_disk_replies_and_leaves_the_cache_untouched(tmp_path: Pa
         before = hashlib.sha256(cache_file.read_bytes()).hexdigest()
         fill(home)
         result = hearth(
-            "chat", "--model", str(default_folder), "--quant", "bf16", "-t", "0", "--max-tokens", "6", "Say hi.",
+            "chat", "--model", str(default_model_folder), "--quant", "bf16", "-t", "0", "--max-tokens", "6", "Say hi.",
             home=home,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
@@ -57,13 +57,13 @@ def test_chat_on_a_full_disk_replies_and_leaves_the_cache_untouched(tmp_path: Pa
         assert not list(cache_file.parent.glob("*.damaged*"))
 
 
-def test_library_warnings_go_to_the_log_file_not_the_terminal(tmp_path: Path, default_folder: Path) -> None:
+def test_library_warnings_go_to_the_log_file_not_the_terminal(tmp_path: Path, default_model_folder: Path) -> None:
     """2.10: a damaged response cache is logged as a WARNING (to hearth.log) and told as a `hearth: note:`; the raw
     WARNING line reaches the terminal only with --verbose."""
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "responses.sqlite").write_bytes(b"not a database at all" * 100)
-    args = ("chat", "--model", str(default_folder), "--quant", "bf16", "-t", "0", "--max-tokens", "3", "Hi")
+    args = ("chat", "--model", str(default_model_folder), "--quant", "bf16", "-t", "0", "--max-tokens", "3", "Hi")
     quiet = hearth(*args, home=tmp_path / "home", cache=cache)
     assert quiet.returncode == 0, quiet.stderr
     assert not [line for line in quiet.stderr.splitlines() if line.startswith(("WARNING", "ERROR", "INFO"))]
@@ -75,11 +75,11 @@ def test_library_warnings_go_to_the_log_file_not_the_terminal(tmp_path: Path, de
     assert "WARNING app.core.chat.response_cache: response cache" in verbose.stderr
 
 
-def hostile_model(tmp_path: Path, default_folder: Path, in_jinja: bool) -> Path:
+def hostile_model(tmp_path: Path, default_model_folder: Path, in_jinja: bool) -> Path:
     """The default model with a chat template that reaches for Python's classes (weights linked, not copied)."""
     folder = tmp_path / "hostile-model"
     folder.mkdir()
-    for item in default_folder.iterdir():
+    for item in default_model_folder.iterdir():
         if item.suffix == ".safetensors":
             (folder / item.name).symlink_to(item)
         elif item.name != "chat_template.jinja" or in_jinja:
@@ -98,10 +98,10 @@ def hostile_model(tmp_path: Path, default_folder: Path, in_jinja: bool) -> Path:
     ids=["serve-chat_template.jinja", "chat-tokenizer_config.json"],
 )
 def test_a_template_that_escapes_the_sandbox_is_refused_at_load(
-    tmp_path: Path, default_folder: Path, command: list[str], in_jinja: bool
+    tmp_path: Path, default_model_folder: Path, command: list[str], in_jinja: bool
 ) -> None:
     """2.5: one `hearth:` line naming the file and the template, exit 2; the server never starts on it."""
-    folder = hostile_model(tmp_path, default_folder, in_jinja)
+    folder = hostile_model(tmp_path, default_model_folder, in_jinja)
     file_name = "chat_template.jinja" if in_jinja else "tokenizer_config.json"
     result = hearth(command[0], "--model", str(folder), "--quant", "bf16", *command[1:], home=tmp_path / "home",
                     timeout=300)  # fmt: skip

@@ -77,14 +77,8 @@ def test_a_truncated_gguf_is_named_as_incomplete(tmp_path: Path, capsys: pytest.
 
 
 def test_a_damaged_response_cache_is_rebuilt_with_a_note(
-    isolated_cache: Path, default_loaded: object, capsys: pytest.CaptureFixture[str]
+    isolated_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    del default_loaded  # converted already: this test's load reuses the shared conversion, copied below
-    import shutil
-
-    from tests.conftest import MODEL_CACHE
-
-    shutil.copytree(MODEL_CACHE / "converted", cache_dir() / "converted")
     damaged = random_bytes(64 * 1024)
     (cache_dir() / "responses.sqlite").write_bytes(damaged)
     code = main(["chat", "-t", "0", "--quant", "bf16", "--max-tokens", "3", "Hi"])

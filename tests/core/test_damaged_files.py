@@ -1,7 +1,7 @@
 """Fault suite, core: each kind of file Hearth owns, damaged by random bytes, truncation and same-size byte flips.
 
-User data (history, settings) is never modified; derived data (response cache, converted models) is moved to a
-`.damaged` name and rebuilt with a notice; a damaged entry is never replayed into a reply.
+User data (history, settings) is never modified; derived data (response cache, a GGUF's tokenizer copy) is moved to
+a `.damaged` name and rebuilt with a notice; a damaged entry is never replayed into a reply.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from app.core.chat.response_cache import CachedReply, ResponseCache
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
 from app.core.engines.engine import Engine
-from app.core.models import gguf_cache
 from app.core.settings import Settings, read_settings, settings_path
 from app.core.storage.history import HistoryDamagedError, HistoryStore
 from tests.helpers.damage import SETTINGS_FAULTS, flipped, history_with_conversations, random_bytes, truncated
@@ -240,41 +239,46 @@ def test_a_tampered_entry_is_regenerated_through_the_engine_with_a_notice(defaul
     assert any("damaged entry" in line for line in done.notices)
 
 
-# -- converted models (derived) ----------------------------------------------------------------------------------
-def _fake_convert(gguf_path: Path, out_dir: Path) -> None:
-    (out_dir / "config.json").write_text('{"model_type": "llama"}')
-    (out_dir / "model.safetensors").write_bytes(b"weights " * 1000)
+# -- the tokenizer copy of a GGUF (derived) ---------------------------------------------------------------------
+def test_a_damaged_tokenizer_copy_is_moved_aside_and_written_again(isolated_cache: Path) -> None:
+    from tokenizers import Tokenizer
 
-
-def test_a_damaged_converted_model_is_quarantined_and_converted_again(
-    isolated_cache: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    from app.core.models.gguf_tokenizer import gguf_tokenizer_file, load_gguf_tokenizer
     from app.core.models.model_source import default_model_gguf
 
-    monkeypatch.setattr(gguf_cache, "_convert", _fake_convert)
-    folder = gguf_cache.ensure_converted(default_model_gguf())
-    weights = folder / "model.safetensors"
-    weights.write_bytes(flipped(weights.read_bytes(), 100))  # same size, new mtime
-    assert "changed after conversion" in (gguf_cache.converted_damage(folder) or "")
-    notices: list[str] = []
-    again = gguf_cache.ensure_converted(default_model_gguf(), notices=notices)
-    assert again == folder and gguf_cache.converted_damage(again) is None
-    assert (again / "model.safetensors").read_bytes() == b"weights " * 1000
-    [notice] = notices
-    assert "was damaged" in notice and f"{folder.name}.damaged" in notice
-    assert (folder.parent / f"{folder.name}.damaged" / "model.safetensors").exists()
+    gguf = default_model_gguf()
+    tokenizer = load_gguf_tokenizer(gguf)
+    path = gguf_tokenizer_file(gguf, tokenizer)
+    whole = path.read_bytes()
+    for damage in (truncated(whole, len(whole) // 2), flipped(whole, 1000), random_bytes(4096)):
+        path.write_bytes(damage)
+        notices: list[str] = []
+        again = gguf_tokenizer_file(gguf, tokenizer, notices)
+        assert again == path and again.read_bytes() == whole
+        [notice] = notices
+        assert f"The tokenizer copy {path.name} was damaged" in notice and "written again" in notice
+        assert (path.parent / f"{path.name}.damaged").read_bytes() == damage
+    assert Tokenizer.from_file(str(path)).encode("Paris", add_special_tokens=False).ids == [38634]
 
 
-def test_a_touched_but_unchanged_converted_file_is_trusted(
-    isolated_cache: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import os
+# -- a GGUF file (the user's: never modified, explained) ------------------------------------------------------------
+def test_a_gguf_with_flipped_header_bytes_is_explained_never_a_crash(tmp_path: Path) -> None:
+    from app.core.engines.loader import load_model
+    from app.core.errors import HearthError
+    from app.core.models.gguf_meta import read_gguf_header
+    from tests.helpers.gguf_files import tiny_llama_gguf
 
-    from app.core.models.model_source import default_model_gguf
-
-    monkeypatch.setattr(gguf_cache, "_convert", _fake_convert)
-    folder = gguf_cache.ensure_converted(default_model_gguf())
-    os.utime(folder / "model.safetensors", ns=(1, 1))
-    assert gguf_cache.converted_damage(folder) is None
-    (folder / "model.safetensors").write_bytes(b"short")
-    assert "has 5 bytes" in (gguf_cache.converted_damage(folder) or "")
+    whole = tiny_llama_gguf(tmp_path / "source.gguf", 8)[0].read_bytes()
+    end = read_gguf_header(tmp_path / "source.gguf").data_start
+    refused = 0
+    for offset in range(8, end, end // 20):
+        path = tmp_path / f"flipped-at-{offset}.gguf"
+        damaged = flipped(whole, offset)
+        path.write_bytes(damaged)
+        try:
+            load_model(str(path), quantization="fp32", device="cpu", ignore_fit=True)
+        except HearthError as exc:
+            refused += 1
+            assert path.name in str(exc)
+        assert path.read_bytes() == damaged  # the user's file is never touched
+    assert refused >= 10

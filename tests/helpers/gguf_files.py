@@ -200,7 +200,7 @@ def write_gguf(
     name: str = "tiny",
 ) -> Path:
     """A GGUF file: the llama-style header keys for `shape`, the tokenizer, and `tensors` (name -> (fp32 values in
-    torch order, ggml type to store them as))."""
+    torch order, ggml type to store them as), or (uint8 blocks as stored, their ggml type))."""
     import gguf
 
     values = {**LLAMA_SHAPE, **(shape or {})}
@@ -219,7 +219,7 @@ def write_gguf(
     _add_tokenizer(writer, tokenizer)
     for tensor_name, (array, kind) in tensors.items():
         qtype = gguf.GGMLQuantizationType(kind)
-        if array.dtype == np.uint8:  # already blocks (K-quants: gguf.quants has no quantizer for them)
+        if array.dtype == np.uint8:  # blocks as stored (random_blocks): types gguf-py can't quantize to
             data = np.ascontiguousarray(array)
         else:
             data = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), qtype)
@@ -283,15 +283,25 @@ def llama_gguf_tensors(
     return tensors
 
 
+# Where the K-quants gguf-py cannot write keep their fp16 scales (byte offsets in the block), for random_blocks.
+_SCALE_OFFSETS = {"Q2_K": (80, 82), "Q3_K": (108,)}
+
+
 def random_blocks(kind: int, rows: int, cols: int, seed: int = 0, scale: float = 0.02) -> np.ndarray:
-    """`rows` rows of `cols` values of ggml type `kind` as block bytes [rows, row bytes]: Q4_0/Q4_1/Q8_0 quantized from
-    normal values, K-quants random bits with their fp16 scales set to sizes a trained model has (random bits would
-    make some of them infinite)."""
+    """`rows` rows of `cols` values of ggml type `kind` as block bytes [rows, row bytes]: Q4_0/Q4_1/Q5_x/Q8_0
+    quantized from normal values, Q2_K/Q3_K random bits with small finite scales, Q4_K/Q5_K/Q6_K random bits with
+    their fp16 scales set to sizes a trained model has (random bits would make some of them infinite)."""
     import gguf
 
     rng = np.random.default_rng(seed)
     qtype = gguf.GGMLQuantizationType(kind)
     values, size = gguf.GGML_QUANT_SIZES[qtype]
+    if qtype.name in _SCALE_OFFSETS:  # Q2_K, Q3_K: random bits, finite scales
+        blocks = rng.integers(0, 256, size=(rows, cols // values, size), dtype=np.uint8)
+        for offset in _SCALE_OFFSETS[qtype.name]:
+            scales = (rng.random((rows, cols // values)) * scale + scale / 20).astype(np.float16)
+            blocks[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(rows, cols // values, 2)
+        return blocks.reshape(rows, -1)
     if qtype.name not in ("Q4_K", "Q5_K", "Q6_K"):
         weights = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
         return np.ascontiguousarray(gguf.quants.quantize(weights, qtype)).reshape(rows, -1)
@@ -310,3 +320,32 @@ def random_blocks(kind: int, rows: int, cols: int, seed: int = 0, scale: float =
         raw[:, 0:2] = halves(d)
         raw[:, 2:4] = halves(d * (7.5 if qtype.name == "Q4_K" else 15.5))
     return raw.reshape(rows, -1)
+
+
+def tiny_llama(seed: int = 0, **overrides: Any) -> tuple[Any, dict[str, Any]]:
+    """A random transformers llama with LLAMA_SHAPE (fp32), and its config values."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = {**LLAMA_SHAPE, "vocab_size": len(byte_level_bpe().tokens), "tie_word_embeddings": True, **overrides}
+    config = AutoConfig.for_model("llama", head_dim=values["hidden_size"] // values["num_attention_heads"], **values)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    return model, values
+
+
+def tiny_llama_gguf(
+    path: Path,
+    matrix_type: int = 0,
+    embedding_type: int | None = None,
+    *,
+    seed: int = 0,
+    name: str = "tiny",
+    **overrides: Any,
+) -> tuple[Path, Any]:
+    """A tiny random llama written as llama.cpp writes one (with byte_level_bpe's vocabulary), and the transformers
+    model it was written from."""
+    model, values = tiny_llama(seed, **overrides)
+    tensors = llama_gguf_tensors(model.state_dict(), values, matrix_type, embedding_type)
+    write_gguf(path, byte_level_bpe(), tensors, shape=values, name=name)
+    return path, model

@@ -1,5 +1,6 @@
 """`transformers serve` (Hugging Face's own OpenAI-compatible server, not written here) on 127.0.0.1, offline, serving
-the default model's converted folder: the real server the remote-engine tests talk to."""
+the default model as a Hugging Face folder (tests/conftest.py's default_model_folder): the real server the
+remote-engine tests talk to."""
 
 from __future__ import annotations
 

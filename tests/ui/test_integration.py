@@ -12,11 +12,11 @@ from app.ui.settings_dialog import SettingsDialog
 
 
 def test_attachment_chips_count_tokens_with_the_loaded_models_tokenizer(
-    make_window, qtbot, tmp_path: Path, default_folder: Path
+    make_window, qtbot, tmp_path: Path, default_tokenizer_folder: Path
 ) -> None:
     window = make_window()
     qtbot.waitUntil(lambda: window.attachments is not None, timeout=5000)
-    tokenizer_file = default_folder / "tokenizer.json"
+    tokenizer_file = default_tokenizer_folder / "tokenizer.json"
     window._on_model_loaded(ModelInfo("SmolLM2", "bf16", "cpu", 2048, tokenizer_file=str(tokenizer_file)))
     text = "The launch code is 4321. " * 20
     notes = tmp_path / "notes.txt"
@@ -25,7 +25,7 @@ def test_attachment_chips_count_tokens_with_the_loaded_models_tokenizer(
     qtbot.waitUntil(lambda: not window.attachments.busy and window.attachments.token_counts() != [None], timeout=10_000)
     # The chip counts what the document adds to the prompt, by the model's own tokenizer (transformers', not the
     # counter under test): the user message with the document block ahead of a question, less the question alone.
-    tokenizer = AutoTokenizer.from_pretrained(default_folder)
+    tokenizer = AutoTokenizer.from_pretrained(default_tokenizer_folder)
 
     def tokens(message: str) -> int:
         return len(tokenizer.encode(message, add_special_tokens=False))

@@ -1,10 +1,13 @@
 """Load a model through transformers (+ bitsandbytes, see app.core.models.quant) onto the device the user asked for.
 
+A GGUF file is read directly (app.core.engines.gguf_torch: tensor by tensor, nothing converted or written) with its
+own tokenizer (app.core.models.gguf_tokenizer); a folder loads through transformers' from_pretrained.
 Never falls back silently: a missing GPU is an error when asked for, and a notice when `auto` lands on the CPU.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -20,6 +23,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from app.core.engines.backend import CPU_NOTICE
+from app.core.engines.gguf_torch import gguf_config, load_gguf_model
 from app.core.errors import (
     CorruptModelError,
     DeviceUnavailableError,
@@ -35,8 +39,9 @@ from app.core.fastpath.prefill import apply_prefill_upcast
 from app.core.memory.fit import window_that_fits
 from app.core.memory.planner import plan_memory, stored_dtype
 from app.core.memory.release import release_freed_memory
-from app.core.models import gguf_cache
 from app.core.models.attention import attention_shape
+from app.core.models.gguf_meta import check_gguf_complete
+from app.core.models.gguf_tokenizer import load_gguf_tokenizer
 from app.core.models.model_source import (
     ModelSource,
     check_folder_weights,
@@ -66,7 +71,7 @@ class LoadedModel:
     model: Any  # transformers PreTrainedModel
     tokenizer: Any
     source: ModelSource
-    folder: Path
+    folder: Path  # the model's folder, or for a GGUF model the .gguf file itself (read as it is: nothing converted)
     quantization: Precision  # what `auto` (or the user's choice) resolved to
     device: str  # resolved torch device string
     context_window: int
@@ -122,20 +127,28 @@ def resolve_device(choice: str) -> tuple[str, list[str]]:
     raise DeviceUnavailableError(f"Unknown device {choice!r}: use auto, cuda, cpu or mps.")
 
 
-def prepare_folder(
-    source: ModelSource,
-    *,
-    allow_pickle: bool = False,
-    progress: ProgressCallback | None = None,
-    notices: list[str] | None = None,
-) -> Path:
-    """A HF-layout folder for the source: GGUF files are converted once and cached."""
+def model_weights(source: ModelSource, *, allow_pickle: bool = False) -> Path:
+    """Where the source's weights are read from: its folder (HF layout), or a GGUF file (the source itself, or a
+    folder's only weights), read directly."""
     if source.kind == "gguf":
-        return gguf_cache.ensure_converted(source.path, progress, notices)
+        return source.path
     weights = check_folder_weights(source.path, allow_pickle=allow_pickle)
     if weights[0].suffix == ".gguf":
-        return gguf_cache.ensure_converted(weights[0], progress, notices)
+        return weights[0]
     return source.path
+
+
+def is_gguf_file(path: Path) -> bool:
+    return path.suffix.lower() == ".gguf" and path.is_file()
+
+
+def file_fingerprint(path: Path) -> str:
+    """weights_fingerprint's identity of one weight file (name, size, modification time)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return ""
+    return hashlib.sha256(f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}\n".encode()).hexdigest()[:20]
 
 
 def load_model(
@@ -166,21 +179,28 @@ def load_model(
     quant = resolve_quantization(quantization, torch_device)
     step(f"Preparing {source.display_name}…", 0.05)
     recovered: list[str] = []
-    folder = prepare_folder(source, allow_pickle=allow_pickle, progress=progress, notices=recovered)
-    config_data = read_config(folder)
-    _check_remote_code(folder, config_data, trust_remote_code)
-    step("Reading the tokenizer…", 0.15)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise CorruptModelError(f"The tokenizer in {folder} could not be loaded: {exc}") from exc
-    try:
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    except ValueError as exc:
-        raise UnsupportedModelError(
-            f"{folder}: model type {config_data.get('model_type')!r} is not supported by this transformers "
-            f"version ({exc})."
-        ) from exc
+    folder = model_weights(source, allow_pickle=allow_pickle)
+    gguf = is_gguf_file(folder)
+    if gguf:
+        check_gguf_complete(folder)  # a cut-short file is named before anything reads it
+        step("Reading the tokenizer…", 0.15)
+        tokenizer = load_gguf_tokenizer(folder)
+        config = gguf_config(folder)
+    else:
+        config_data = read_config(folder)
+        _check_remote_code(folder, config_data, trust_remote_code)
+        step("Reading the tokenizer…", 0.15)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as exc:
+            raise CorruptModelError(f"The tokenizer in {folder} could not be loaded: {exc}") from exc
+        try:
+            config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        except ValueError as exc:
+            raise UnsupportedModelError(
+                f"{folder}: model type {config_data.get('model_type')!r} is not supported by this transformers "
+                f"version ({exc})."
+            ) from exc
     if is_4bit(quant) and torch_device == "cpu":
         _check_cpu_4bit_shapes(config)
     fit_window = None
@@ -190,18 +210,21 @@ def load_model(
     step(f"Loading weights ({quant} on {torch_device})…", 0.3)
     kwargs = quantization_kwargs(quant, torch_device)
     compute_dtype = kwargs["dtype"]
-    if quant == "q4":
+    if quant == "q4" and not gguf:
         # In the files' own dtype transformers keeps every tensor a view of the mapped file: the matrices are then
         # packed (or their packed copy mapped) without a 16-bit copy of the model ever being made.
         kwargs["dtype"] = stored_dtype(folder) or compute_dtype
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            folder,
-            device_map={"": torch_device},
-            trust_remote_code=trust_remote_code,
-            use_safetensors=not allow_pickle,
-            **kwargs,
-        )
+        if gguf:
+            model = load_gguf_model(folder, config, device_map={"": torch_device}, step=step, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                folder,
+                device_map={"": torch_device},
+                trust_remote_code=trust_remote_code,
+                use_safetensors=not allow_pickle,
+                **kwargs,
+            )
     except ValueError as exc:
         message = str(exc)
         if "does not appear to have" in message or "no file named" in message.lower():
@@ -243,7 +266,7 @@ def load_model(
         load_seconds=time.perf_counter() - started,
         placements=placements,
         notices=notices,
-        weights_fingerprint=weights_fingerprint(folder),
+        weights_fingerprint=file_fingerprint(folder) if gguf else weights_fingerprint(folder),
         recovered=recovered,
     )
 

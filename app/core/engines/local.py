@@ -20,8 +20,10 @@ from app.core.engines.backend import LoadRequest, MemoryReading, ModelInfo, Prog
 from app.core.engines.engine import Engine, KVState
 from app.core.engines.kv_pool import POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
 from app.core.engines.loader import LoadedModel, load_model
+from app.core.errors import HearthError
 from app.core.memory.accounting import MemoryMonitor, model_kv_layout
 from app.core.memory.types import DeviceMemory, MemorySnapshot
+from app.core.models.gguf_tokenizer import gguf_tokenizer_file
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,8 @@ class EngineBackend:
         loaded = engine.loaded
         self.loaded = loaded
         self.engine = engine
+        rewritten: list[str] = []
+        tokenizer_file = _tokenizer_file(loaded, rewritten)
         self.info = ModelInfo(
             name=loaded.display_name,
             quantization=loaded.quantization,
@@ -41,10 +45,8 @@ class EngineBackend:
             context_window=loaded.context_window,
             load_seconds=loaded.load_seconds,
             notices=tuple(loaded.notices),
-            recovered=(*loaded.recovered, *self.engine.recovery_notices()),
-            tokenizer_file=str(loaded.folder / "tokenizer.json")
-            if (loaded.folder / "tokenizer.json").is_file()
-            else None,
+            recovered=(*loaded.recovered, *self.engine.recovery_notices(), *rewritten),
+            tokenizer_file=tokenizer_file,
         )
         self._caches = ConversationCaches(KVState)
         # The memory planner's KV bytes per token; a full-window cache each, as many as a share of free memory holds.
@@ -123,6 +125,20 @@ class EngineBackend:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _tokenizer_file(loaded: LoadedModel, notices: list[str]) -> str | None:
+    """A tokenizer.json for the window's torch-free token counts: the folder's own, or for a GGUF model one written
+    once from its header into the cache (a damaged copy is rewritten, with a line in `notices`); None where there is
+    none (the window then shows no counts)."""
+    if loaded.folder.is_dir():
+        found = loaded.folder / "tokenizer.json"
+        return str(found) if found.is_file() else None
+    try:
+        return str(gguf_tokenizer_file(loaded.folder, loaded.tokenizer, notices))
+    except (OSError, HearthError, AttributeError) as exc:
+        log.warning("no tokenizer.json for token counts: %s", exc)
+        return None
 
 
 def _free_bytes(loaded: LoadedModel) -> int:

@@ -248,7 +248,7 @@ def read_gguf_arrays(path: Path, keys: Collection[str]) -> dict[str, Any]:
     return {key: metadata[key] for key in keys if key in metadata}
 
 
-def _tensor_bytes(kind: int, count: int) -> int:
+def tensor_bytes(kind: int, count: int) -> int:
     """Bytes of one tensor's data; 0 for a type this gguf package does not know (never a false 'incomplete')."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -264,7 +264,7 @@ def check_gguf_complete(path: Path) -> None:
     header = read_gguf_header(path)
     size = path.stat().st_size
     needed = header.data_start + max(
-        (tensor.offset + _tensor_bytes(tensor.kind, tensor.elements) for tensor in header.tensors), default=0
+        (tensor.offset + tensor_bytes(tensor.kind, tensor.elements) for tensor in header.tensors), default=0
     )
     if size < needed:
         raise CorruptModelError(

@@ -103,23 +103,36 @@ def gguf_eos_ids(path: Path) -> set[int]:
     return {value for key in _END_KEYS if isinstance(value := metadata.get(key), int) and not isinstance(value, bool)}
 
 
-def gguf_tokenizer_file(path: Path, tokenizer: Any | None = None) -> Path:
+def gguf_tokenizer_file(path: Path, tokenizer: Any | None = None, notices: list[str] | None = None) -> Path:
     """A tokenizer.json of the GGUF's tokenizer in the cache (a few MB, written once per file version), for what reads
-    a tokenizer.json alone: the window's torch-free token counts (app.core.chat.token_counter)."""
+    a tokenizer.json alone: the window's torch-free token counts (app.core.chat.token_counter). Its name ends with
+    the sha256 of its content, checked at each use: a damaged copy is moved to NAME.damaged (with a line in
+    `notices`) and written again."""
     from app.core.storage.paths import cache_dir
 
     stat = path.stat()
-    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    target = cache_dir() / "gguf-tokenizers" / f"{path.stem[:60]}-{digest}.json"
-    if target.is_file():
-        return target
-    backend = (tokenizer if tokenizer is not None else load_gguf_tokenizer(path)).backend_tokenizer
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=".tokenizer-", suffix=".json", dir=target.parent)
-    os.close(handle)
+    identity = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    folder = cache_dir() / "gguf-tokenizers"
+    prefix = f"{path.stem[:60]}-{identity}-"
+    for found in sorted(folder.glob(f"{prefix}*.json")):
+        digest = hashlib.sha256(found.read_bytes()).hexdigest()[:16]
+        if found.name == f"{prefix}{digest}.json":
+            return found
+        damaged = found.with_name(found.name + ".damaged")
+        os.replace(found, damaged)
+        log.warning("tokenizer copy %s damaged; moved to %s", found, damaged)
+        if notices is not None:
+            notices.append(
+                f"The tokenizer copy {found.name} was damaged (its content does not match the sha256 in its name); "
+                f"it was moved to {damaged} and written again."
+            )
+    data = (tokenizer if tokenizer is not None else load_gguf_tokenizer(path)).backend_tokenizer.to_str().encode()
+    target = folder / f"{prefix}{hashlib.sha256(data).hexdigest()[:16]}.json"
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(prefix=".tokenizer-", suffix=".json", dir=folder)
     try:
-        backend.save(staging)
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
         os.replace(staging, target)  # atomic: a reader never sees half a file
     except BaseException:
         Path(staging).unlink(missing_ok=True)

@@ -37,8 +37,8 @@ WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "paramet
 
 
 @pytest.fixture(scope="module")
-def tokenizer(default_folder: Path) -> Any:
-    return load_tokenizer(default_folder)
+def tokenizer(default_tokenizer_folder: Path) -> Any:
+    return load_tokenizer(default_tokenizer_folder)
 
 
 @pytest.fixture(scope="module")
@@ -219,14 +219,14 @@ def test_tool_calls_grammar_allows_text_or_a_valid_call(compiler: GrammarCompile
     assert not follows(compiler, compiler.mask(grammar), "<b>bold</b>")  # text can't start like a call
 
 
-def test_masking_never_imports_torch(default_folder: Path) -> None:
+def test_masking_never_imports_torch(default_tokenizer_folder: Path) -> None:
     """The torch-free runtime masks its numpy logits with this module: no torch, no xgrammar."""
     code = (
         "import sys, numpy as np\n"
         "from app.core.engines.backend import ResponseFormat\n"
         "from app.core.engines.constrained import GrammarCompiler, grammar_for_format\n"
         "from app.core.engines.lite.engine import load_tokenizer\n"
-        f"tok = load_tokenizer(__import__('pathlib').Path({str(default_folder)!r}))\n"
+        f"tok = load_tokenizer(__import__('pathlib').Path({str(default_tokenizer_folder)!r}))\n"
         "mask = GrammarCompiler(tok, 49152, {2}).mask(grammar_for_format(ResponseFormat('json_object')))\n"
         "allowed = int(np.isfinite(mask.apply(np.zeros(49152, dtype=np.float32))).sum())\n"
         "assert 0 < allowed < 49152, allowed\n"

@@ -159,12 +159,16 @@ def test_cpu_4bit_rejects_layer_sizes_the_kernel_cannot_run(tiny_model_dir: Any)
         load_model(str(folder), quantization="nf4", device="cpu")
 
 
-def test_gguf_conversion_is_cached_by_hash(default_loaded: Any) -> None:
-    from app.core.models.gguf_cache import converted_folder_for, is_converted
+def test_a_folder_whose_only_weights_are_a_gguf_loads_that_file(tmp_path: Path) -> None:
+    from tests.helpers.gguf_files import tiny_llama_gguf
 
-    folder = converted_folder_for(default_model_gguf())
-    assert folder == default_loaded.folder and is_converted(folder)
-    assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+    folder = tmp_path / "downloaded"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))  # the header's config is the one read
+    path, written = tiny_llama_gguf(folder / "model.Q8_0.gguf", 8)
+    loaded = load_model(str(folder), quantization="fp32", device="cpu")
+    assert loaded.folder == path and loaded.model.config.num_hidden_layers == written.config.num_hidden_layers
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.Q8_0.gguf"]  # nothing written
 
 
 @pytest.mark.parametrize("through", ["rust backend", "wrapper"])

@@ -64,8 +64,10 @@ def test_a_forced_call_names_its_tool() -> None:
 
 
 @pytest.mark.parametrize("tools", [[RECORD], [WEATHER, RECORD]], ids=["one", "two"])
-def test_a_tool_s_own_references_resolve_inside_the_call(default_folder: Path, tools: list[dict[str, Any]]) -> None:
-    compiler = GrammarCompiler(load_tokenizer(default_folder), 49152, {2})
+def test_a_tool_s_own_references_resolve_inside_the_call(
+    default_tokenizer_folder: Path, tools: list[dict[str, Any]]
+) -> None:
+    compiler = GrammarCompiler(load_tokenizer(default_tokenizer_folder), 49152, {2})
     grammar = grammar_for_format(ResponseFormat("json_schema", tool_call_schema(tools)))
     assert grammar is not None
     mask = compiler.mask(grammar)

@@ -146,19 +146,19 @@ def test_default_model_bf16_plan_matches_measured(default_loaded) -> None:
     assert _relative_error(plan.kv_bytes, kv_bytes_by_device(cache)["cpu"]) <= 0.01
 
 
-def test_default_model_nf4_plan_matches_measured(default_folder: Path) -> None:
-    plan = plan_memory(default_folder, quantization="nf4", context=64, device="cpu", free_bytes=2**40)
-    loaded = load_model(str(default_folder), quantization="nf4", device="cpu", ignore_fit=True)
+def test_default_model_nf4_plan_matches_measured(default_model_folder: Path) -> None:
+    plan = plan_memory(default_model_folder, quantization="nf4", context=64, device="cpu", free_bytes=2**40)
+    loaded = load_model(str(default_model_folder), quantization="nf4", device="cpu", ignore_fit=True)
     _fill_cache(loaded.model, 4)  # bnb's layout after the first forward, whichever this CPU's is
     measured = measured_weights_by_device(loaded.model)["cpu"]
     assert plan.weights_bytes == measured
     assert plan.weights_bytes < 0.5 * plan.parameters * 2  # well under half of bf16
 
 
-def test_gguf_header_config_gives_the_same_plan_as_the_converted_folder(default_folder: Path) -> None:
+def test_gguf_header_config_gives_the_same_plan_as_the_converted_folder(default_model_folder: Path) -> None:
     from_header = config_from_gguf(default_model_gguf())
     plan_header = plan_memory(from_header, quantization="nf4", context=512, device="cpu", free_bytes=2**40)
-    plan_folder = plan_memory(default_folder, quantization="nf4", context=512, device="cpu", free_bytes=2**40)
+    plan_folder = plan_memory(default_model_folder, quantization="nf4", context=512, device="cpu", free_bytes=2**40)
     assert plan_header.weights_bytes == plan_folder.weights_bytes
     assert plan_header.kv_bytes == plan_folder.kv_bytes
     assert plan_header.parameters == plan_folder.parameters
@@ -290,15 +290,15 @@ def test_planner_prefill_chunk_matches_the_engine() -> None:
     assert PREFILL_CHUNK == ENGINE_CHUNK
 
 
-def test_cpu_quantization_counts_the_16bit_staging_copies_the_allocator_keeps(default_folder: Path) -> None:
-    nf4 = plan_memory(default_folder, quantization="nf4", context=64, device="cpu", free_bytes=2**40)
+def test_cpu_quantization_counts_the_16bit_staging_copies_the_allocator_keeps(default_model_folder: Path) -> None:
+    nf4 = plan_memory(default_model_folder, quantization="nf4", context=64, device="cpu", free_bytes=2**40)
     staging = nf4.quantized_parameters * 2  # bf16 copies of every quantized weight
     running = nf4.overhead_bytes - nf4.overhead["runtime"] - nf4.overhead["load_staging"] + nf4.kv_bytes
     assert nf4.overhead["load_staging"] == staging - running > 0
     # Past the point where the cache outgrows the staging memory, it costs nothing extra (it reuses it).
-    long = plan_memory(default_folder, quantization="nf4", context=8192, device="cpu", free_bytes=2**40)
+    long = plan_memory(default_model_folder, quantization="nf4", context=8192, device="cpu", free_bytes=2**40)
     assert long.overhead["load_staging"] == 0
-    bf16 = plan_memory(default_folder, quantization="bf16", context=64, device="cpu", free_bytes=2**40)
+    bf16 = plan_memory(default_model_folder, quantization="bf16", context=64, device="cpu", free_bytes=2**40)
     assert bf16.overhead["load_staging"] == 0
-    gpu = plan_memory(default_folder, quantization="nf4", context=64, device="cuda", free_bytes=2**40)
+    gpu = plan_memory(default_model_folder, quantization="nf4", context=64, device="cuda", free_bytes=2**40)
     assert "load_staging" not in gpu.overhead

@@ -22,8 +22,8 @@ TEXTS = {
 
 
 @pytest.fixture(scope="module")
-def tokenizer_file(default_folder: Path) -> Path:
-    return default_folder / "tokenizer.json"
+def tokenizer_file(default_tokenizer_folder: Path) -> Path:
+    return default_tokenizer_folder / "tokenizer.json"
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,13 @@ pytestmark = pytest.mark.skipif(isinstance(KERNEL, str), reason=f"no kernel libr
 
 
 @pytest.fixture(scope="module")
-def packed_default() -> None:
-    """The default model's packed copy, written by a q4 load through torch."""
+def packed_default(default_model_folder: Path) -> str:
+    """The default model as a folder, with its packed copy written by a q4 load through torch (until the runtime reads
+    the GGUF itself, it runs the folder's packed copy)."""
     from app.core.engines.loader import load_model
 
-    load_model(None, quantization="q4", device="cpu")
+    load_model(str(default_model_folder), quantization="q4", device="cpu")
+    return str(default_model_folder)
 
 
 @pytest.mark.parametrize(
@@ -53,33 +55,33 @@ def test_a_model_without_a_packed_copy_goes_through_torch_which_writes_one(
     second.close()
 
 
-def test_hearth_runtime_chooses_and_refuses_clearly(packed_default: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hearth_runtime_chooses_and_refuses_clearly(packed_default: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HEARTH_RUNTIME", "lite")
     with pytest.raises(
         LiteRefused, match="The torch-free runtime can't run this model: bf16 weights run through torch"
     ):
-        open_backend(LoadRequest(None, quantization="bf16", device="cpu"))
+        open_backend(LoadRequest(packed_default, quantization="bf16", device="cpu"))
     monkeypatch.setenv("HEARTH_RUNTIME", "fast")
     with pytest.raises(HearthError, match="HEARTH_RUNTIME=fast is not one of auto, torch, lite"):
-        open_backend(LoadRequest(None, device="cpu"))
+        open_backend(LoadRequest(packed_default, device="cpu"))
     monkeypatch.setenv("HEARTH_RUNTIME", "torch")
-    backend = open_backend(LoadRequest(None, device="cpu", response_cache=False))
+    backend = open_backend(LoadRequest(packed_default, device="cpu", response_cache=False))
     assert type(backend).__name__ == "EngineBackend"
     backend.close()
 
 
 def test_auto_on_a_machine_without_a_gpu_says_so_as_the_torch_loader_does(
-    packed_default: None, monkeypatch: pytest.MonkeyPatch
+    packed_default: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(lite_backend, "gpu_reason", lambda: "no CUDA GPU was found")
-    backend = open_lite_backend(LoadRequest(None, response_cache=False))
+    backend = open_lite_backend(LoadRequest(packed_default, response_cache=False))
     assert isinstance(backend, LiteBackend)
     assert backend.info.notices == (
         "Running on the CPU: no CUDA GPU was found. Replies will be much slower than on a GPU.",
     )
     backend.close()
     monkeypatch.setattr(lite_backend, "gpu_reason", lambda: "")
-    assert open_lite_backend(LoadRequest(None)) == "a GPU may be present"
+    assert open_lite_backend(LoadRequest(packed_default)) == "a GPU may be present"
 
 
 class FakeMemory:
@@ -89,32 +91,32 @@ class FakeMemory:
 
 
 def test_a_model_that_does_not_fit_is_refused_with_the_numbers(
-    packed_default: None, monkeypatch: pytest.MonkeyPatch
+    packed_default: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(lite_backend.psutil, "virtual_memory", lambda: FakeMemory(120 << 20))
     with pytest.raises(ModelTooLargeError, match=r"\(q4\) needs .* but only 120.0 MiB is free on the CPU"):
-        open_lite_backend(LoadRequest(None, device="cpu", context_length=8192))
+        open_lite_backend(LoadRequest(packed_default, device="cpu", context_length=8192))
     # without --context: the window shrinks to what fits, and says so
     monkeypatch.setattr(lite_backend.psutil, "virtual_memory", lambda: FakeMemory(300 << 20))
-    backend = open_lite_backend(LoadRequest(None, device="cpu", response_cache=False))
+    backend = open_lite_backend(LoadRequest(packed_default, device="cpu", response_cache=False))
     assert isinstance(backend, LiteBackend)
     assert 2048 <= backend.info.context_window < 8192
     assert any("The context window is limited to" in notice for notice in backend.info.notices)
     backend.close()
     # --ignore-fit loads anyway
     monkeypatch.setattr(lite_backend.psutil, "virtual_memory", lambda: FakeMemory(10 << 20))
-    forced = open_lite_backend(LoadRequest(None, device="cpu", ignore_fit=True, response_cache=False))
+    forced = open_lite_backend(LoadRequest(packed_default, device="cpu", ignore_fit=True, response_cache=False))
     assert isinstance(forced, LiteBackend) and forced.info.context_window == 8192
     forced.close()
 
 
-def test_the_plan_before_loading_is_the_runtime_s_own(packed_default: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_plan_before_loading_is_the_runtime_s_own(packed_default: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from app.core.engines.lite.backend import lite_plan
 
-    plan = lite_plan(LoadRequest(None, device="cpu", context_length=4096))
+    plan = lite_plan(LoadRequest(packed_default, device="cpu", context_length=4096))
     assert not isinstance(plan, str)
     assert plan.quantization == "q4" and plan.context == 4096 and plan.kv_dtype == "bf16"
     assert 94e6 < plan.weights_bytes < 96e6  # the packed copy (Q4_1 matrices, int8 lm_head) and the norms
     assert plan.kv_bytes == 4096 * 30 * 2 * 3 * 64 * 2 and plan.fits == "yes"
     monkeypatch.setenv("HEARTH_RUNTIME", "torch")
-    assert lite_plan(LoadRequest(None, device="cpu")) == "HEARTH_RUNTIME=torch"
+    assert lite_plan(LoadRequest(packed_default, device="cpu")) == "HEARTH_RUNTIME=torch"

@@ -29,12 +29,13 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
 
 
 @pytest.fixture(scope="module")
-def lite_backend() -> Iterator[LiteBackend]:
-    """The default model on the torch-free runtime (its packed copy written by a q4 load through torch first)."""
+def lite_backend(default_model_folder: Any) -> Iterator[LiteBackend]:
+    """The default model (as a folder, until the runtime reads the GGUF itself) on the torch-free runtime, its packed
+    copy written by a q4 load through torch first."""
     from app.core.engines.loader import load_model
 
-    load_model(None, quantization="q4", device="cpu")
-    opened = open_lite_backend(LoadRequest(None, device="cpu", response_cache=False))
+    load_model(str(default_model_folder), quantization="q4", device="cpu")
+    opened = open_lite_backend(LoadRequest(str(default_model_folder), device="cpu", response_cache=False))
     assert isinstance(opened, LiteBackend), opened
     yield opened
     opened.close()
@@ -64,8 +65,8 @@ def test_greedy_is_the_argmax_and_the_repetition_penalty_counts_accepted_tokens(
     assert penalized.pick(logits) == 2
 
 
-def test_the_tokenizer_is_the_one_auto_tokenizer_loads(default_folder: Any) -> None:
-    ours, theirs = load_tokenizer(default_folder), AutoTokenizer.from_pretrained(default_folder)
+def test_the_tokenizer_is_the_one_auto_tokenizer_loads(default_tokenizer_folder: Any) -> None:
+    ours, theirs = load_tokenizer(default_tokenizer_folder), AutoTokenizer.from_pretrained(default_tokenizer_folder)
     assert type(ours) is type(theirs)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Héllo, wörld! 12345"}]
     assert ours.apply_chat_template(messages, add_generation_prompt=True) == theirs.apply_chat_template(
@@ -73,7 +74,7 @@ def test_the_tokenizer_is_the_one_auto_tokenizer_loads(default_folder: Any) -> N
     )
 
 
-def test_a_tokenizer_class_it_cannot_load_without_torch_is_a_reason(tmp_path: Any, default_folder: Any) -> None:
+def test_a_tokenizer_class_it_cannot_load_without_torch_is_a_reason(tmp_path: Any) -> None:
     (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "NoSuchTokenizer"}')
     with pytest.raises(LiteUnavailable, match="tokenizer class NoSuchTokenizer is not in this transformers"):
         load_tokenizer(tmp_path)

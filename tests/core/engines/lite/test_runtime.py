@@ -32,11 +32,12 @@ PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The 
 
 
 @pytest.fixture(scope="module")
-def q4_default() -> Any:
-    """The default model loaded as q4 through torch: it writes the packed copy the runtime maps."""
+def q4_default(default_model_folder: Path) -> Any:
+    """The default model (as a folder, until the runtime reads the GGUF itself) loaded as q4 through torch: it writes
+    the packed copy the runtime maps."""
     from app.core.engines.engine import Engine
 
-    loaded = load_model(None, quantization="q4", device="cpu")
+    loaded = load_model(str(default_model_folder), quantization="q4", device="cpu")
     return Engine(loaded)
 
 
@@ -160,9 +161,9 @@ def test_the_bf16_cache_rounds_as_torch_does() -> None:
     assert np.array_equal(from_bf16(expected), torch.from_numpy(expected.view(np.int16)).view(torch.bfloat16).float())
 
 
-def test_without_a_packed_copy_the_runtime_says_so(isolated_cache: Path, default_folder: Path) -> None:
+def test_without_a_packed_copy_the_runtime_says_so(isolated_cache: Path, default_model_folder: Path) -> None:
     with pytest.raises(LiteUnavailable, match="no packed Q4_1 copy yet"):
-        open_model(default_folder)
+        open_model(default_model_folder)
 
 
 def test_a_damaged_packed_copy_is_moved_aside_and_explained(isolated_cache: Path, tiny_model_dir: Any) -> None:
@@ -193,9 +194,9 @@ def test_a_damaged_packed_copy_is_moved_aside_and_explained(isolated_cache: Path
     ],
 )
 def test_models_the_kernel_lacks_are_declined_with_the_reason(
-    change: dict[str, Any], reason: str, tmp_path: Path, default_folder: Path
+    change: dict[str, Any], reason: str, tmp_path: Path, default_model_folder: Path
 ) -> None:
-    config = json.loads((default_folder / "config.json").read_text())
+    config = json.loads((default_model_folder / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(LiteUnavailable, match=reason):
         runtime.LiteConfig.read(tmp_path)
@@ -211,7 +212,7 @@ def test_a_reply_through_the_app_never_imports_torch(q4_default: Any, tmp_path: 
         from app.core.engines.backend import LoadRequest, ReplyRequest
         from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent
         from app.core.chat.sampling import SamplingParams
-        backend = open_backend(LoadRequest(None, device="cpu", response_cache=False))
+        backend = open_backend(LoadRequest(sys.argv[1], device="cpu", response_cache=False))
         request = ReplyRequest([ChatMessage("user", "What is the capital of France?")],
                                SamplingParams(temperature=0, max_new_tokens=12))
         events = list(backend.generate(request, threading.Event()))
@@ -220,7 +221,11 @@ def test_a_reply_through_the_app_never_imports_torch(q4_default: Any, tmp_path: 
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[4]
+        [sys.executable, "-c", script, str(q4_default.loaded.folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[4],
     )
     assert result.returncode == 0, result.stderr[-2000:]
     name, path, text, imported = json.loads(result.stdout.strip().splitlines()[-1])

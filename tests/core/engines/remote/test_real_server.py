@@ -20,8 +20,8 @@ from tests.helpers.transformers_serve import RunningServer, transformers_serve
 
 
 @pytest.fixture(scope="module")
-def server(default_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with transformers_serve(default_folder, tmp_path_factory.mktemp("tserve") / "server.log") as running:
+def server(default_model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with transformers_serve(default_model_folder, tmp_path_factory.mktemp("tserve") / "server.log") as running:
         yield running
 
 
