@@ -23,6 +23,14 @@ duration_ms  # app/core/server/api.py: the request record
 media_type  # app/core/server/api.py: starlette Response class attribute
 taken_at  # app/core/memory/types.py: MemoryReading's time, part of the record
 is_default  # app/core/models/model_source.py: ModelSource field
+restored_tokens  # app/core/chat/events.py: ReplyStats, read through asdict() by app/core/stats_text.py
+
+# Fields of pydantic models the client-library tests hand to the libraries, which fill them from the reply.
+town  # tests/cli/test_serve_clients.py: an enum member of Kind
+village  # tests/cli/test_serve_clients.py: an enum member of Kind
+population  # tests/cli/test_serve_clients.py: City
+area_km2  # tests/cli/test_serve_clients.py: City
+mayor  # tests/cli/test_serve_clients.py: City
 
 # Attributes set on library objects, read by the library.
 _.writeable  # numpy array flags
@@ -33,6 +41,9 @@ _.exc_text  # logging.LogRecord
 _.pre_tokenizer  # tokenizers.Tokenizer (bench/gpu_check.py)
 _.optionxform  # configparser (tests/packaging/test_packaging_files.py)
 _.pure  # PyInstaller spec objects (tests/packaging/test_packaging_files.py)
+_.raiseExceptions  # logging module flag (app/cli/__init__.py): a failed log write prints no traceback
+_.encode_special_tokens  # tokenizers.Tokenizer: special-token text in user text stays text
+_.eof_received  # asyncio.Protocol callback (app/core/server/connection.py)
 _.scripts
 
 # pytest fixtures asked for by name for their side effect.

@@ -43,10 +43,10 @@ def build(out: Path, seed: int) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from app.core.engines.loader import prepare_folder
-    from app.core.models.model_source import read_config, resolve_model
+    from app.core.models.model_source import read_config
+    from bench.gguf_files import default_model_folder
 
-    tokenizer_folder = prepare_folder(resolve_model(None))
+    tokenizer_folder = default_model_folder()
     smol = read_config(tokenizer_folder)
     values = dict(TINYLLAMA_SHAPE)
     model_type = str(values.pop("model_type"))

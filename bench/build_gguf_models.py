@@ -68,11 +68,8 @@ SHAPES = ("smollm2-135m", "llama-3.2-1b", "smollm2-135m-instruct")
 
 
 def default_folder() -> Path:
-    """The default model as Hearth's converter writes it (fp32 safetensors + tokenizer): tokenizer and real weights."""
-    from app.core.engines.loader import prepare_folder
-    from app.core.models.model_source import resolve_model
-
-    return prepare_folder(resolve_model(None))
+    """The default model as a folder (fp32 safetensors + tokenizer): tokenizer and real weights."""
+    return gguf_files.default_model_folder()
 
 
 def shape_config(shape: str) -> dict[str, Any]:

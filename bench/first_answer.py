@@ -2,11 +2,10 @@
 
     python bench/first_answer.py [--trials 4] [--quant bf16]
 
-Each run is a fresh process with its own cache dir; the converted default model is linked in, so GGUF conversion
-(a one-time cost of the model, not of the decode path) is not counted. Cold: the kernel is compiled and the int8
-copies are packed (and written to the cache). Warm: both are read from the cache. Printed per mode: median seconds
-from process start to the first token, the engine's setup (decode path) time, and the time to first token of the
-reply itself; cold and warm runs are interleaved.
+Each run is a fresh process with its own cache dir (the GGUF is read as it is: there is nothing to convert). Cold:
+the kernel is compiled and the int8 copies are packed (and written to the cache). Warm: both are read from the cache.
+Printed per mode: median seconds from process start to the first token, the engine's setup (decode path) time, and
+the time to first token of the reply itself; cold and warm runs are interleaved.
 """
 
 from __future__ import annotations
@@ -73,10 +72,8 @@ def run_once(cache: Path) -> dict[str, object]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def fresh_cache(parent: Path, converted: Path) -> Path:
-    cache = Path(tempfile.mkdtemp(dir=parent))
-    (cache / "converted").symlink_to(converted, target_is_directory=True)
-    return cache
+def fresh_cache(parent: Path) -> Path:
+    return Path(tempfile.mkdtemp(dir=parent))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,20 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker()))
         return 0
     sys.path.insert(0, str(ROOT))
-    from app.core.engines.loader import prepare_folder
-    from app.core.models.model_source import resolve_model
-    from app.core.storage.paths import converted_models_dir
-
-    prepare_folder(resolve_model(None))  # the converted default model, made once, shared by every run
-    converted = converted_models_dir().resolve()
     with tempfile.TemporaryDirectory() as scratch:
         parent = Path(scratch)
-        warm_cache = fresh_cache(parent, converted)
+        warm_cache = fresh_cache(parent)
         run_once(warm_cache)  # fills the warm cache (not measured)
         runs: dict[str, list[dict[str, object]]] = {"cold": [], "warm": []}
         for trial in range(args.trials):
             for mode in ("cold", "warm") if trial % 2 == 0 else ("warm", "cold"):
-                cache = fresh_cache(parent, converted) if mode == "cold" else warm_cache
+                cache = fresh_cache(parent) if mode == "cold" else warm_cache
                 runs[mode].append(run_once(cache))
                 if mode == "cold":
                     shutil.rmtree(cache)

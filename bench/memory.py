@@ -30,11 +30,11 @@ import psutil
 import torch
 from transformers import DynamicCache
 
-from app.core.engines.loader import load_model, prepare_folder
+from app.core.engines.loader import load_model
 from app.core.memory.accounting import kv_bytes_by_device, measured_weights_by_device
 from app.core.memory.planner import PREFILL_CHUNK, plan_memory
 from app.core.memory.types import format_bytes
-from app.core.models.model_source import resolve_model
+from bench.gguf_files import default_model_folder
 from tests.helpers.tiny_models import ARCHITECTURES, build_tiny_model
 
 MiB = 2**20
@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--default-lengths", default="128,1024,2048", help="KV lengths for the default model")
     args = parser.parse_args()
     device = "cuda:0" if args.device == "cuda" else args.device
-    default_folder = prepare_folder(resolve_model(None))
+    default_folder = default_model_folder()
     rows: list[list[str]] = []
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models.split(","):

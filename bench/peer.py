@@ -8,8 +8,8 @@
 Each measurement is one fresh process (`--worker ...`), engines interleaved per trial, with a read-bandwidth probe (1
 GiB summed with the same threads) in the same rotation. A GGUF (the default model's shipped Q4_1, or `--model
 FILE.gguf` in any format) is run by llama.cpp as it is, with flash attention on; Hearth runs the same file through
-its own load path (today that converts it to a safetensors folder, fp32, loaded as `--quant`, default auto: q4 on the
-CPU). A `--model` folder (Hugging Face layout) is what Hearth loads; for llama.cpp it is converted once with
+its own load path (on the CPU: the torch-free runtime on the file's own blocks, or `--quant` through torch). A
+`--model` folder (Hugging Face layout) is what Hearth loads; for llama.cpp it is converted once with
 llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist, bench/llama_build.py) and quantized to Q4_1
 with `llama_model_quantize`, cached under .cache/peer-models/. Both get the same token ids (Hearth's tokenizer and chat
 template) and greedy decoding. Printed: the machine (CPU model, SIMD flags), the file's format and block types, the
@@ -233,17 +233,19 @@ WORKERS = {
 def prompts(tokens_long: int, model: str | None) -> tuple[list[int], list[int], Path, Path]:
     """(short ids, long ids, the model Hearth loads, its Hugging Face folder)."""
     sys.path.insert(0, str(ROOT))
+    from app.core.chat.chat_format import format_prompt
     from app.core.chat.events import ChatMessage
-    from app.core.engines.loader import prepare_folder
+    from app.core.models.gguf_tokenizer import load_gguf_tokenizer
     from app.core.models.model_source import resolve_model
 
     source = resolve_model(model)
-    folder = prepare_folder(source)
-    from transformers import AutoTokenizer
+    folder = source.path
+    if source.kind == "gguf":
+        tokenizer = load_gguf_tokenizer(source.path)
+    else:
+        from transformers import AutoTokenizer
 
-    from app.core.chat.chat_format import format_prompt
-
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
     short = format_prompt(tokenizer, [ChatMessage("user", SHORT_QUESTION)], "").ids
     text = LONG_PARAGRAPH
     while len(tokenizer(text)["input_ids"]) < tokens_long:

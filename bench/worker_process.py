@@ -15,14 +15,13 @@ from bench.llama_build import PEER_VERSION, llama_commit
 _BUILD_INFO = """
 import json, pathlib, sys
 import llama_cpp
-stamp = pathlib.Path(sys.prefix) / "hearth-cmake-args"
+stamp = pathlib.Path(sys.prefix) / "hearth-cmake-args"  # the CMAKE_ARGS `make bench-peer` built it with
 print(json.dumps({
     "version": llama_cpp.__version__,
     "system": llama_cpp.llama_print_system_info().decode(errors="replace"),
     "cmake_args": stamp.read_text().strip() if stamp.exists() else "",
 }))
 """
-CMAKE_STAMP = "hearth-cmake-args"  # written into the peer venv by `make bench-peer`: the CMAKE_ARGS it was built with
 
 
 def llama_build(peer_python: str) -> dict[str, str]:

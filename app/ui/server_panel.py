@@ -1,8 +1,8 @@
 """The Server panel: a switch that serves the window's loaded model to other programs over the OpenAI API.
 
 It talks to the server only through the worker host (WorkerHost.start_server / stop_server and the worker's
-server_* signals, all queued): the server's threads never touch a widget. The window installs it as a dock with
-`install_server_panel` (View ▸ Server).
+server_* signals, all queued): the server's threads never touch a widget. The window shows it as a tab of its side panel (View ▸ Server,
+app.ui.window_panels).
 """
 
 from __future__ import annotations
@@ -15,12 +15,10 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
     QCheckBox,
-    QDockWidget,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QLineEdit,
-    QMainWindow,
     QPushButton,
     QSpinBox,
     QTableWidget,
@@ -217,17 +215,3 @@ def log_row(record: Any) -> tuple[str, ...]:
         f"{record.ttft_ms:.0f}" if generated else "",
         f"{record.decode_tokens_per_s:.1f}" if generated else "",
     )
-
-
-def install_server_panel(window: QMainWindow, host: WorkerHost, settings: SettingsStore, view_menu: Any) -> ServerPanel:
-    """The panel as a dock on the right (hidden until View ▸ Server is checked)."""
-    panel = ServerPanel(host, settings)
-    dock = QDockWidget("Server", window)
-    dock.setObjectName("ServerDock")
-    dock.setWidget(panel)
-    window.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
-    dock.hide()
-    action = dock.toggleViewAction()
-    action.setText("&Server")
-    view_menu.addAction(action)
-    return panel

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 # Token types (gguf.constants.TokenType).
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
+NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6  # USER_DEFINED (4) is not written here
 SAMPLE_TEXT = (
     "The capital of France is Paris. The capital of Italy is Rome. What is the capital of Spain? "
     "Hello, world! Hello there, how are you today? I am fine, thank you. Numbers: 12345 and 3.14159. "
@@ -128,29 +128,6 @@ def sentencepiece_llama() -> TokenizerSpec:
     scores = [0.0] * 259 + [-float(index) for index in range(len(pieces))]
     template = "{% for message in messages %}[{{ message['role'] }}] {{ message['content'] }}</s>{% endfor %}"
     return TokenizerSpec("llama", tokens, types, scores=scores, bos=1, eos=2, unk=0, chat_template=template)
-
-
-def default_tokenizer_spec() -> TokenizerSpec:
-    """The embedded default model's tokenizer, read from its GGUF (for tiny models that share its vocabulary)."""
-    from app.core.models.gguf_meta import read_gguf_arrays, read_gguf_header
-    from app.core.models.model_source import default_model_gguf
-
-    path = default_model_gguf()
-    metadata = read_gguf_header(path).metadata
-    arrays = read_gguf_arrays(path, ["tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"])
-    return TokenizerSpec(
-        "gpt2",
-        arrays["tokenizer.ggml.tokens"],
-        arrays["tokenizer.ggml.token_type"],
-        pre=str(metadata["tokenizer.ggml.pre"]),
-        merges=arrays["tokenizer.ggml.merges"],
-        bos=int(metadata["tokenizer.ggml.bos_token_id"]),
-        eos=int(metadata["tokenizer.ggml.eos_token_id"]),
-        unk=int(metadata["tokenizer.ggml.unknown_token_id"]),
-        pad=int(metadata["tokenizer.ggml.padding_token_id"]),
-        add_bos=False,
-        chat_template=str(metadata["tokenizer.chat_template"]),
-    )
 
 
 def _add_tokenizer(writer: Any, spec: TokenizerSpec) -> None:

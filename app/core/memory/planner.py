@@ -28,7 +28,7 @@ from app.core.errors import (
 )
 from app.core.memory import calibration
 from app.core.memory.types import Fit, MemoryPlan, format_bytes
-from app.core.models import bnb_cpu, gguf_cache
+from app.core.models import bnb_cpu
 from app.core.models.attention import attention_shape
 from app.core.models.dtypes import FLOAT_DTYPES
 from app.core.models.gguf_meta import config_dict_from_gguf
@@ -148,9 +148,6 @@ def load_config(source: str | Path | ModelSource | Mapping[str, Any] | None) -> 
         return _config_from_folder(path.parent), path.parent.name
     model = source if isinstance(source, ModelSource) else resolve_model(None if source is None else str(source))
     if model.kind == "gguf":
-        converted = gguf_cache.converted_folder_for(model.path)
-        if gguf_cache.is_converted(converted):
-            return _config_from_folder(converted), model.display_name
         return config_from_gguf(model.path), model.display_name
     ggufs = sorted(model.path.glob("*.gguf")) if not (model.path / "config.json").is_file() else []
     if ggufs:
@@ -207,8 +204,8 @@ def stored_dtype(folder: Path) -> torch.dtype | None:
 
 
 def weights_dtype_of(source: Any, config: Any) -> torch.dtype | None:
-    """The dtype a source's weight files hold: read from a folder's safetensors headers (a GGUF's converted folder,
-    once converted), else what its config says."""
+    """The dtype a source's weight files hold: read from a folder's safetensors headers, else (a GGUF) what its
+    config says."""
     folder: Path | None = None
     try:
         if isinstance(source, str | Path) and Path(source).expanduser().name == "config.json":
@@ -216,7 +213,7 @@ def weights_dtype_of(source: Any, config: Any) -> torch.dtype | None:
         elif source is None or isinstance(source, str | Path | ModelSource):
             spec = None if source is None else str(source)
             model = source if isinstance(source, ModelSource) else resolve_model(spec)
-            folder = gguf_cache.converted_folder_for(model.path) if model.kind == "gguf" else model.path
+            folder = None if model.kind == "gguf" else model.path
     except (HearthError, OSError, ValueError):
         folder = None
     found = stored_dtype(folder) if folder is not None and folder.is_dir() else None

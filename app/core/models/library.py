@@ -1,8 +1,8 @@
 """The model library: every model on this machine and the curated recommendations (verdicts: app.core.memory.verdict).
 
 On disk: the embedded default, repos in the Hugging Face cache, and folders or GGUF files the user added (a JSON list
-in the config dir; removing one from the library never deletes the user's files). Hearth's own cache of converted
-GGUF files is no model of its own (it is a copy of one listed already): `cached_conversions` lists it apart.
+in the config dir; removing one from the library never deletes the user's files). Copies of GGUF files an older Hearth
+converted are no models of their own: `cached_conversions` lists them apart, so that they can be removed.
 Torch-free: the library window lists models before torch is imported (the planner may import it lazily).
 """
 
@@ -184,7 +184,8 @@ def _hub_entries() -> list[LibraryModel]:
 
 
 def cached_conversions() -> list[LibraryModel]:
-    """Hearth's converted copies of GGUF files (a cache: deletable, rebuilt on demand), never listed as models."""
+    """Copies of GGUF files converted by Hearth before 2026-12 (it now reads a GGUF itself): never listed as models,
+    shown apart so that `hearth rm NAME` can free their space."""
     found = []
     for folder in sorted(paths.converted_models_dir().iterdir()):
         if folder.is_dir() and not folder.name.startswith(".") and (folder / "config.json").is_file():
