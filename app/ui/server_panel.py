@@ -1,8 +1,8 @@
 """The Server panel: a switch that serves the window's loaded model to other programs over the OpenAI API.
 
 It talks to the server only through the worker host (WorkerHost.start_server / stop_server and the worker's
-server_* signals, all queued): the server's threads never touch a widget. The window shows it as a tab of its side panel (View ▸ Server,
-app.ui.window_panels).
+server_* signals, all queued): the server's threads never touch a widget. The window shows it as a tab of its side
+panel (View ▸ Server, app.ui.window_panels).
 """
 
 from __future__ import annotations
