@@ -50,6 +50,14 @@ class Banner(QWidget):
         self.label.setText("\n\n".join(self.messages))
         self.show()
 
+    def withdraw(self, text: str) -> None:
+        """Take one message back (it no longer holds); hidden when none is left."""
+        if text in self.messages:
+            self.messages.remove(text)
+            self.label.setText("\n\n".join(self.messages))
+            if not self.messages:
+                self.dismiss()
+
     def offer(self, label: str, action: Callable[[], None]) -> None:
         """A button beside the messages that runs `action` once."""
         self._action = action

@@ -39,6 +39,7 @@ from app.ui.server_panel import ServerPanel
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.settings_store import SettingsStore
 from app.ui.transfer import ConversationTransfer
+from app.ui.unsaved import UnsavedWatcher
 from app.ui.window_geometry import (
     SavedGeometry,
     fit_frame_on_screen,
@@ -195,6 +196,8 @@ class MainWindow(QMainWindow):
         chat.remaining_context.connect(self._set_remaining_context)
         chat.text_returned.connect(self.input_box.editor.setPlainText)
         chat.reply_finished.connect(self.reply_finished)
+        self.unsaved = UnsavedWatcher(lambda: self.store, self.banner, self)
+        chat.generating_changed.connect(lambda generating: None if generating else self.unsaved.check())
 
         self.sidebar.new_requested.connect(self.new_conversation)
         self.sidebar.selected.connect(chat.open_conversation)
@@ -480,6 +483,9 @@ class MainWindow(QMainWindow):
 
     # -- shutdown ---------------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
+        if not self.unsaved.may_close():
+            event.ignore()
+            return
         if self.remember_geometry:
             save_geometry(SavedGeometry.of(self))
         self.chat.close()

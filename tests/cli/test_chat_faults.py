@@ -113,3 +113,27 @@ def test_a_template_that_escapes_the_sandbox_is_refused_at_load(
         f"hearth: The chat template in {folder / file_name} tries to reach outside the template sandbox (it reads "
         "the attribute '__class__'); Hearth will not use this model with it."
     )
+
+
+def test_a_gguf_whose_template_escapes_the_sandbox_is_refused_at_load(tmp_path: Path) -> None:
+    """2.5 for a GGUF (the template in its header), on the runtime that takes it: one line naming the file, exit 2."""
+    import dataclasses
+
+    from tests.helpers.gguf_files import byte_level_bpe, llama_gguf_tensors, tiny_llama, write_gguf
+
+    model, values = tiny_llama()
+    spec = dataclasses.replace(byte_level_bpe(), chat_template=ESCAPE)
+    path = write_gguf(tmp_path / "hostile.gguf", spec, llama_gguf_tensors(model.state_dict(), values, 0, None),
+                      shape=values)  # fmt: skip
+    result = hearth("chat", "--model", str(path), "--device", "cpu", "-t", "0", "Hi", home=tmp_path / "home",
+                    timeout=300)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"hearth: The chat template in {path} tries to reach outside the template sandbox (it reads the attribute "
+            "'__class__'); Hearth will not use this model with it."
+        )
+    )

@@ -8,9 +8,11 @@ import contextlib
 import errno
 import os
 import shutil
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,3 +60,18 @@ def fill(folder: Path) -> Path:
 
 def free_space(filler: Path) -> None:
     filler.unlink()
+
+
+class FullDiskConnection:
+    """A sqlite3 connection whose writes fail as SQLite fails on a full disk."""
+
+    def __init__(self, inner: sqlite3.Connection) -> None:
+        self.inner = inner
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql.startswith(("INSERT", "UPDATE", "DELETE", "BEGIN")):
+            raise sqlite3.OperationalError("database or disk is full")
+        return self.inner.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

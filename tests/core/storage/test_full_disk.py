@@ -17,7 +17,7 @@ import pytest
 from app.core.chat.response_cache import CachedReply, ResponseCache
 from app.core.storage import space
 from app.core.storage.history import HistoryDamagedError, HistoryDiskFullError, HistoryStore
-from tests.helpers.full_disk import fill, free_space, small_filesystem
+from tests.helpers.full_disk import FullDiskConnection, fill, free_space, small_filesystem
 
 
 def digest(path: Path) -> str:
@@ -71,21 +71,6 @@ def test_a_disk_that_fills_while_the_cache_is_open_switches_it_off_untouched(tmp
         assert reopened.get("kept") is not None and reopened.get("kept").text == "An earlier reply."  # type: ignore[union-attr]
         assert reopened.take_notices() == []
         reopened.close()
-
-
-class FullDiskConnection:
-    """A sqlite3 connection whose writes fail as SQLite fails on a full disk."""
-
-    def __init__(self, inner: sqlite3.Connection) -> None:
-        self.inner = inner
-
-    def execute(self, sql: str, *args: Any) -> Any:
-        if sql.startswith(("INSERT", "UPDATE", "DELETE", "BEGIN")):
-            raise sqlite3.OperationalError("database or disk is full")
-        return self.inner.execute(sql, *args)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 def test_an_injected_full_disk_never_moves_the_response_cache_aside(tmp_path: Path) -> None:

@@ -121,3 +121,15 @@ def test_a_failed_block_removes_its_partial_and_folder(tmp_path: Path) -> None:
         (folder / "part").write_bytes(b"half")
         raise RuntimeError("interrupted")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_window_sweeps_at_start(isolated_cache: Path) -> None:
+    """`hearth-gui` removes them too, before its first paint (logged, no banner)."""
+    folder, partial = killed_writer(isolated_cache)
+    result = subprocess.run(
+        [sys.executable, "-m", "app.gui", "--first-paint-report"], cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "QT_QPA_PLATFORM": "offscreen"}, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "first_paint_s=" in result.stdout
+    assert not folder.exists() and not partial.exists()

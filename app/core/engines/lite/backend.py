@@ -25,6 +25,7 @@ import psutil
 
 from app.core.chat.events import Event
 from app.core.chat.response_cache import ResponseCache
+from app.core.chat.template_safety import check_model_folder, check_tokenizer
 from app.core.engines.backend import (
     CPU_NOTICE,
     LoadRequest,
@@ -282,6 +283,15 @@ def open_lite_backend(
         return str(exc)
     except (OSError, ValueError, HearthError) as exc:
         return f"its files could not be read ({exc})"
+    try:
+        # refused at load (naming the file), not at every reply
+        if candidate.gguf is not None:
+            check_tokenizer(tokenizer, str(candidate.gguf))
+        else:
+            check_model_folder(folder)
+    except HearthError:
+        model.close()
+        raise
     if cancel is not None and cancel.is_set():
         model.close()
         raise LoadCancelled()
