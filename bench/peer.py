@@ -92,6 +92,9 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
     request = LoadRequest(spec.get("model") or None, quantization=str(spec["quant"]), device="cpu")  # type: ignore[arg-type]
     backend = open_backend(request, runtime=runtime)
     engine = backend.engine  # type: ignore[attr-defined]
+    fix_threads = getattr(getattr(engine, "model", None), "fix_threads", None)
+    if fix_threads is not None:  # the torch-free runtime: the same thread count as llama.cpp, not its adaptive team
+        fix_threads(int(spec["threads"]))  # type: ignore[call-overload]
     result: dict[str, object] = {
         "decode_path": engine.decode_path,
         "note": engine.decode_path_note,

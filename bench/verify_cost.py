@@ -1,4 +1,4 @@
-"""What checking the decode path's derived files against their sha256 adds to a warm start (README "Speed").
+"""What checking the decode path's derived files against their sha256 adds to a warm start (docs/speed.md).
 
     python bench/verify_cost.py [--trials 7]
 

@@ -376,6 +376,13 @@ class DecoderRuntime:
         self._bound: tuple[LiteCache, int, int] | None = None  # (the cache, its version, capacity) last bound
         self._executor: ThreadPoolExecutor | None = None
 
+    def fix_threads(self, threads: int) -> None:
+        """Run every call on `threads` threads (at most the team it started with), never trying another size:
+        benchmarks that hold two engines to the same thread count."""
+        size = max(1, min(threads, self.threads))
+        self.decode_team = TeamChooser(size, explore_every=0)
+        self.prefill_team = TeamChooser(size, explore_every=0)
+
     # -- what a subclass supplies
     def _embed(self, ids: Sequence[int]) -> Floats:
         raise NotImplementedError

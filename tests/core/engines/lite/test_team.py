@@ -57,3 +57,19 @@ def test_a_reply_does_not_depend_on_the_team_size(tmp_path: Path) -> None:
         finally:
             model.close()
     assert np.array_equal(results[0], results[1])
+
+
+def test_fix_threads_holds_every_call_to_that_team(tmp_path: Path) -> None:
+    """What bench/peer.py uses to give Hearth llama.cpp's thread count: capped at the team the model started with."""
+    path = tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K)
+    model = open_gguf_model(path, threads=2)
+    try:
+        model.fix_threads(8)
+        assert model.decode_team.largest == 2 and model.prefill_team.largest == 2
+        model.fix_threads(1)
+        cache = model.new_cache()
+        model.prefill(IDS[:-1], cache)
+        model.step(IDS[-1], cache)
+        assert set(model.decode_team.average) == {1} and set(model.prefill_team.average) == {1}
+    finally:
+        model.close()
