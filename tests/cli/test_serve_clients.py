@@ -82,9 +82,11 @@ def test_langchain_with_structured_output(served: ServeProcess, method: str) -> 
     if method == "json_mode":  # the server gets no schema, only "a JSON object": the prompt says which (as documented)
         example = City(name="Paris", population=2_100_000, area_km2=105.4, kind=Kind.city,
                        mayor=Mayor(name="Anne Hidalgo", age=65))  # fmt: skip
-        messages = [("system", "Reply with one JSON object with the keys name, population (integer), area_km2, kind "
-                     f"(city, town or village) and mayor (name, age). For Paris: {example.model_dump_json()}"),
-                    ("user", "Describe the city of Lyon in France.")]  # fmt: skip
+        # (with no schema the 135M model may add keys until max_tokens: the prompt pins them, as users of json_mode do)
+        messages = [("system", "Reply with one JSON object with exactly the keys name, population (integer), "
+                     "area_km2, kind (city, town or village) and mayor (an object with only name and age), nothing "
+                     f"else. For Paris: {example.model_dump_json()}"),
+                    ("user", "Lyon, France")]  # fmt: skip
     assert_city(chat.with_structured_output(City, method=method).invoke(messages))
 
 

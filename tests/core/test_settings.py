@@ -85,7 +85,7 @@ def test_sampling_edges_are_inside_their_ranges() -> None:
         ({"top_p": 1.0000001}, r"top-p must be in \(0, 1\] \(got 1.0000001\)"),
         ({"min_p": 1}, r"min-p must be in \[0, 1\) \(got 1\)"),
         ({"temperature": -1e-9}, "temperature must be 0 or more"),
-        ({"top_k": -1}, r"top-k must be 0 \(off\) or more \(got -1\)"),
+        ({"top_k": -1}, r"top-k must be 0 \(off\) to 2147483647 \(got -1\)"),
         ({"repetition_penalty": 0.0}, "repetition penalty must be above 0"),
         ({"max_new_tokens": 0}, r"max new tokens must be at least 1 \(got 0\)"),
     ):

@@ -8,11 +8,13 @@ from app.core.errors import HearthError
 from app.ui.main_window import LOAD_ANYWAY_HINT
 from app.ui.worker import default_backend_factory
 
-HUGE_CONTEXT = 2**40  # tokens: hundreds of TiB of KV cache even for a tiny model
+HUGE_CONTEXT = 2**24  # tokens: the most a config may state (model_source.check_config_sizes)
+# 64 layers of 4 KV heads: 16 KiB of KV cache per token, 256 GiB at HUGE_CONTEXT (the weights stay tiny)
+DEEP = {"num_hidden_layers": 64, "num_key_value_heads": 4}
 
 
 def test_a_model_the_planner_refuses_can_be_loaded_anyway(make_window, qtbot, tiny_model_dir) -> None:
-    folder = tiny_model_dir("llama", max_position_embeddings=HUGE_CONTEXT)
+    folder = tiny_model_dir("llama", max_position_embeddings=HUGE_CONTEXT, **DEEP)
     window = make_window(load=False, factory=default_backend_factory())
     window.load_model(LoadRequest(str(folder), "bf16", "cpu", HUGE_CONTEXT))
     button = window.banner.action_button

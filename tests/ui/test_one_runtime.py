@@ -87,12 +87,9 @@ def through_the_api(base_url: str) -> tuple[str, int]:
 def test_the_same_greedy_reply_through_every_front_end(qtbot: Any, tmp_path: Path) -> None:
     from app.core.engines.lite.backend import lite_candidate
 
-    if isinstance(lite_candidate(LoadRequest(None, device="cpu")), str):  # the packed copy the runtime maps
-        from app.core.engines.loader import load_model
-
-        load_model(None, quantization="q4", device="cpu")
+    assert not isinstance(lite_candidate(LoadRequest(None, device="cpu")), str)  # the runtime takes the GGUF
     cli_text, cli_tokens, cli_path = through_the_cli(tmp_path / "cli-home")
-    assert cli_path == "lite-q4" and cli_tokens > 5
+    assert cli_path == "lite-gguf" and cli_tokens > 5
 
     with hearth_serve(tmp_path / "serve-home", "--device", "cpu") as served:
         assert served.runtime.startswith("hearth: runtime: torch-free")
@@ -108,7 +105,7 @@ def test_the_same_greedy_reply_through_every_front_end(qtbot: Any, tmp_path: Pat
         with qtbot.waitSignal(relay.finished, timeout=300_000) as finished:
             host.generate(GenerateRequest(host.next_request_id(), request))
         assert finished.args[2] == cli_text
-        assert (relay.stats[-1].generated_tokens, relay.stats[-1].decode_path) == (cli_tokens, "lite-q4")
+        assert (relay.stats[-1].generated_tokens, relay.stats[-1].decode_path) == (cli_tokens, "lite-gguf")
 
         with qtbot.waitSignal(relay.server_started, timeout=60_000) as started:  # the window's Server switch
             host.start_server(0)

@@ -157,14 +157,12 @@ def test_the_window_plans_a_torch_free_load_with_the_runtime_s_own_figures(monke
     """Choosing a model the torch-free runtime will run shows that runtime's plan, not the torch loader's."""
     from app.core.engines.backend import LoadRequest
     from app.core.engines.lite.backend import lite_plan
-    from app.core.engines.loader import load_model
     from app.ui.worker import default_planner
 
-    load_model(None, quantization="q4", device="cpu")  # the packed copy the runtime maps
     request = LoadRequest(None, device="cpu")
     shown, expected = default_planner(request), lite_plan(request)
     assert not isinstance(expected, str)
-    assert shown.notes == expected.notes == ("torch-free runtime: the packed Q4_1 copy, mapped",)
+    assert shown.notes == expected.notes == ("torch-free runtime: the GGUF file's Q4_1 blocks, mapped",)
     assert shown.weights_bytes == expected.weights_bytes
     monkeypatch.setenv("HEARTH_RUNTIME", "torch")
-    assert "torch-free runtime: the packed Q4_1 copy, mapped" not in default_planner(request).notes
+    assert not any("torch-free" in note for note in default_planner(request).notes)

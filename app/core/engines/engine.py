@@ -84,6 +84,9 @@ class KVState:
         return common
 
 
+PREFILL_GRID = 128  # positions per prefill call at most, calls starting at its multiples (see Engine._prefill)
+
+
 def call_start(calls: list[tuple[int, int]], position: int) -> int:
     """The start of the prefill call that wrote `position` and the rows after it, else `position` itself (a call
     boundary, or a position a decode step wrote)."""
@@ -153,9 +156,17 @@ class Engine(ReplyEngine):
         return KVState()
 
     def _prefill(self, ids: list[int], kv: KVState) -> torch.Tensor:
-        start = len(kv.ids)
-        logits = self._forward(ids, kv)
-        kv.prefill_calls.append((start, start + len(ids)))
+        """Run `ids` in calls cut at multiples of PREFILL_GRID positions: a run with a reused prefix then computes
+        every row in the same call as a fresh run (reuse_for cuts back to a call's start), and an edit or a
+        re-tokenized last token costs at most one grid cell of the prefix, not the whole prompt's call."""
+        logits = None
+        position, done = len(kv.ids), 0
+        while done < len(ids):
+            take = min(len(ids) - done, PREFILL_GRID - position % PREFILL_GRID)
+            logits = self._forward(ids[done : done + take], kv)
+            kv.prefill_calls.append((position, position + take))
+            position, done = position + take, done + take
+        assert logits is not None, "a prefill of no tokens"
         return logits
 
     def _decode_step(self, token: int, kv: KVState) -> torch.Tensor:

@@ -33,10 +33,10 @@ def torch_version() -> str:
 
 
 def packed_cache_file(folder: Path, quantization: str, kind: str = "decode-int8") -> Path | None:
-    """The cache file for `folder`'s weights packed as `kind` from `quantization` values; None where the folder's
-    weight files can't be listed (nothing is cached then)."""
+    """The cache file for `folder`'s weights (or one GGUF file's) packed as `kind` from `quantization` values; None
+    where the weight files can't be listed (nothing is cached then)."""
     try:
-        files = sorted(folder.resolve().glob("*.safetensors"))
+        files = [folder.resolve()] if folder.is_file() else sorted(folder.resolve().glob("*.safetensors"))
         stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
     except OSError:
         return None

@@ -22,7 +22,7 @@ from app.core.fastpath import int8, integrity, kernel, native, packed, prefill
 from app.core.fastpath.packed_cache import packed_cache_file, write_packed_copy
 from app.core.fastpath.rows import release_file_pages
 from app.core.models.dtypes import FLOAT_DTYPES
-from app.core.models.model_source import weights_fingerprint
+from app.core.models.model_source import file_fingerprint, weights_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -310,8 +310,9 @@ def _digest_key(sha256: str) -> str:
 
 
 def _dense_digest(folder: Path) -> str:
-    """Steps that run the loaded weights are identified by the loader's fingerprint of the weight files."""
-    fingerprint = weights_fingerprint(folder)
+    """Steps that run the loaded weights are identified by the loader's fingerprint of the weight files (a GGUF
+    model's `folder` is its file)."""
+    fingerprint = file_fingerprint(folder) if folder.is_file() else weights_fingerprint(folder)
     return f"dense:{fingerprint}" if fingerprint else ""
 
 

@@ -13,8 +13,7 @@ from app.core.chat.events import ChatMessage, DoneEvent, Event, PromptEvent, Sta
 from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
-from app.core.engines.engine import Engine, KVState, TorchSampler, greedy_pick
-from app.core.engines.generation import PREFILL_CHUNK
+from app.core.engines.engine import PREFILL_GRID, Engine, KVState, TorchSampler, greedy_pick
 from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
 from app.core.errors import ContextOverflowError
@@ -126,13 +125,15 @@ def test_regenerate_and_edit_reuse_the_prefix_with_identical_output(exact_engine
     first, first_stats, _, _ = run(session.ask("What is 2 + 2?"))
     again, again_stats, _, _ = run(session.regenerate())
     assert again == first  # greedy: same prompt, same reply
-    # The cache held prompt + reply, the prompt prefilled in calls of PREFILL_CHUNK tokens; regenerate crops it back
-    # to the start of the call that wrote the prompt's last token, and runs that call again.
-    assert PREFILL_CHUNK < first_stats.stats.prompt_tokens < 2 * PREFILL_CHUNK
-    assert again_stats.stats.cached_tokens == PREFILL_CHUNK
+    # The cache held prompt + reply, the prompt prefilled in calls cut on a PREFILL_GRID grid; regenerate crops it
+    # back to the start of the call that wrote the prompt's last token, and runs that call again.
+    prompt_tokens = first_stats.stats.prompt_tokens
+    assert prompt_tokens > 4 * PREFILL_GRID
+    last_call_start = (prompt_tokens - 1) // PREFILL_GRID * PREFILL_GRID
+    assert again_stats.stats.cached_tokens == last_call_start
 
-    edited, edited_stats, _, _ = run(session.edit(0, "What is 3 + 3?"))
-    assert edited_stats.stats.cached_tokens == PREFILL_CHUNK < edited_stats.stats.prompt_tokens
+    edited, edited_stats, _, _ = run(session.edit(0, "What is 3 + 3?"))  # the edit is in that same last call
+    assert edited_stats.stats.cached_tokens == last_call_start < edited_stats.stats.prompt_tokens
     messages = [ChatMessage("system", LONG_SYSTEM_PROMPT), ChatMessage("user", "What is 3 + 3?")]
     fresh, _, _, _ = run(engine.generate(ReplyRequest(messages, GREEDY)))
     assert edited == fresh

@@ -105,7 +105,7 @@ def test_max_tokens_bounds_come_from_the_server_and_the_context_window() -> None
         ({"top_logprobs": 2}, "'logprobs' is not supported.", "logprobs"),
         ({"logit_bias": {"1": 5}}, "'logit_bias' is not supported.", "logit_bias"),
         ({"temperature": 2.5}, "'temperature' must be between 0 and 2 (got 2.5).", "temperature"),
-        ({"temperature": "hot"}, "'temperature' must be a number, not \"hot\".", "temperature"),
+        ({"temperature": "hot"}, "'temperature' must be a number, not 'hot'.", "temperature"),
         ({"top_p": True}, "'top_p' must be a number, not true.", "top_p"),
         ({"seed": 1.5}, "'seed' must be an integer, not 1.5.", "seed"),
         ({"max_tokens": False}, "'max_tokens' must be an integer, not false.", "max_tokens"),
@@ -117,15 +117,19 @@ def test_sampling_refusals_name_the_field(body: dict[str, Any], message: str, pa
 
 
 def test_a_long_bad_value_is_shown_cut_to_40_characters() -> None:
-    long, shown = "x" * 100, json.dumps("x" * 100)[:40]
-    assert refusal(protocol.sampling, {"top_p": long}, LIMITS, 0).message == f"'top_p' must be a number, not {shown}."
-    assert refusal(protocol.sampling, {"seed": long}, LIMITS, 0).message == f"'seed' must be an integer, not {shown}."
+    shown = "'" + "x" * 40 + "… (100 characters)'"
+    assert (
+        refusal(protocol.sampling, {"top_p": "x" * 100}, LIMITS, 0).message == f"'top_p' must be a number, not {shown}."
+    )
+    assert (
+        refusal(protocol.sampling, {"seed": "x" * 100}, LIMITS, 0).message == f"'seed' must be an integer, not {shown}."
+    )
 
 
 def test_sampling_accepts_its_edges_and_passes_on_the_sampling_rules_sentence() -> None:
     assert protocol.sampling({"temperature": 2, "n": 1}, LIMITS, 0).temperature == 2.0
     error = refusal(protocol.sampling, {"top_p": 1.5}, LIMITS, 0)
-    assert "top-p must be in (0, 1]" in error.message and error.param is None
+    assert (error.message, error.param) == ("'top_p' must be in (0, 1] (got 1.5).", "top_p")
 
 
 def test_stop_sequences() -> None:
