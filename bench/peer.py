@@ -93,7 +93,7 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
     backend = open_backend(request, runtime=runtime)
     engine = backend.engine  # type: ignore[attr-defined]
     fix_threads = getattr(getattr(engine, "model", None), "fix_threads", None)
-    if fix_threads is not None:  # the torch-free runtime: the same thread count as llama.cpp, not its adaptive team
+    if fix_threads is not None and not spec.get("adaptive"):  # llama.cpp's thread count, not the adaptive team
         fix_threads(int(spec["threads"]))  # type: ignore[call-overload]
     result: dict[str, object] = {
         "decode_path": engine.decode_path,

@@ -107,10 +107,16 @@ def describe_step(library: NativeLibrary, weight_format: str, threads: int) -> t
     what runs them ("C kernel <where it came from>[; why no prebuilt one]; N threads")."""
     q4_kernel = Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
     described = {"int8": "int8", "q4": f"Q4_1 x16, {q4_kernel} (lm_head int8)"}[weight_format]
+    return described, f"{library_origin(library)}; {threads} thread{'s' if threads > 1 else ''}"
+
+
+def library_origin(library: NativeLibrary) -> str:
+    """Where the kernel library came from, for a reply's note: "C kernel prebuilt x86-64-avx512", or compiled here
+    and why no prebuilt one was used."""
     origin = library.origin or "C kernel"
     if library.fallback:  # compiled here although kernels may ship prebuilt: say why none was used
         origin = f"{origin}; {library.fallback}"
-    return described, f"C kernel {origin}; {threads} thread{'s' if threads > 1 else ''}"
+    return f"C kernel {origin}"
 
 
 def q4_prefill(

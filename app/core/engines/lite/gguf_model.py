@@ -28,7 +28,7 @@ from app.core.engines.lite.runtime import (
 )
 from app.core.errors import HearthError
 from app.core.fastpath import blocks
-from app.core.fastpath.kernel import NativeLibrary, load_library
+from app.core.fastpath.kernel import NativeLibrary, library_origin, load_library
 from app.core.models.gguf_meta import GGUFHeader, TensorExtent, check_gguf_complete, read_gguf_header
 
 # Which matrix inputs are quantized to 15 bits instead of 8 (blocks.PRECISE_*), in prefill and decode alike. Measured
@@ -280,8 +280,8 @@ class GGUFModel(DecoderRuntime):
         )
         return (
             f"torch-free runtime on the GGUF file's own blocks ({mix}; head {blocks.type_name(self.head.kind)}), "
-            f"{kernel}, {activations}; decode in one C step, prefill in chunks of up to "
-            f"{PREFILL_CHUNK} tokens; {threads}"
+            f"{kernel} ({library_origin(self.library)}), {activations}; decode in one C step, prefill in chunks of "
+            f"up to {PREFILL_CHUNK} tokens; {threads}"
         )
 
     def _bind_step(self) -> None:
