@@ -89,7 +89,8 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
     from app.core.engines.opening import open_backend
 
     floor = _memory()["rss"]  # the torch-free runtime's floor: the app's load path imported, no model yet
-    request = LoadRequest(spec.get("model") or None, quantization=str(spec["quant"]), device="cpu")  # type: ignore[arg-type]
+    # No prompt cache on disk: a prefill restored from an earlier run's blocks would be timed as computed
+    request = LoadRequest(spec.get("model") or None, quantization=str(spec["quant"]), device="cpu", prompt_cache_gib=0)  # type: ignore[arg-type]
     backend = open_backend(request, runtime=runtime)
     engine = backend.engine  # type: ignore[attr-defined]
     fix_threads = getattr(getattr(engine, "model", None), "fix_threads", None)
@@ -117,7 +118,9 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
             result["decode_tok_s"] = stats.decode_tokens_per_s
             result["generated"] = stats.generated_tokens
             result["decode_cpu_tok_s"] = (stats.generated_tokens - 1) / max(cpu_decode, 1e-9)
-    result["bytes_per_token"] = _hearth_bytes_per_token(engine)
+    # On a GGUF's own blocks it reads what llama.cpp reads: the file's matrices and head
+    on_file = engine.decode_path == "lite-gguf"
+    result["bytes_per_token"] = spec["gguf_bytes_per_token"] if on_file else _hearth_bytes_per_token(engine)
     result.update(_memory())
     result["floor_rss"] = floor
     result["torch_imported"] = "torch" in sys.modules
