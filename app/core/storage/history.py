@@ -318,10 +318,10 @@ class HistoryStore:
         if not self._pending:
             return ""
         count = len(self._pending)
-        which = "1 message is" if count == 1 else f"{count} messages are"
+        which, them = ("1 message is", "it") if count == 1 else (f"{count} messages are", "them")
         return (
-            f"{which} not saved yet: {self.pending_reason} They are saved as soon as there is space; quitting Hearth "
-            "before then loses them."
+            f"{which} not saved yet: {self.pending_reason}. {self.path.name} was not changed; Hearth saves {them} as "
+            f"soon as there is space, and quitting before then loses {them}."
         )
 
     # -- row helpers ---------------------------------------------------------------------------------------------
@@ -594,7 +594,7 @@ class HistoryStore:
             if changes:
                 with self._lock:
                     self._pending[message_id] = {**self._pending.get(message_id, {}), **changes}
-                    self.pending_reason = str(err)
+                    self.pending_reason = space.where_full(self.path.parent)  # "the disk holding X is full (…)"
                 log.warning("history: update of message %d held back: %s", message_id, err)
 
     def get_message(self, message_id: int) -> Message:
