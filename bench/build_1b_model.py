@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -36,15 +35,15 @@ TINYLLAMA_SHAPE = {
     "hidden_act": "silu",
     "initializer_range": 0.02,
 }
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def build(out: Path, seed: int) -> Path:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from app.core.models.model_source import read_config
     from bench.gguf_files import default_model_folder
+    from tests.helpers.tiny_models import write_random_model
 
     tokenizer_folder = default_model_folder()
     smol = read_config(tokenizer_folder)
@@ -58,14 +57,7 @@ def build(out: Path, seed: int) -> Path:
         eos_token_id=smol.get("eos_token_id"),
         pad_token_id=smol.get("pad_token_id"),
     )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_folder / name).exists():
-            shutil.copy(tokenizer_folder / name, out / name)
-    parameters = sum(p.numel() for p in model.parameters())
+    parameters = write_random_model(config, out, tokenizer_folder, seed, torch.bfloat16)
     print(f"wrote {out}: {parameters / 1e9:.2f} B parameters, bf16")
     return out
 

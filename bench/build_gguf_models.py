@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -41,7 +40,6 @@ from bench import gguf_files, llama_build  # noqa: E402
 OUT = ROOT / ".cache" / "gguf-models"
 MANIFEST = OUT / "manifest.json"
 TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 LLAMA_32_1B: dict[str, Any] = {
     "hidden_size": 2048,
     "intermediate_size": 8192,
@@ -90,20 +88,15 @@ def shape_config(shape: str) -> dict[str, Any]:
 def random_folder(shape: str, out: Path, seed: int) -> Path:
     """A random-weight Hugging Face folder of `shape` (bf16) with the default model's tokenizer."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from tests.helpers.tiny_models import write_random_model
 
     tokenizer_folder = default_folder()
     tokenizer_config = json.loads((tokenizer_folder / "config.json").read_text())
     ids = {k: tokenizer_config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     config = AutoConfig.for_model("llama", **shape_config(shape), **ids)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_folder / name).exists():
-            shutil.copy(tokenizer_folder / name, out / name)
-    parameters = sum(p.numel() for p in model.parameters())
+    parameters = write_random_model(config, out, tokenizer_folder, seed, torch.bfloat16)
     print(f"{shape}: {parameters / 1e9:.3f} B parameters (random, seed {seed}), bf16", flush=True)
     return out
 

@@ -92,11 +92,8 @@ def default_model_folder() -> Path:
     """The default model as a Hugging Face folder (fp32 safetensors, config, tokenizer), for the benches that need one
     (transformers as a peer, random models with its tokenizer): written once from its GGUF into .cache/bench/ (Hearth
     itself reads the GGUF; this copy is the benches' own)."""
-    import torch
-
-    from app.core.engines.gguf_torch import gguf_config, load_gguf_model
-    from app.core.models.gguf_tokenizer import load_gguf_tokenizer
     from app.core.models.model_source import default_model_gguf
+    from tests.helpers.tiny_models import write_default_model_folder
 
     gguf = default_model_gguf()
     stat = gguf.stat()
@@ -104,9 +101,5 @@ def default_model_folder() -> Path:
     folder = cache / f"default-model-{stat.st_size}-{stat.st_mtime_ns}"
     if (folder / "model.safetensors").is_file():
         return folder
-    staging = folder.with_name(folder.name + ".partial")
-    model = load_gguf_model(gguf, gguf_config(gguf), device_map={"": "cpu"}, dtype=torch.float32)
-    model.save_pretrained(staging)
-    load_gguf_tokenizer(gguf).save_pretrained(staging)
-    staging.rename(folder)
+    write_default_model_folder(folder.with_name(folder.name + ".partial")).rename(folder)
     return folder

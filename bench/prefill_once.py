@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import llama_build  # noqa: E402
+
 LICENCE = Path("/usr/share/common-licenses/GPL-3")
 QUESTION = "\n\nIn one sentence: what does this text say about distributing modified versions?"
 
@@ -100,25 +103,12 @@ def disk_read_rate(folder: Path) -> tuple[float, int]:
     return total / max(time.perf_counter() - started, 1e-9), total
 
 
-def machine() -> str:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model or platform.processor()} · {os.cpu_count()} CPUs · load {os.getloadavg()[0]:.1f}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="", help="a GGUF file (default: the embedded model)")
     parser.add_argument("--tokens", default="2000,10000", help="document sizes in tokens")
     parser.add_argument("--trials", type=int, default=2)
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     from app.core.models.gguf_tokenizer import load_gguf_tokenizer
     from app.core.models.model_source import resolve_model
 
@@ -128,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     def count(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    print(f"machine: {machine()}")
+    print(f"machine: {llama_build.machine_line()}; load {os.getloadavg()[0]:.1f}")
     print(f"model: {source.display_name} ({source.path.name})")
     rows = []
     with tempfile.TemporaryDirectory(prefix="prefill-once-") as scratch:

@@ -29,6 +29,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests.helpers.gui_process import offscreen_screen  # noqa: E402
+
 SIZES = ("1366x768", "960x600")
 OUT = REPO / "docs" / "screens"
 QUESTIONS = (
@@ -36,15 +38,6 @@ QUESTIONS = (
     "Write a Python function that adds two numbers.",
     "Give me three tips for writing clear emails.",
 )
-
-
-def offscreen_platform(size: str, folder: Path) -> str:
-    """QT_QPA_PLATFORM for an offscreen screen of `size` (WxH) at 96 dpi."""
-    width, height = (int(n) for n in size.split("x"))
-    config = folder / f"screen-{size}.json"
-    screen = {"name": f"screen-{size}", "x": 0, "y": 0, "width": width, "height": height}
-    config.write_text(json.dumps({"screens": [{**screen, "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}]}))
-    return f"offscreen:configfile={config}"
 
 
 def main() -> int:
@@ -62,7 +55,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="hearth-screens-") as folder:
             env = {
                 **os.environ,
-                "QT_QPA_PLATFORM": offscreen_platform(size, Path(folder)),
+                "QT_QPA_PLATFORM": offscreen_screen(Path(folder), *(int(n) for n in size.split("x"))),
                 "HEARTH_HOME": str(Path(folder) / "home"),  # a new user: no settings, history or engines
                 "HEARTH_CACHE_DIR": os.environ.get("HEARTH_CACHE_DIR", str(REPO / ".cache" / "test-models")),
                 "HF_HUB_OFFLINE": "1",

@@ -182,19 +182,9 @@ def default_tokenizer_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def default_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default model as a Hugging Face folder (fp32 safetensors, config, tokenizer), written once per run from its
     GGUF, for what needs a folder: the folder planner, the torch-free runtime's packed copy, transformers serve."""
-    import torch
+    from tests.helpers.tiny_models import write_default_model_folder
 
-    from app.core.engines.gguf_torch import gguf_config, load_gguf_model
-    from app.core.models.gguf_tokenizer import load_gguf_tokenizer
-    from app.core.models.model_source import default_model_gguf
-
-    gguf = default_model_gguf()
-    folder = tmp_path_factory.mktemp("default-model")
-    model = load_gguf_model(gguf, gguf_config(gguf), device_map={"": "cpu"}, dtype=torch.float32)
-    model.save_pretrained(folder)
-    load_gguf_tokenizer(gguf).save_pretrained(folder)
-    del model
-    return folder
+    return write_default_model_folder(tmp_path_factory.mktemp("default-model"))
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from typing import Any
 
 from app.cli import Subparsers
 from app.cli.attach import add_attach_flags, message_with_documents, read_attachments
-from app.cli.common import add_model_flags, progress_to_stderr, refuse_unsafe_template, settings_from_args
+from app.cli.common import add_model_flags, progress_to_stderr, settings_from_args
 from app.core.chat.events import DoneEvent, Event, ReplyStats, StatsEvent, TokenEvent, event_to_json
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import LoadRequest
@@ -155,7 +155,6 @@ def open_session(settings: Settings, args: argparse.Namespace) -> Any:
     from app.core.engines.session import ChatSession
 
     backend = open_backend(load_request(settings, args), progress_to_stderr)
-    refuse_unsafe_template(backend)
     for notice in [*backend.info.notices, *backend.info.recovered]:
         print(f"hearth: note: {notice}", file=sys.stderr)
     return ChatSession(

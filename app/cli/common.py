@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-from typing import Any
 
 from app.core.errors import InvalidSettingError
 from app.core.models.quant import QUANTIZATIONS, auto_summary
@@ -78,18 +76,3 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def progress_to_stderr(message: str, fraction: float | None) -> None:
     del fraction  # the command line shows the stage, not a bar
     print(f"· {message}", file=sys.stderr, flush=True)
-
-
-def refuse_unsafe_template(backend: Any) -> None:
-    """Close `backend` and raise UnsafeTemplateError (one `hearth:` line, exit 2) when its model's chat template
-    reaches outside the sandbox: refused at load, not at every reply."""
-    from app.core.chat.template_safety import check_model_folder
-
-    tokenizer_file = getattr(backend.info, "tokenizer_file", None)
-    if not tokenizer_file:
-        return  # a remote engine, or a model without files: format_prompt checks the template it renders
-    try:
-        check_model_folder(Path(tokenizer_file).parent)
-    except Exception:
-        backend.close()
-        raise

@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from app.cli import Subparsers
-from app.cli.common import add_model_flags, progress_to_stderr, refuse_unsafe_template, settings_from_args
+from app.cli.common import add_model_flags, progress_to_stderr, settings_from_args
 from app.core.errors import HearthError
 from app.core.server.api import RequestRecord
 from app.core.server.handle import DEFAULT_PORT, ServerConfig, ServerHandle
@@ -130,7 +130,6 @@ def run(args: argparse.Namespace) -> int:
 
     candidate = lite_candidate(request)  # the torch-free runtime's verdict, before the load writes anything
     backend = open_backend(request, progress_to_stderr)
-    refuse_unsafe_template(backend)  # never serve a model whose every reply would fail
     for notice in [*backend.info.notices, *backend.info.recovered]:
         print(f"hearth: note: {notice}", file=sys.stderr)
     print(f"hearth: runtime: {runtime_line(backend, candidate)}", file=sys.stderr, flush=True)

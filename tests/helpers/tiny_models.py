@@ -52,16 +52,42 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 def build_tiny_model(arch: str, folder: Path, tokenizer_folder: Path, seed: int = 0, **overrides: Any) -> Path:
     """Write a random-weight model of `arch` (config.json + model.safetensors + tokenizer) into `folder`."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     values = {**BASE, **ARCHITECTURES[arch], **overrides}
     model_type = values.pop("model_type")
-    config = AutoConfig.for_model(model_type, **values)
+    write_random_model(AutoConfig.for_model(model_type, **values), folder, tokenizer_folder, seed, torch.float32)
+    return folder
+
+
+def write_random_model(config: Any, folder: Path, tokenizer_folder: Path, seed: int, dtype: Any) -> int:
+    """A seeded random-weight model of `config` in `dtype` (config.json + safetensors) with the tokenizer files of
+    `tokenizer_folder`, into `folder` (also the benches' larger shapes); its number of parameters."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     for name in TOKENIZER_FILES:
         if (tokenizer_folder / name).exists():
             shutil.copy(tokenizer_folder / name, folder / name)
+    return sum(p.numel() for p in model.parameters())
+
+
+def write_default_model_folder(folder: Path) -> Path:
+    """The embedded default model as a Hugging Face folder (fp32 safetensors, config, tokenizer), read from its GGUF
+    tensor by tensor, for what needs a folder: the folder planner, transformers serve, folder loads in tests and the
+    benches' peers (Hearth itself runs the GGUF)."""
+    import torch
+
+    from app.core.engines.gguf_torch import gguf_config, load_gguf_model
+    from app.core.models.gguf_tokenizer import load_gguf_tokenizer
+    from app.core.models.model_source import default_model_gguf
+
+    gguf = default_model_gguf()
+    model = load_gguf_model(gguf, gguf_config(gguf), device_map={"": "cpu"}, dtype=torch.float32)
+    model.save_pretrained(folder)
+    load_gguf_tokenizer(gguf).save_pretrained(folder)
     return folder

@@ -1,43 +1,14 @@
-"""Run the real `hearth-gui` entry point in a process of its own on an offscreen screen of a given size (Qt's offscreen
-platform reads the screens from a JSON file), and read what the window did there."""
+"""Run the real `hearth-gui` entry point in a process of its own on an offscreen screen of a given size, and read
+what the window did there."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def offscreen_screen(folder: Path, width: int, height: int) -> str:
-    """QT_QPA_PLATFORM for one offscreen screen of width x height at 96 dpi."""
-    config = folder / f"screen-{width}x{height}.json"
-    screen = {"name": "screen", "x": 0, "y": 0, "width": width, "height": height}
-    config.write_text(json.dumps({"screens": [{**screen, "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}]}))
-    return f"offscreen:configfile={config}"
+from tests.helpers.gui_process import offscreen_screen, run_gui_and_probe
 
 
 def run_gui_on_screen(home: Path, width: int, height: int, probe: str) -> subprocess.CompletedProcess[str]:
-    """`gui.main(['--no-autoload'])` with HEARTH_HOME=home on a width x height screen; once the window is shown and
-    fitted, `probe` (Python lines, the main window bound to `w`, the application to `app`) prints what the test reads,
-    then the window closes (saving its geometry)."""
-    body = "".join(f"    {line}\n" for line in probe.strip().splitlines())
-    code = (
-        "import sys; from PySide6.QtCore import QTimer; from PySide6.QtWidgets import QApplication\n"
-        "app = QApplication([])\n"
-        "import app.gui as gui\n"
-        "from app.ui.main_window import MainWindow\n"
-        "def check():\n"
-        "    w = next(x for x in app.topLevelWidgets() if isinstance(x, MainWindow))\n"
-        f"{body}"
-        "    w.close()\n"
-        "QTimer.singleShot(700, check)\n"
-        "sys.exit(gui.main(['--no-autoload']))\n"
-    )
-    env = {**os.environ, "HEARTH_HOME": str(home), "QT_QPA_PLATFORM": offscreen_screen(home.parent, width, height)}
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
-    )
+    """run_gui_and_probe on a width x height screen, the probe once the window is shown and fitted (700 ms in)."""
+    return run_gui_and_probe(home, probe, platform=offscreen_screen(home.parent, width, height), after_ms=700)

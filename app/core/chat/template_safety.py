@@ -92,6 +92,15 @@ def check_tokenizer(tokenizer: Any, where: str) -> None:
         check_template(template, where, name)
 
 
+def check_model(weights: Path, tokenizer: Any) -> None:
+    """Refuse at load, naming the file, a model whose chat template reaches outside the sandbox: a GGUF's (the
+    template its header carries, as `tokenizer` holds it) or a model folder's template files."""
+    if weights.is_file():
+        check_tokenizer(tokenizer, str(weights))
+    else:
+        check_model_folder(weights)
+
+
 def check_model_folder(folder: Path) -> None:
     """check_template for every template stored in a model folder's files (see TEMPLATE_FILES)."""
     for file_name in TEMPLATE_FILES:

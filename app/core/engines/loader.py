@@ -22,7 +22,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from app.core.chat.template_safety import check_model_folder, check_tokenizer
+from app.core.chat.template_safety import check_model
 from app.core.engines.backend import CPU_NOTICE
 from app.core.engines.gguf_torch import gguf_config, load_gguf_model
 from app.core.errors import (
@@ -203,7 +203,7 @@ def load_model(
                 f"version ({exc})."
             ) from exc
     # A template that reaches outside its sandbox is refused at load (naming its file), not at every reply.
-    check_tokenizer(tokenizer, str(folder)) if gguf else check_model_folder(folder)
+    check_model(folder, tokenizer)
     if is_4bit(quant) and torch_device == "cpu":
         _check_cpu_4bit_shapes(config)
     fit_window = None

@@ -25,7 +25,7 @@ import psutil
 
 from app.core.chat.events import Event
 from app.core.chat.response_cache import ResponseCache
-from app.core.chat.template_safety import check_model_folder, check_tokenizer
+from app.core.chat.template_safety import check_model
 from app.core.engines.backend import (
     CPU_NOTICE,
     LoadRequest,
@@ -284,11 +284,7 @@ def open_lite_backend(
     except (OSError, ValueError, HearthError) as exc:
         return f"its files could not be read ({exc})"
     try:
-        # refused at load (naming the file), not at every reply
-        if candidate.gguf is not None:
-            check_tokenizer(tokenizer, str(candidate.gguf))
-        else:
-            check_model_folder(folder)
+        check_model(candidate.gguf or folder, tokenizer)  # refused at load (naming the file), not at every reply
     except HearthError:
         model.close()
         raise
