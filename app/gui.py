@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -26,17 +25,6 @@ def freeze_startup_objects() -> None:
 
     gc.collect()
     gc.freeze()
-
-
-def sweep_leftovers() -> None:
-    """Remove what killed runs left in the cache (storage.staging), as every command-line start does; logged only (a
-    start-up banner for a cleanup would be noise). A few ms: one listing of the cache's folders."""
-    from app.core.storage import staging
-
-    removed = staging.sweep_at_start()
-    if removed:
-        size = sum(leftover.size_bytes for leftover in removed)
-        logging.getLogger(__name__).info("removed %d leftover(s) of interrupted runs (%d bytes)", len(removed), size)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     startup_notes = [settings_file.window_line()] if not settings_file.ok else []
     if settings_file.unknown_keys:
         startup_notes.append(settings_file.unknown_line())
-    sweep_leftovers()
+    # What killed runs left in the cache goes, as at every command-line start (each removal is logged; a start-up
+    # banner for a cleanup would be noise). A few ms: one listing of the cache's folders.
+    from app.core.storage import staging
+
+    staging.sweep_at_start()
     if args.model:
         settings = settings.with_changes(model=args.model)  # this run only: not saved
     theme.apply(app, settings.theme)
