@@ -24,6 +24,9 @@ media_type  # app/core/server/api.py: starlette Response class attribute
 taken_at  # app/core/memory/types.py: MemoryReading's time, part of the record
 is_default  # app/core/models/model_source.py: ModelSource field
 restored_tokens  # app/core/chat/events.py: ReplyStats, read through asdict() by app/core/stats_text.py
+lookup_checks  # app/core/chat/events.py: ReplyStats, in `--json` stats
+lookup_proposed  # app/core/chat/events.py: ReplyStats, read through asdict() by app/core/stats_text.py
+lookup_accepted  # app/core/chat/events.py: ReplyStats, read through asdict() by app/core/stats_text.py
 
 # Fields of pydantic models the client-library tests hand to the libraries, which fill them from the reply.
 town  # tests/cli/test_serve_clients.py: an enum member of Kind

@@ -129,6 +129,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The packaging build runs beside the rest of the suite when this session tests it (tests/helpers/package_build).
+    if session.config.option.collectonly:
+        return
+    if any(item.nodeid.startswith("tests/packaging/test_package.py") for item in session.items):
+        from tests.helpers import package_build
+
+        package_build.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.helpers import package_build
+
+    package_build.stop()
+
+
 @pytest.fixture(autouse=True)
 def hearth_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test gets fresh data and config dirs; the cache of derived files is shared."""

@@ -44,6 +44,11 @@ def register(subparsers: Subparsers) -> None:
         "--no-response-cache", action="store_true", help="always generate, never replay a cached greedy reply"
     )
     parser.add_argument(
+        "--no-lookup",
+        action="store_true",
+        help="plain decode only: never check guesses copied from the conversation (prompt lookup; same tokens)",
+    )
+    parser.add_argument(
         "--stats",
         action="store_true",
         help="print TTFT, prefill/decode speed, cached tokens and memory after each reply",
@@ -138,6 +143,7 @@ def load_request(settings: Settings, args: argparse.Namespace) -> LoadRequest:
         settings,
         ignore_fit=bool(args.ignore_fit),
         response_cache=settings.response_cache and not args.no_response_cache,
+        prompt_lookup=settings.prompt_lookup and not getattr(args, "no_lookup", False),
     )
 
 

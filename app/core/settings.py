@@ -44,6 +44,9 @@ class Settings:
     # prompts' KV blocks kept on disk (GiB; 0 = off): a document is prefilled once, across restarts. Never more than
     # a quarter of the disk's free space.
     prompt_cache_gib: Annotated[float, Field(ge=0, le=1024), Rule("prompt cache size", "0 to 1024 GiB")] = 4.0
+    # prompt-lookup decoding: guesses copied from the conversation, checked in one forward, used where the model's
+    # own picks match (the same tokens as plain decode) and only as many as measure faster (false: never)
+    prompt_lookup: Annotated[bool, Rule("prompt lookup")] = True
     # the largest document file read into a prompt
     attachment_limit_mb: Annotated[int, Field(ge=1), Rule("attachment limit", "at least 1 MB")] = 50
     # For local replies, what the same tokens would have cost on this hosted model, as genai-prices names it

@@ -93,6 +93,9 @@ def reply_stats_text(
                 parts.append(f"decode {decode} ({path})" if path else f"decode {decode}")
             elif path:
                 parts.append(f"decode path {path}")
+            proposed = _whole(stats.get("lookup_proposed"))
+            if proposed:
+                parts.append(f"lookup {_whole(stats.get('lookup_accepted')):,}/{proposed:,} guesses taken")
         parts.append(f"{generated:,} generated")
         if memory and _whole(stats.get("peak_memory_bytes")):
             parts.append(f"peak {_whole(stats['peak_memory_bytes']) / 2**20:,.0f} MiB ({stats.get('memory_device')})")
@@ -107,6 +110,8 @@ def reply_stats_text(
         parts.append(FINISH_LABELS.get(finish_reason, finish_reason))
     if note and stats and stats.get("decode_path_note"):
         parts.append(str(stats["decode_path_note"]))
+    if note and stats and isinstance(stats.get("lookup"), str) and stats["lookup"]:
+        parts.append(f"prompt lookup {stats['lookup']}")
     return separator.join(parts)
 
 

@@ -362,6 +362,7 @@ class MainWindow(QMainWindow):
             allow_pickle=settings.allow_pickle,
             trust_remote_code=settings.trust_remote_code,
             response_cache=settings.response_cache,
+            prompt_lookup=settings.prompt_lookup,
         )
         if self._offering_load_anyway:
             self._offering_load_anyway = False

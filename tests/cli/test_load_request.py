@@ -40,3 +40,7 @@ def test_chat_flags_and_saved_settings_make_the_request() -> None:
     )
     plain = build_parser().parse_args(["chat", "hi"])
     assert load_request(settings_from_args(plain), plain) == LoadRequest(None, "int8", trust_remote_code=True)
+    no_lookup = build_parser().parse_args(["chat", "hi", "--no-lookup"])
+    assert not load_request(settings_from_args(no_lookup), no_lookup).prompt_lookup
+    save_settings(Settings(prompt_lookup=False))
+    assert not load_request(settings_from_args(plain), plain).prompt_lookup  # the flag never switches it back on

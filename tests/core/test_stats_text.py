@@ -97,6 +97,15 @@ def test_the_command_lines_extras() -> None:
     assert "peak" not in reply_stats_text(stats()) and "fused Q4_1 step" not in reply_stats_text(stats())
 
 
+def test_prompt_lookup_shows_its_guesses_in_the_line_and_its_state_in_the_note() -> None:
+    line = reply_stats_text(stats(lookup="on", lookup_checks=9, lookup_proposed=40, lookup_accepted=31), note=True)
+    assert "decode 15.5 tok/s (fused-q4) · lookup 31/40 guesses taken · 42 generated" in line
+    assert line.endswith("fused Q4_1 step · prompt lookup on")
+    off = reply_stats_text(stats(lookup="off (the prompt_lookup setting)"), note=True)
+    assert "guesses" not in off and off.endswith("prompt lookup off (the prompt_lookup setting)")
+    assert "lookup" not in reply_stats_text(stats(lookup="on"))  # nothing guessed: the line stays as it was
+
+
 def test_cost_in_one_wording_with_or_without_the_running_total() -> None:
     cost = {
         "total_usd": 0.0013,

@@ -3,7 +3,8 @@ installed `hearth --self-test` passes offline, the installed window starts offsc
 uninstalls without leaving files behind.
 
 Slow (PyInstaller over torch takes minutes): skipped by `make test-quick`, run by `make test` and CI.
-HEARTH_PACKAGE_DIST=DIR reuses a dist/ that `make package` already built (CI builds once, then tests).
+The build starts in the background when the session is collected (tests/helpers/package_build.py);
+HEARTH_PACKAGE_DIST=DIR reuses a dist/ that `make package` already built.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import package_build
 from tests.packaging.conftest import REPO_ROOT, dpkg_in_root, files_of_hearth, needs_dpkg
 
 # The first test also waits for the build (minutes of PyInstaller), beyond the suite's per-test timeout.
@@ -31,14 +32,7 @@ def folder_bytes(folder: Path) -> int:
 
 @pytest.fixture(scope="module")
 def dist() -> Path:
-    prebuilt = os.environ.get("HEARTH_PACKAGE_DIST")
-    if prebuilt:
-        return Path(prebuilt).resolve()
-    started = time.perf_counter()
-    result = subprocess.run(["make", "package"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=3600)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    print(f"make package took {time.perf_counter() - started:.0f} s")
-    return REPO_ROOT / "dist"
+    return package_build.finish()  # started in the background at collection (tests/helpers/package_build.py)
 
 
 @pytest.fixture(scope="module")

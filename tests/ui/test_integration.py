@@ -50,6 +50,9 @@ def test_settings_dialog_edits_the_attachment_limit_and_holds_the_hub_token_box(
     qtbot.addWidget(dialog)
     dialog.attachment_limit.setValue(7)
     assert dialog.build().attachment_limit_mb == 7
+    assert dialog.prompt_lookup.isChecked()
+    dialog.prompt_lookup.setChecked(False)
+    assert dialog.build().prompt_lookup is False
     assert dialog.hub_token.title() == "Hugging Face token"
     assert "token" not in Settings().to_dict()  # secrets never live in the settings file
 

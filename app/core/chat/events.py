@@ -66,6 +66,12 @@ class ReplyStats:
     # of cached_tokens, those read back from the prompt cache on disk (a document asked about again after a restart)
     restored_tokens: int = 0
     restore_s: float = 0.0
+    # Prompt-lookup decoding (app.core.engines.lookup): "on", "off (why)", or "" where the engine has none; the
+    # forwards that checked guesses, the guesses checked and those the model's own picks matched.
+    lookup: str = ""
+    lookup_checks: int = 0
+    lookup_proposed: int = 0
+    lookup_accepted: int = 0
 
     @property
     def new_prompt_tokens(self) -> int:

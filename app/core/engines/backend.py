@@ -76,6 +76,7 @@ class LoadRequest:
     ignore_fit: bool = False  # load even when the memory planner says it will not fit (a per-load choice)
     response_cache: bool = True
     prompt_cache_gib: float = 4.0  # prompts' KV blocks on disk, at most this much (0: off)
+    prompt_lookup: bool = True  # prompt-lookup decoding where it measures faster (app.core.engines.lookup)
     # A remote engine's model instead of a local one (then `model`, quantization and device are not used, and
     # context_length, when set, is the window the context gauge shows: remote servers do not report theirs).
     remote: RemoteModel | None = None

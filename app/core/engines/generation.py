@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -32,6 +32,7 @@ from app.core.chat.response_cache import CachedReply, ResponseCache, cache_key
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
 from app.core.engines.constrained import GrammarCompiler, GrammarSpec, grammar_for_format, grammar_for_tool_calls
+from app.core.engines.lookup import LookupDecoder, LookupPlanner, LookupTally, NgramIndex
 from app.core.engines.tool_prompt import TOOL_CALL_FORMAT, fallback_messages, forced_tool_name
 from app.core.errors import ContextOverflowError, HearthError
 
@@ -163,6 +164,20 @@ class ReplyEngine(ABC):
         with none keeps `reused`)."""
         del prompt_ids, kv
         return reused
+
+    # Prompt-lookup decoding (app.core.engines.lookup): a planner where the engine's forward computes each row
+    # exactly as a decode step does, and `lookup_state` names the choice in the stats ("on", or "off (why)").
+    lookup: LookupPlanner | None = None
+    lookup_state = ""
+    last_lookup: LookupTally | None = None  # the last reply's checks (benchmarks read them)
+
+    def _forward_rows(self, tokens: list[int], kv: Any) -> Any:
+        """Run `tokens` after the cache's positions; the logits after each of them [len(tokens), vocab]."""
+        raise NotImplementedError
+
+    def _truncate(self, kv: Any, length: int) -> None:
+        """Keep the cache's first `length` positions."""
+        raise NotImplementedError
 
     def _after_reply(self, prompt_ids: list[int], kv: Any) -> None:  # noqa: B027 (optional: a prefix store's save)
         """Called once a reply's last token is out: a chance to keep the prompt's cache for later."""
@@ -404,6 +419,7 @@ class ReplyEngine(ABC):
         first_token_at: float | None = None
         prefill_started = time.perf_counter()
         prefill_done = prefill_started
+        lookup = self._lookup_decoder(prompt_ids, kv, budget, lambda: generated)
         with self._inference():
             pending = prompt_ids[reused:]
             logits = None
@@ -443,9 +459,12 @@ class ReplyEngine(ABC):
                     finish = "cancelled"
                     break
                 sampler.accept(token)
-                logits = self._decode_step(token, kv)
+                logits = lookup.next_logits(token) if lookup is not None else self._decode_step(token, kv)
                 if self.polls_memory and generated % MEMORY_SAMPLE_EVERY == 0:
                     peak = max(peak, self._memory_now())
+            if lookup is not None:
+                lookup.finish()
+                self.last_lookup = lookup.tally
         tail = detok.flush()
         if tail:
             yield TokenEvent(tail)
@@ -474,10 +493,35 @@ class ReplyEngine(ABC):
                 context_window=self.context_window,
                 restored_tokens=restored,
                 restore_s=restore_s,
+                lookup=self.lookup_state,
+                lookup_checks=lookup.tally.checks if lookup is not None else 0,
+                lookup_proposed=lookup.tally.proposed if lookup is not None else 0,
+                lookup_accepted=lookup.tally.accepted if lookup is not None else 0,
             )
         )
         self._after_reply(prompt_ids, kv)  # after the last token: never slows the reply
         yield DoneEvent(finish_reason=finish, text=detok.emitted[:stop_at] if stop_at is not None else detok.emitted)
+
+    def _lookup_decoder(
+        self, prompt_ids: list[int], kv: Any, budget: int, generated: Callable[[], int]
+    ) -> LookupDecoder | None:
+        planner = self.lookup
+        if planner is None:
+            return None
+        planner.start_reply()
+
+        def room() -> int:  # guesses the budget and the context window leave after the current token
+            return min(budget - generated() - 1, self.context_window - len(kv.ids) - 1)
+
+        return LookupDecoder(
+            planner,
+            NgramIndex(prompt_ids),
+            step=lambda token: self._decode_step(token, kv),
+            forward=lambda tokens: self._forward_rows(tokens, kv),
+            truncate=lambda length: self._truncate(kv, length),
+            length=lambda: len(kv.ids),
+            room=room,
+        )
 
 
 def _stop_position(text: str, stops: tuple[str, ...], new: int) -> int | None:

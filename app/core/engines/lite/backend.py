@@ -311,6 +311,7 @@ def open_lite_backend(
         weights_fingerprint=fingerprint,
         quantization=label or "q4",
         response_cache=ResponseCache() if request.response_cache else None,
+        prompt_lookup=request.prompt_lookup,
     )
     if candidate.gguf is not None and request.prompt_cache_gib > 0:
         start_prompt_cache(engine, gguf_model, candidate.gguf, tokenizer, request.prompt_cache_gib)

@@ -20,6 +20,7 @@ from app.core.chat.sampling import SamplingParams
 from app.core.engines.generation import ReplyEngine, token_ids
 from app.core.engines.lite.prefix_store import PrefixCache
 from app.core.engines.lite.runtime import DecoderRuntime, LiteCache, LiteUnavailable
+from app.core.engines.lookup import LookupPlanner
 from app.core.fastpath.kernel import ABI as KERNEL_ABI
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,7 @@ class LiteEngine(ReplyEngine):
         weights_fingerprint: str,
         quantization: str = "q4",
         response_cache: ResponseCache | None = None,
+        prompt_lookup: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -181,6 +183,18 @@ class LiteEngine(ReplyEngine):
         self.weights_fingerprint = weights_fingerprint
         self.decode_path = model.path_name
         self.decode_path_note = model.describe()
+        self.set_lookup(prompt_lookup)
+
+    def set_lookup(self, wanted: bool) -> None:
+        """Prompt-lookup decoding on (where the model's forward computes each row as its step does) or off."""
+        if not wanted:
+            self.lookup, self.lookup_state = None, "off (the prompt_lookup setting)"
+        elif not self.model.exact_forward:
+            self.lookup = None
+            self.lookup_state = "off (this model's prefill is not computed as its decode steps)"
+        else:
+            self.lookup = self.lookup or LookupPlanner()
+            self.lookup_state = "on"
         self._process = psutil.Process(os.getpid())
 
     def new_kv(self) -> LiteKV:
@@ -211,6 +225,12 @@ class LiteEngine(ReplyEngine):
 
     def _decode_step(self, token: int, kv: LiteKV) -> Floats:
         return self.model.step(token, kv.current())
+
+    def _forward_rows(self, tokens: list[int], kv: LiteKV) -> Floats:
+        return self.model.forward(tokens, kv.current(), len(tokens))
+
+    def _truncate(self, kv: LiteKV, length: int) -> None:
+        kv.current().truncate(length)
 
     def _sampler(self, params: SamplingParams, prompt_ids: list[int]) -> NumpySampler:
         return NumpySampler(params, prompt_ids)

@@ -158,6 +158,7 @@ class GGUFModel(DecoderRuntime):
     """One GGUF model on the torch-free runtime: prefill and decode on the file's own blocks."""
 
     path_name = "lite-gguf"
+    exact_forward = True  # prefill runs the decode step's own C forward
 
     def __init__(
         self, path: Path, library: NativeLibrary, threads: int | None = None, precise: int = PRECISE_INPUTS

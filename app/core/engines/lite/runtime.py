@@ -314,6 +314,13 @@ class LiteCache:
                     slabs.append(new)
         self.version += 1
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` positions (a speculative forward's rejected guesses go)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot keep {length} of {self.length} cached positions")
+        self.length = length
+        del self.ids[length:]
+
     def reuse_for(self, prompt: Sequence[int]) -> int:
         """Keep the longest common prefix with `prompt` (always leaving its last token to run) and return its
         length."""
@@ -361,6 +368,7 @@ class DecoderRuntime:
     threads: int
     rope_pairs = False  # RoPE on adjacent pairs (GGUF llama Q/K rows) instead of halves (Hugging Face's)
     path_name = "lite-q4"  # the stats' and the response cache's name for how its steps run
+    exact_forward = False  # whether forward() computes each row bit for bit as step() does (prompt lookup needs it)
     attn_norms: list[Floats]
     mlp_norms: list[Floats]
     final_norm: Floats
@@ -420,6 +428,11 @@ class DecoderRuntime:
 
     def new_cache(self) -> LiteCache:
         return LiteCache(self.config)
+
+    def forward(self, ids: Sequence[int], cache: LiteCache, logit_rows: int) -> Floats:
+        """Run `ids` after the cache's positions; the logits after each of the last `logit_rows` of them, each row as
+        a decode step computes it (only where `exact_forward`)."""
+        raise NotImplementedError(f"{type(self).__name__} computes no exact multi-row forward")
 
     # -- decode
     def step(self, token: int, cache: LiteCache) -> Floats:

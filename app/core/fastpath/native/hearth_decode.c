@@ -2036,7 +2036,8 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
 }
 
 /* y[k * ystride + r] (op)= row r . x[k] (+ bias[r]) for rows [r0, r1) and inputs [0, count); `accumulate` adds.
- * Inputs go GG_TILE at a time, the rest one by one: each input's arithmetic is the same either way. */
+ * Inputs go GG_TILE at a time, then 2, then 1 (a prompt-lookup check runs 2 to 9 rows: each weight block is
+ * unpacked once per tile): each input's arithmetic is the same whatever its tile. */
 static inline __attribute__((always_inline)) void gg_rows_of(int type, int precise, const uint8_t *w,
                                                              int64_t row_bytes, int cols, int r0, int r1,
                                                              const gvec *x, int count, float *y, int64_t ystride,
@@ -2045,9 +2046,11 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = w + (int64_t)r * row_bytes;
         for (int k0 = 0; k0 < count;) {
-            const int tile = count - k0 >= GG_TILE ? GG_TILE : 1;
+            const int tile = count - k0 >= GG_TILE ? GG_TILE : count - k0 >= 2 ? 2 : 1;
             if (tile == GG_TILE)
                 gg_row_dot(type, row, cols, x + k0, GG_TILE, precise, out);
+            else if (tile == 2)
+                gg_row_dot(type, row, cols, x + k0, 2, precise, out);
             else
                 gg_row_dot(type, row, cols, x + k0, 1, precise, out);
             for (int k = 0; k < tile; k++) {

@@ -229,16 +229,19 @@ def test_a_prompt_gives_the_same_bits_in_one_prefill_in_pieces_or_token_by_token
     model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", **MIXES[mix]))
     try:
         whole = model.prefill(IDS, model.new_cache())  # its cache freed at once: a new one may get its id()
-        pieces = model.new_cache()
-        model.prefill(IDS[:5], pieces)
-        model.prefill(IDS[5:9], pieces)
-        in_pieces = model.prefill(IDS[9:], pieces)
+        in_pieces = []
+        for cuts in ((5, 9), (2, 5, 11)):  # pieces run in tiles of 4 inputs, then one tile of 1, 2 or 3
+            pieces = model.new_cache()
+            for start, end in zip((0, *cuts), (*cuts, len(IDS)), strict=True):
+                last = model.prefill(IDS[start:end], pieces)
+            in_pieces.append(last)
         stepped = model.new_cache()
         model.prefill(IDS[:1], stepped)
         for token in IDS[1:]:
             by_steps = model.step(token, stepped)
         every = model.forward(IDS, model.new_cache(), len(IDS))
-        assert np.array_equal(whole, in_pieces) and np.array_equal(whole, by_steps) and np.array_equal(whole, every[-1])
+        assert all(np.array_equal(whole, last) for last in in_pieces)
+        assert np.array_equal(whole, by_steps) and np.array_equal(whole, every[-1])
         for position in (0, 6):  # every position's logits are what a prefill up to it gives
             assert np.array_equal(every[position], model.prefill(IDS[: position + 1], model.new_cache()))
     finally:

@@ -1,0 +1,191 @@
+"""Prompt-lookup decoding: tokens proposed by n-gram lookup in the conversation, checked in one multi-row forward.
+
+Decode reads every weight once per token; a forward over several tokens reads them once for all. When a reply copies
+a span it has seen (an answer quoting the attached document, a rewrite, a code edit), the tokens that followed the
+last few tokens' previous occurrence are a good guess for what comes next: run the current token and the guesses in
+one forward, and every guess the model's own pick agrees with is a token gained for the price of one pass.
+
+Exactness: the engine picks every token from logits exactly as plain decode computes them (the torch-free GGUF
+forward computes each row as a decode step does, bit for bit), one pick per token in order, with the same sampler
+and its random draws. A guess counts only when the pick equals it, so greedy and seeded replies are the same tokens
+with lookup on or off; for sampling this is the speculative acceptance rule for a draft that puts all its
+probability on one token (accept with probability p(guess)), so the distribution is unchanged.
+
+Cost: a guess the model rejects costs the rows it added to the forward. LookupPlanner measures what a step and a
+forward of each size cost on this machine (they differ between CPUs and with the cores' load) and the share of guesses
+accepted in this reply, and proposes only as many tokens as pay for themselves, none when none do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+NGRAM_SIZES = (3, 2)  # the longest match is tried first: a longer context predicts the continuation better
+MAX_DRAFT = 8  # the most tokens one forward checks (the forward's rows are that plus the current token)
+PRIOR_ACCEPTANCE = 0.5  # a reply's first guesses, before any of its own were checked
+COST_WEIGHT = 0.3  # exponential moving averages: recent timings count most (the cores' load changes)
+ACCEPT_WEIGHT = 0.4
+# Before a forward of some size has been timed: its cost in steps, a guess between the memory-bound case (more rows
+# nearly free) and the compute-bound one, low enough that each size gets tried and measured once.
+PRIOR_ROW_COST = 0.15
+
+
+class NgramIndex:
+    """Where each n-gram of a token sequence last occurred with a token after it, kept as tokens are appended."""
+
+    def __init__(self, tokens: Iterable[int], sizes: tuple[int, ...] = NGRAM_SIZES) -> None:
+        self.tokens: list[int] = []
+        self.sizes = sizes
+        self._follows: dict[int, dict[tuple[int, ...], int]] = {size: {} for size in sizes}
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        # The n-grams that end just before the new token now have a continuation: the new token's position.
+        position = len(self.tokens)
+        for size in self.sizes:
+            if position >= size:
+                self._follows[size][tuple(self.tokens[position - size : position])] = position
+        self.tokens.append(token)
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the latest earlier occurrence of the sequence's last n tokens, for the
+        longest n that has one; [] when none does."""
+        if limit <= 0:
+            return []
+        for size in self.sizes:
+            if len(self.tokens) < size:
+                continue
+            start = self._follows[size].get(tuple(self.tokens[-size:]))
+            if start is not None:
+                return self.tokens[start : start + limit]
+        return []
+
+
+@dataclass
+class LookupTally:
+    """One reply's account: forwards run, tokens proposed and accepted."""
+
+    checks: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    runs: list[tuple[int, int]] = field(default_factory=list)  # each check's (proposed, accepted), in order
+
+
+class LookupPlanner:
+    """How many guesses to check in the next forward: the count that maximises expected tokens per second, from the
+    measured cost of a step and of forwards of each size (kept across replies) and this reply's acceptance."""
+
+    def __init__(self, max_draft: int = MAX_DRAFT) -> None:
+        self.max_draft = max_draft
+        self.step_s: float | None = None
+        self.forward_s: dict[int, float] = {}  # rows -> seconds
+        self.acceptance = PRIOR_ACCEPTANCE
+
+    def start_reply(self) -> None:
+        self.acceptance = PRIOR_ACCEPTANCE
+
+    def record_step(self, seconds: float) -> None:
+        self.step_s = _blend(self.step_s, seconds, COST_WEIGHT)
+
+    def record_forward(self, rows: int, seconds: float, proposed: int, accepted: int) -> None:
+        self.forward_s[rows] = _blend(self.forward_s.get(rows), seconds, COST_WEIGHT)
+        if proposed:
+            # The share of guesses accepted, counted as a per-token chance: a run of a accepted out of p offered.
+            self.acceptance = _blend(self.acceptance, accepted / proposed, ACCEPT_WEIGHT)
+
+    def cost_in_steps(self, rows: int) -> float:
+        if self.step_s is None or self.step_s <= 0:
+            return 1.0 + PRIOR_ROW_COST * (rows - 1)
+        measured = self.forward_s.get(rows)
+        if measured is None:
+            return 1.0 + PRIOR_ROW_COST * (rows - 1)
+        return measured / self.step_s
+
+    def draft_length(self, available: int) -> int:
+        """0 (a plain step) or the number of guesses, at most `available`, whose expected tokens per step-time is
+        best and above a plain step's 1."""
+        best, best_rate = 0, 1.0
+        expected = 1.0  # the current token's own next token is always gained
+        chance = 1.0
+        for count in range(1, min(available, self.max_draft) + 1):
+            chance *= self.acceptance
+            expected += chance  # the i-th guess counts only if every guess before it was accepted
+            rate = expected / self.cost_in_steps(count + 1)
+            if rate > best_rate * 1.02:  # a gain within timing noise is no gain
+                best, best_rate = count, rate
+        return best
+
+
+def _blend(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+class LookupDecoder:
+    """One reply's next-logits source with lookup: `next_logits(token)` runs `token` and returns the logits after it,
+    from a plain step, a fresh forward over the token and its guesses, or a row of the last forward whose guess the
+    token matched. The engine supplies the model's calls; the cache never keeps a rejected guess's position."""
+
+    def __init__(
+        self,
+        planner: LookupPlanner,
+        index: NgramIndex,
+        *,
+        step: Callable[[int], Any],
+        forward: Callable[[list[int]], Any],
+        truncate: Callable[[int], None],
+        length: Callable[[], int],
+        room: Callable[[], int],
+    ) -> None:
+        self.planner, self.index = planner, index
+        self._step, self._forward, self._truncate, self._length, self._room = step, forward, truncate, length, room
+        self.tally = LookupTally()
+        self._rows: Any = None  # the last forward's logits [1 + guesses, vocab] while some guesses are unresolved
+        self._guesses: list[int] = []
+        self._used = 0  # guesses matched so far
+        self._base = 0  # the cache's length before that forward
+        self._seconds = 0.0
+
+    def next_logits(self, token: int) -> Any:
+        self.index.append(token)
+        if self._rows is not None:
+            if token == self._guesses[self._used]:
+                self._used += 1
+                row = self._rows[self._used]
+                if self._used == len(self._guesses):
+                    self._settle()
+                return row
+            self._drop_unmatched()
+        # room(): tokens the reply may still produce after this one's successor, and positions left in the window
+        count = self.planner.draft_length(self._room())
+        guesses = self.index.propose(count) if count else []
+        started = time.perf_counter()
+        if not guesses:
+            logits = self._step(token)
+            self.planner.record_step(time.perf_counter() - started)
+            return logits
+        self._base = self._length()
+        rows = self._forward([token, *guesses])
+        self._seconds = time.perf_counter() - started
+        self._rows, self._guesses, self._used = rows, guesses, 0
+        self.tally.checks += 1
+        self.tally.proposed += len(guesses)
+        return rows[0]
+
+    def finish(self) -> None:
+        """The reply ended: drop the positions of guesses it never reached."""
+        if self._rows is not None:
+            self._drop_unmatched()
+
+    def _drop_unmatched(self) -> None:
+        self._truncate(self._base + 1 + self._used)  # the token, then the guesses matched
+        self._settle()
+
+    def _settle(self) -> None:
+        self.planner.record_forward(len(self._guesses) + 1, self._seconds, len(self._guesses), self._used)
+        self.tally.accepted += self._used
+        self.tally.runs.append((len(self._guesses), self._used))
+        self._rows, self._guesses, self._used = None, [], 0

@@ -1,0 +1,212 @@
+"""Prompt-lookup decoding: the n-gram proposals, the planner's cost model, and replies that are the same tokens with
+lookup on and off (a toy model with a known next-token rule, then the default model from its GGUF)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent
+from app.core.chat.sampling import SamplingParams
+from app.core.engines.backend import LoadRequest, ReplyRequest
+from app.core.engines.lite.backend import LiteBackend, open_lite_backend
+from app.core.engines.lite.engine import LiteEngine
+from app.core.engines.lookup import LookupDecoder, LookupPlanner, NgramIndex
+from app.core.stats_text import reply_stats_text
+
+
+# -- proposals ---------------------------------------------------------------------------------------------------------
+def test_the_tokens_after_the_latest_earlier_occurrence_of_the_last_ngram_are_proposed() -> None:
+    index = NgramIndex([1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 1, 2, 3])
+    assert index.propose(2) == [5, 6]  # the latest earlier "1 2 3" was followed by 5 6, not the first one's 4 9
+    assert index.propose(10) == [5, 6, 7, 1, 2, 3]  # as far as the sequence goes
+    assert index.propose(0) == []
+
+
+def test_a_longer_match_wins_and_a_shorter_one_is_the_fallback() -> None:
+    index = NgramIndex([7, 8, 1, 8, 9, 2, 8, 9])
+    assert index.propose(1) == [2]  # "8 9" occurred before (then 2); the trigram "2 8 9" did not
+    index = NgramIndex([5, 8, 9, 1, 4, 8, 9, 2, 5, 8, 9])
+    assert index.propose(1) == [1]  # the trigram "5 8 9" beats the later bigram "8 9" (followed by 2)
+
+
+def test_nothing_is_proposed_without_a_repeat_and_appends_extend_the_index() -> None:
+    index = NgramIndex([1, 2, 3, 4])
+    assert index.propose(4) == []
+    index.append(1)
+    assert index.propose(4) == []  # one token matches no n-gram of two or more
+    index.append(2)
+    assert index.propose(4) == [3, 4, 1, 2]
+
+
+# -- the planner -------------------------------------------------------------------------------------------------------
+def test_guesses_are_checked_only_when_their_forward_pays_for_itself() -> None:
+    planner = LookupPlanner(max_draft=6)
+    planner.record_step(0.010)
+    for rows in range(2, 8):
+        planner.record_forward(rows, 0.010 * rows, 0, 0)  # a forward costs as many steps as it has rows
+    planner.acceptance = 0.9
+    assert planner.draft_length(6) == 0  # nothing is gained: every guess is paid in full
+    for rows in range(2, 8):
+        planner.forward_s[rows] = 0.010 * (1 + 0.05 * (rows - 1))  # memory-bound: rows are nearly free
+    assert planner.draft_length(6) == 6
+    assert planner.draft_length(2) == 2  # never more than the reply has room for
+    planner.acceptance = 0.02
+    assert planner.draft_length(6) == 0  # guesses that are never taken cost their rows
+
+
+def test_acceptance_follows_the_reply_and_starts_over_with_the_next() -> None:
+    planner = LookupPlanner()
+    for _ in range(6):
+        planner.record_forward(5, 0.01, 4, 0)
+    low = planner.acceptance
+    assert low < 0.05
+    planner.start_reply()
+    assert planner.acceptance > low
+
+
+# -- the decoder on a toy model ----------------------------------------------------------------------------------------
+class ToyModel:
+    """A 'model' whose next token is a fixed function of the last two tokens (so copying spans are predictable), with
+    a cache of fed tokens that forward() extends by several at once and truncate() cuts."""
+
+    vocab = 16
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.steps = 0
+        self.forwards: list[int] = []
+
+    def logits_after(self, ids: list[int]) -> np.ndarray:
+        logits = np.zeros(self.vocab, dtype=np.float32)
+        logits[(ids[-1] * 3 + (ids[-2] if len(ids) > 1 else 0)) % 7 + 1] = 1.0
+        return logits
+
+    def step(self, token: int) -> np.ndarray:
+        self.steps += 1
+        self.ids.append(token)
+        return self.logits_after(self.ids)
+
+    def forward(self, tokens: list[int]) -> np.ndarray:
+        self.forwards.append(len(tokens))
+        rows = []
+        for token in tokens:
+            self.ids.append(token)
+            rows.append(self.logits_after(self.ids))
+        return np.stack(rows)
+
+    def truncate(self, length: int) -> None:
+        assert length <= len(self.ids)
+        del self.ids[length:]
+
+
+def toy_reply(prompt: list[int], count: int, planner: LookupPlanner | None) -> tuple[list[int], ToyModel, Any]:
+    model = ToyModel()
+    logits = model.forward(prompt)[-1]
+    decoder = None
+    if planner is not None:
+        decoder = LookupDecoder(
+            planner,
+            NgramIndex(prompt),
+            step=model.step,
+            forward=model.forward,
+            truncate=model.truncate,
+            length=lambda: len(model.ids),
+            room=lambda: 64,
+        )
+    model.forwards.clear()
+    out: list[int] = []
+    for _ in range(count):
+        token = int(logits.argmax())
+        out.append(token)
+        logits = decoder.next_logits(token) if decoder is not None else model.step(token)
+    if decoder is not None:
+        decoder.finish()
+    return out, model, decoder
+
+
+class CheapForwards(LookupPlanner):
+    """A planner that takes every forward for nearly the cost of a step, whatever the timings: tests of tokens."""
+
+    def cost_in_steps(self, rows: int) -> float:
+        return 1.0 + 0.01 * rows
+
+
+def cheap_forwards() -> LookupPlanner:
+    return CheapForwards(max_draft=4)
+
+
+def test_lookup_gives_the_plain_tokens_and_keeps_only_the_fed_ones_in_the_cache() -> None:
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 1, 5]
+    plain, plain_model, _ = toy_reply(prompt, 40, None)
+    looked, model, decoder = toy_reply(prompt, 40, cheap_forwards())
+    assert looked == plain
+    assert model.ids == plain_model.ids  # no rejected guess's position survives
+    assert decoder.tally.checks > 0 and decoder.tally.accepted > 0
+    assert decoder.tally.accepted <= decoder.tally.proposed
+    assert model.steps + len(model.forwards) < plain_model.steps  # fewer passes over the weights
+
+
+def test_a_reply_that_ends_inside_a_checked_run_drops_the_unreached_guesses() -> None:
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 1, 5]
+    for count in range(1, 12):
+        plain, plain_model, _ = toy_reply(prompt, count, None)
+        looked, model, _ = toy_reply(prompt, count, cheap_forwards())
+        assert looked == plain
+        assert model.ids == plain_model.ids
+
+
+# -- the default model -------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lite_default() -> Iterator[LiteEngine]:
+    opened = open_lite_backend(LoadRequest(None, device="cpu", response_cache=False, prompt_cache_gib=0))
+    assert isinstance(opened, LiteBackend), opened
+    yield opened.engine
+    opened.close()
+
+
+COPY_PROMPT = "Repeat this list exactly, line by line:\n" + "\n".join(
+    f"- item {n}: the {color} box on shelf {n % 4}" for n, color in enumerate(["red", "blue", "green"] * 4)
+)
+
+
+def reply(engine: LiteEngine, params: SamplingParams) -> tuple[str, dict[str, Any], list[int]]:
+    request = ReplyRequest(messages=[ChatMessage("user", COPY_PROMPT)], params=params)
+    kv = engine.new_kv()
+    text, stats = "", {}
+    for event in engine.generate(request, kv=kv):
+        if isinstance(event, StatsEvent):
+            stats = event.stats.to_dict()
+        elif isinstance(event, DoneEvent):
+            assert event.error is None
+            text = event.text
+    return text, stats, list(kv.ids)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=0.0, max_new_tokens=96), SamplingParams(temperature=0.8, seed=7, max_new_tokens=96)],
+    ids=["greedy", "seeded"],
+)
+def test_the_default_model_replies_the_same_tokens_with_lookup_on_and_off(
+    lite_default: LiteEngine, params: SamplingParams
+) -> None:
+    lite_default.set_lookup(False)
+    plain_text, plain_stats, plain_ids = reply(lite_default, params)
+    assert plain_stats["lookup_proposed"] == 0
+    assert plain_stats["lookup"] == "off (the prompt_lookup setting)"
+    lite_default.set_lookup(True)
+    lite_default.lookup = CheapForwards()  # this test is about tokens, never timings
+    text, stats, ids = reply(lite_default, params)
+    assert text == plain_text
+    assert ids == plain_ids  # the cache holds what plain decoding fed: the next turn reuses the same prefix
+    assert stats["lookup"] == "on"
+    if params.greedy:
+        assert stats["lookup_accepted"] > 0
+    assert 0 <= stats["lookup_accepted"] <= stats["lookup_proposed"]
+    line = reply_stats_text(stats, note=True)
+    assert f"lookup {stats['lookup_accepted']}/{stats['lookup_proposed']} guesses taken" in line
+    assert "prompt lookup on" in line

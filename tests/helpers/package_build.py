@@ -1,0 +1,73 @@
+"""`make package` for the packaging tests, started in the background as soon as the session knows it will run them.
+
+PyInstaller over torch takes minutes of mostly one core; started at collection, niced, it runs beside the rest of the
+suite instead of after it, and the first packaging test only waits for what is left. HEARTH_PACKAGE_DIST=DIR reuses a
+dist/ that `make package` already built (then nothing is started).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import IO
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+BUILD_TIMEOUT_S = 3600
+
+_build: tuple[subprocess.Popen[bytes], IO[bytes], Path] | None = None
+
+
+def prebuilt() -> Path | None:
+    found = os.environ.get("HEARTH_PACKAGE_DIST")
+    return Path(found).resolve() if found else None
+
+
+def start() -> None:
+    """Start `make package` (once), at a lower priority than the tests."""
+    global _build
+    if _build is not None or prebuilt() is not None:
+        return
+    log_path = Path(tempfile.mkstemp(prefix="hearth-make-package-", suffix=".log")[1])
+    log = log_path.open("wb")
+    niced = ["nice", "-n", "10"] if shutil.which("nice") else []
+    process = subprocess.Popen(
+        [*niced, "make", "package"],
+        cwd=REPO_ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # stopped as a group if the session ends first
+    )
+    _build = (process, log, log_path)
+
+
+def finish() -> Path:
+    """The built dist/ folder, waiting for the build (starting it if nothing did); fails with the build's log."""
+    ready = prebuilt()
+    if ready is not None:
+        return ready
+    start()
+    assert _build is not None
+    process, log, log_path = _build
+    code = process.wait(timeout=BUILD_TIMEOUT_S)
+    log.flush()
+    output = log_path.read_bytes().decode("utf-8", "replace")
+    assert code == 0, f"make package failed ({code}):\n{output[-8000:]}"
+    return REPO_ROOT / "dist"
+
+
+def stop() -> None:
+    """End a build still running when the session ends (an aborted run)."""
+    if _build is None:
+        return
+    process, log, _ = _build
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, 15)
+        except OSError:
+            process.terminate()
+        process.wait(timeout=60)
+    log.close()
