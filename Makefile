@@ -122,6 +122,9 @@ peer-venv: $(STAMP)
 		echo "bench-peer: building llama-cpp-python 0.3.36 with CMAKE_ARGS=$$args"; \
 		CMAKE_ARGS="$$args" $(PEER_VENV)/bin/python -m pip install -q --force-reinstall --no-cache-dir "$$src" numpy \
 			&& echo "$$args" > $(PEER_VENV)/hearth-cmake-args; fi
+	@# llama_cpp.server's [server] extra (bench/server.py's llama.cpp row), without rebuilding the library
+	@$(PEER_VENV)/bin/python -c "import llama_cpp.server.app" 2>/dev/null || $(PEER_VENV)/bin/python -m pip install -q \
+		uvicorn fastapi sse-starlette starlette-context pydantic-settings
 
 bench-peer: peer-venv
 	$(BIN)/python bench/peer.py --peer-python $(PEER_VENV)/bin/python $(if $(MODEL),--model $(MODEL))

@@ -221,6 +221,8 @@ class ScreenRun:
         dialog: Any = SettingsDialog(window.settings, window)
         dialog.show()
         self.shoot("dialog-settings", dialog)
+        dialog.tabs.setCurrentIndex(1)  # Sampling, with the prompt-lookup switch
+        self.shoot("dialog-settings-sampling", dialog)
         dialog.reject()
 
         window.open_library()

@@ -60,7 +60,7 @@ def through_chat(tokens: int) -> Row:
         raise SystemExit(f"hearth chat failed:\n{result.stderr[-2000:]}")
     stats = next(e for e in map(json.loads, result.stdout.splitlines()) if e["type"] == "stats")
     rate, ttft, generated = stats["decode_tokens_per_s"], stats["ttft_s"] * 1000, stats["generated_tokens"]
-    return {"tok/s": rate, "ttft_ms": ttft, "tokens": generated}
+    return {"tok/s": rate, "ttft_ms": ttft, "tokens": generated, "engine tok/s": rate}
 
 
 def through_server(base_url: str, tokens: int) -> Row:
@@ -76,17 +76,26 @@ def through_server(base_url: str, tokens: int) -> Row:
         model="x", messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}],
         temperature=0, max_tokens=tokens, stream=True, stream_options={"include_usage": True},
     )  # fmt: skip
+    engine_rate = 0.0
     for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
+        timings = (chunk.model_extra or {}).get("timings")
+        if isinstance(timings, dict) and isinstance(timings.get("predicted_per_second"), int | float):
+            engine_rate = float(timings["predicted_per_second"])  # the server's own figure, as chat's --json stats
         if chunk.choices and chunk.choices[0].delta.content:
             last = time.perf_counter()
             first = first or last
             chunks += 1
     generated = usage.completion_tokens if usage is not None else chunks
     if first is None or last is None or last <= first:
-        return {"tok/s": 0.0, "ttft_ms": 0.0, "tokens": generated}
-    return {"tok/s": (generated - 1) / (last - first), "ttft_ms": (first - started) * 1000, "tokens": generated}
+        return {"tok/s": 0.0, "ttft_ms": 0.0, "tokens": generated, "engine tok/s": engine_rate}
+    return {
+        "tok/s": (generated - 1) / (last - first),
+        "ttft_ms": (first - started) * 1000,
+        "tokens": generated,
+        "engine tok/s": engine_rate,
+    }
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,7 @@ def serving(spec: ServerProcess) -> Iterator[str]:
 def front_ends(rounds: int, tokens: int, peer_python: Path) -> None:
     import psutil
 
-    from app.core.models.model_source import bundled_default_gguf
+    from app.core.models.model_source import default_model_gguf
 
     hearth_ready = re.compile(r"at (http://127\.0\.0\.1:\d+/v1) · ")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -140,7 +149,7 @@ def front_ends(rounds: int, tokens: int, peer_python: Path) -> None:
         "hearth serve (torch-free)": ServerProcess(serve, env, hearth_ready),
         "hearth serve (torch)": ServerProcess([*serve, "--quant", "q4"], torch_env, hearth_ready),
     }
-    gguf = bundled_default_gguf()
+    gguf = default_model_gguf()
     peer = [str(peer_python), "-c", "import llama_cpp.server"]
     if peer_python.exists() and gguf is not None and subprocess.run(peer, capture_output=True).returncode == 0:
         threads = psutil.cpu_count(logical=False) or 1
@@ -162,13 +171,27 @@ def front_ends(rounds: int, tokens: int, peer_python: Path) -> None:
             print(f"  round {number}: " + " · ".join(f"{n} {r[-1]['tok/s']:.1f} tok/s" for n, r in rows.items()))
     chat = rows["hearth chat"]
     print(f"\nsame request, at most {tokens} tokens, greedy; medians of {rounds} interleaved rounds")
-    print("front end | decode tok/s | TTFT ms | tokens | decode ÷ hearth chat (paired, median)")
+    print(
+        "Decode tok/s at the client: chunks after the first over their time (chat: its own --json stats). At the "
+        "engine: the server's own `timings` figure (measured as chat's stats are; llama-cpp-python sends none)."
+    )
+    print("front end | decode tok/s | ÷ hearth chat (paired) | at the engine | ÷ hearth chat | TTFT ms | tokens")
     for name, measured in rows.items():
         ratios = [m["tok/s"] / c["tok/s"] for m, c in zip(measured, chat, strict=True) if c["tok/s"] > 0]
+        engine = [
+            m["engine tok/s"] / c["tok/s"]
+            for m, c in zip(measured, chat, strict=True)
+            if c["tok/s"] > 0 and m["engine tok/s"] > 0
+        ]
+        at_engine = (
+            f"{statistics.median(m['engine tok/s'] for m in measured):.1f} | {statistics.median(engine):.3f}"
+            if engine
+            else "– | –"
+        )
         print(f"{name} | {statistics.median(m['tok/s'] for m in measured):.1f} | "
+              f"{statistics.median(ratios) if ratios else 0:.3f} | {at_engine} | "
               f"{statistics.median(m['ttft_ms'] for m in measured):.0f} | "
-              f"{statistics.median(m['tokens'] for m in measured):.0f} | "
-              f"{statistics.median(ratios) if ratios else 0:.3f}")  # fmt: skip
+              f"{statistics.median(m['tokens'] for m in measured):.0f}")  # fmt: skip
 
 
 def free_port() -> int:

@@ -97,13 +97,13 @@ class SettingsDialog(QDialog):
         self.seed.setSpecialValueText("random")
         self.seed.setValue(-1 if s.seed is None else s.seed)
         form.addRow("Seed", self.seed)
-        self.prompt_lookup = QCheckBox("Check copied spans in one pass (prompt lookup)")
+        self.prompt_lookup = QCheckBox("Faster replies that copy text")
         self.prompt_lookup.setChecked(settings.prompt_lookup)
         self.prompt_lookup.setToolTip(
             "Where a reply repeats text from the conversation (quotes, rewrites, code edits), check several tokens "
             "at once: the same reply, sooner. Used only as far as it measures faster. From the next model load."
         )
-        form.addRow("", self.prompt_lookup)
+        form.addRow("Prompt lookup", self.prompt_lookup)
 
         # The Hub token goes straight to the OS keyring from this box, never into Settings.
         from app.ui.hub_token import HubTokenBox

@@ -123,14 +123,12 @@ def cross_tools(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("build", list(ARM_BUILDS))
-def test_the_aarch64_build_computes_the_x86_builds_logits(
-    build: str, x86_logits: Logits, cross_tools: tuple[str, str], tmp_path: Path
+def test_the_aarch64_build_computes_the_harness_builds_logits(
+    build: str, x86_logits: Logits, cross_tools: tuple[str, str], harness_builds: Path
 ) -> None:
     compiler, qemu = cross_tools
-    march, cpu = ARM_BUILDS[build]
-    binary = tmp_path / f"harness-aarch64-{build}"
-    # Static: libc and libgomp travel inside the binary, so qemu needs no arm64 library prefix.
-    compile_harness(compiler, [f"-march={march}", "-static"], binary)
+    _, cpu = ARM_BUILDS[build]
+    binary = arm_build(build, compiler, harness_builds)
     flags, logits = run_harness([qemu, "-cpu", cpu, str(binary)])
 
     # hearth_simd() is what native.py checks before using a library: NEON counts, as AVX2+FMA does on x86.
@@ -171,18 +169,32 @@ def x86_build(build: str, directory: Path) -> Path:
     compiler = shutil.which("gcc") or shutil.which("cc")
     assert compiler is not None  # the x86_harness fixture found one
     binary = directory / f"harness-x86_64-{build}"
-    compile_harness(compiler, flags_needed, binary)
+    if not binary.is_file():  # built once per module: the logits and the prefill tests run the same binary
+        compile_harness(compiler, flags_needed, binary)
     return binary
+
+
+def arm_build(build: str, compiler: str, directory: Path) -> Path:
+    """The harness cross-built with ARM_BUILDS[build]'s -march, once per module."""
+    binary = directory / f"harness-aarch64-{build}"
+    if not binary.is_file():  # static: libc and libgomp travel inside the binary, so qemu needs no arm64 prefix
+        compile_harness(compiler, [f"-march={ARM_BUILDS[build][0]}", "-static"], binary)
+    return binary
+
+
+@pytest.fixture(scope="module")
+def harness_builds(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("harness-builds")
 
 
 @pytest.mark.parametrize("build", list(X86_BUILDS))
 def test_each_x86_build_this_cpu_runs_computes_the_native_builds_logits(
-    build: str, x86_logits: Logits, tmp_path: Path
+    build: str, x86_logits: Logits, harness_builds: Path
 ) -> None:
     """AVX-512 VNNI, AVX2 and the scalar loops on the same inputs: the Q4_1 kernels accumulate each row in its own
     lane in one order, so the SIMD builds agree bit for bit; the scalar build's int8 paths sum in another order
     (measured 3e-7), inside the same bound as ARM."""
-    flags, logits = run_harness([str(x86_build(build, tmp_path))])
+    flags, logits = run_harness([str(x86_build(build, harness_builds))])
     assert flags["q4"] == X86_BUILDS[build][2] and flags["simd"] == int(build != "scalar")
     assert logits.keys() == x86_logits.keys()
     for step, reference in x86_logits.items():
@@ -219,11 +231,11 @@ def native_prefill(x86_harness: Path) -> torch.Tensor:
 
 @pytest.mark.parametrize("build", list(X86_BUILDS))
 def test_each_x86_build_prefills_from_the_records_as_the_native_build(
-    build: str, native_prefill: torch.Tensor, tmp_path: Path
+    build: str, native_prefill: torch.Tensor, harness_builds: Path
 ) -> None:
     """hearth_q4_prefill: the AVX-512 and AVX2 tiles sum a block's two int8 halves exactly in int32 and round alike
     (bit for bit the same); the scalar loops run group_block once per half, within float rounding of them."""
-    _, _, y = run_prefill([str(x86_build(build, tmp_path))])
+    _, _, y = run_prefill([str(x86_build(build, harness_builds))])
     if build != "scalar":
         assert torch.equal(y, native_prefill)
     assert float((y - native_prefill).abs().max()) <= RELATIVE_BOUND * float(native_prefill.abs().max())
@@ -231,13 +243,12 @@ def test_each_x86_build_prefills_from_the_records_as_the_native_build(
 
 @pytest.mark.parametrize("build", list(ARM_BUILDS))
 def test_the_aarch64_build_prefills_from_the_records_as_the_x86_build(
-    build: str, cross_tools: tuple[str, str], native_prefill: torch.Tensor, tmp_path: Path
+    build: str, cross_tools: tuple[str, str], native_prefill: torch.Tensor, harness_builds: Path
 ) -> None:
     """ARM keeps the GEMM for prefill (the record kernel is unmeasured there), but its build of hearth_q4_prefill
     (NEON group_block, once per half) must compute the x86 build's product wherever it is turned on."""
     compiler, qemu = cross_tools
-    march, cpu = ARM_BUILDS[build]
-    binary = tmp_path / f"harness-aarch64-{build}"
-    compile_harness(compiler, [f"-march={march}", "-static"], binary)
+    _, cpu = ARM_BUILDS[build]
+    binary = arm_build(build, compiler, harness_builds)
     _, _, y = run_prefill([qemu, "-cpu", cpu, str(binary)])
     assert float((y - native_prefill).abs().max()) <= RELATIVE_BOUND * float(native_prefill.abs().max())

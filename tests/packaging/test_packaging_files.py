@@ -180,6 +180,15 @@ def run_spec(monkeypatch: pytest.MonkeyPatch, *, platform: str, cuda: str) -> Si
     import PyInstaller.utils.hooks as hooks
 
     monkeypatch.setattr(hooks, "collect_submodules", lambda package, filter=None: [f"{package}.collected"])
+    # The prebuilt kernels are packaging/build_kernels.py's own tests' business (tests/core/test_native_integrity.py);
+    # here the spec's call is recorded, never compiled (a minute of compiling, into the folder `make package` uses).
+    kernel_builds: list[Path] = []
+
+    def build(out: Path) -> dict[str, Any]:
+        kernel_builds.append(out)
+        return {"libraries": [{"target": "x86-64-avx2"}], "skipped": []}
+
+    monkeypatch.setitem(sys.modules, "build_kernels", SimpleNamespace(build=build))
     monkeypatch.setenv("HEARTH_BUNDLE_CUDA", cuda)
     monkeypatch.setattr(sys, "platform", platform)
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -201,6 +210,7 @@ def run_spec(monkeypatch: pytest.MonkeyPatch, *, platform: str, cuda: str) -> Si
         collect=next(r for r in Recorded.made if isinstance(r, FakeCollect)),
         bundles=[r for r in Recorded.made if isinstance(r, FakeBundle)],
         namespace=namespace,
+        kernel_builds=kernel_builds,
     )
 
 
@@ -208,6 +218,9 @@ def test_spec_bundles_resources_the_default_model_and_the_launcher(monkeypatch: 
     spec = run_spec(monkeypatch, platform="linux", cuda="0")
     kwargs = spec.analysis.kwargs
     assert spec.analysis.args[0] == [str(PACKAGING / "launcher.py")]
+    native = PACKAGING.parent / "app" / "core" / "fastpath" / "native"
+    assert spec.kernel_builds == [native / "prebuilt"]
+    assert (str(native / "prebuilt"), "app/core/fastpath/native/prebuilt") in spec.analysis.kwargs["datas"]
     datas = dict((Path(source).name, dest) for source, dest in kwargs["datas"])
     assert datas["resources"] == "resources"
     gguf = next(source for source, dest in kwargs["datas"] if dest == "resources/models")

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (
     QAbstractButton,
     QLabel,
     QLayout,
+    QScrollArea,
     QWidget,
 )
 
@@ -74,6 +75,11 @@ def problems(root: QWidget) -> list[str]:
     for widget in widgets:
         if widget.isVisible():
             found.extend(_cut_text(widget))
+        # A page may scroll down on a short screen, never sideways: a row wider than its view is cut at the edge.
+        if isinstance(widget, QScrollArea) and widget.isVisible() and widget.widget() is not None:
+            content, view = widget.widget().width(), widget.viewport().width()
+            if content > view + 1:
+                found.append(f"{_name(widget)}'s content is {content} px wide in a {view} px view (scrolls sideways)")
     return found
 
 
