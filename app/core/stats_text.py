@@ -108,9 +108,18 @@ def reply_stats_text(
         parts.append(format_cost(cost, conversation_total=conversation_total))
     if finish_reason:
         parts.append(FINISH_LABELS.get(finish_reason, finish_reason))
-    if note and stats and stats.get("decode_path_note"):
-        parts.append(str(stats["decode_path_note"]))
-    if note and stats and isinstance(stats.get("lookup"), str) and stats["lookup"]:
+    if note and (why := reply_note(stats, separator)):
+        parts.append(why)
+    return separator.join(parts)
+
+
+def reply_note(stats: Mapping[str, Any] | None, separator: str = SEPARATOR) -> str:
+    """How the reply ran, in words: the decode path's note and whether prompt lookup was on (the window's tooltip,
+    the end of `hearth chat --stats`)."""
+    if not stats:
+        return ""
+    parts = [str(stats["decode_path_note"])] if stats.get("decode_path_note") else []
+    if isinstance(stats.get("lookup"), str) and stats["lookup"]:
         parts.append(f"prompt lookup {stats['lookup']}")
     return separator.join(parts)
 

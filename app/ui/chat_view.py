@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.stats_text import WINDOW_SEPARATOR, reply_stats_text
+from app.core.stats_text import WINDOW_SEPARATOR, reply_note, reply_stats_text
 from app.ui.chat_model import ChatItem, ChatModel, Roles
 from app.ui.theme import Palette
 
@@ -222,7 +222,7 @@ class MessageWidget(QFrame):
         if item.streaming:
             stats_text = "generating…"
         self.stats_label.setText(stats_text + error_line)
-        note = str((item.stats or {}).get("decode_path_note") or "") if is_assistant and not item.streaming else ""
+        note = reply_note(item.stats, "\n") if is_assistant and not item.streaming else ""
         self.stats_label.setToolTip(note)
         self.stats_label.setVisible(bool(stats_text or error_line))
         idle = not item.streaming

@@ -141,6 +141,7 @@ class Engine(ReplyEngine):
         )
         self.decode_path = self.path.name
         self.decode_path_note = self.path.note
+        self.lookup_state = "off (the torch runtime has no exact multi-token check)"
         self.model_id = loaded.model_id
         self.quantization = loaded.quantization
         self.display_name = loaded.display_name
