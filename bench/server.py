@@ -2,6 +2,7 @@
 client gets from the prefix-matched KV cache.
 
     python bench/server.py [--rounds 3] [--tokens 128] [--peer-python .cache/peer-venv/bin/python] [--cache]
+        [--clients 1,2,4,8] [--skip-front-ends]
 
 1. Front ends (the default model, CPU, greedy, the same system and user message): decode tok/s and TTFT through
    `hearth chat` (a fresh process a round, its own `--json` stats), `hearth serve` on the torch-free runtime (the one
@@ -12,6 +13,8 @@ client gets from the prefix-matched KV cache.
    Rounds interleave the front ends; printed: medians and per-round paired ratios to `hearth chat`.
 2. --cache: a scripted conversation against a server in this process (bf16, torch): each turn resends the whole
    conversation; per turn prompt tokens, `cached_tokens`, TTFT, then the same turns with the pool emptied each time.
+3. --clients: C clients send the same streamed request at once to `hearth serve` and llama.cpp's server: aggregate
+   tok/s (and its ratio to one client), per-client decode tok/s and TTFT.
 """
 
 from __future__ import annotations
@@ -136,7 +139,8 @@ def serving(spec: ServerProcess) -> Iterator[str]:
             process.kill()
 
 
-def front_ends(rounds: int, tokens: int, peer_python: Path) -> None:
+def server_specs(peer_python: Path, *, torch_row: bool = True) -> dict[str, ServerProcess]:
+    """`hearth serve` on the torch-free runtime (and held to torch), and llama.cpp's server where the peer has one."""
     import psutil
 
     from app.core.models.model_source import default_model_gguf
@@ -144,14 +148,13 @@ def front_ends(rounds: int, tokens: int, peer_python: Path) -> None:
     hearth_ready = re.compile(r"at (http://127\.0\.0\.1:\d+/v1) · ")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     serve = [sys.executable, "-m", "app", "serve", "--port", "0", "--device", "cpu"]
-    torch_env = {**env, "HEARTH_RUNTIME": "torch"}
-    servers = {
-        "hearth serve (torch-free)": ServerProcess(serve, env, hearth_ready),
-        "hearth serve (torch)": ServerProcess([*serve, "--quant", "q4"], torch_env, hearth_ready),
-    }
+    servers = {"hearth serve (torch-free)": ServerProcess(serve, env, hearth_ready)}
+    if torch_row:
+        torch_env = {**env, "HEARTH_RUNTIME": "torch"}
+        servers["hearth serve (torch)"] = ServerProcess([*serve, "--quant", "q4"], torch_env, hearth_ready)
     gguf = default_model_gguf()
     peer = [str(peer_python), "-c", "import llama_cpp.server"]
-    if peer_python.exists() and gguf is not None and subprocess.run(peer, capture_output=True).returncode == 0:
+    if peer_python.exists() and subprocess.run(peer, capture_output=True).returncode == 0:
         threads = psutil.cpu_count(logical=False) or 1
         servers["llama.cpp server"] = ServerProcess(
             [str(peer_python), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port",
@@ -159,8 +162,12 @@ def front_ends(rounds: int, tokens: int, peer_python: Path) -> None:
             env, re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)"), "/v1",
         )  # fmt: skip
     else:
-        print(f"  llama.cpp server: not measured ({peer_python} has no llama_cpp.server: `make bench-peer`, then "
-              f"{peer_python} -m pip install 'llama-cpp-python[server]==0.3.36')")  # fmt: skip
+        print(f"  llama.cpp server: not measured ({peer_python} has no llama_cpp.server: `make bench-peer`)")
+    return servers
+
+
+def front_ends(rounds: int, tokens: int, peer_python: Path) -> None:
+    servers = server_specs(peer_python)
     rows: dict[str, list[Row]] = {"hearth chat": [], **{name: [] for name in servers}}
     with ExitStack() as stack:
         urls = {name: stack.enter_context(serving(spec)) for name, spec in servers.items()}
@@ -200,6 +207,33 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+# -- 3. concurrent clients ------------------------------------------------------------------------------------
+def concurrent(counts: list[int], tokens: int, peer_python: Path) -> None:
+    """C clients send the same streamed request at once: per-client decode tok/s and TTFT, and the aggregate (all
+    tokens generated over the wall time from the first send to the last reply's end)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    servers = server_specs(peer_python, torch_row=False)
+    print(f"same request from C clients at once, at most {tokens} tokens each, greedy")
+    print("server | clients | aggregate tok/s | ÷ one client | per-client decode tok/s (median) | TTFT ms median / max")
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(serving(spec)) for name, spec in servers.items()}
+        for name, url in urls.items():
+            through_server(url, 8)  # warm: the first request maps the weights
+            single = 0.0
+            for count in counts:
+                started = time.perf_counter()
+                with ThreadPoolExecutor(count) as pool:
+                    rows = list(pool.map(through_server, [url] * count, [tokens] * count))
+                wall = time.perf_counter() - started
+                aggregate = sum(row["tokens"] for row in rows) / wall
+                single = single or aggregate
+                ttfts = sorted(row["ttft_ms"] for row in rows)
+                print(f"{name} | {count} | {aggregate:.1f} | {aggregate / single:.2f} | "
+                      f"{statistics.median(row['tok/s'] for row in rows):.1f} | "
+                      f"{statistics.median(ttfts):.0f} / {ttfts[-1]:.0f}", flush=True)  # fmt: skip
 
 
 # -- 2. the prefix-matched cache --------------------------------------------------------------------------------
@@ -254,12 +288,18 @@ def main() -> int:
     parser.add_argument("--peer-python", type=Path, default=DEFAULT_PEER_PYTHON)
     parser.add_argument("--cache", action="store_true", help="also the prefix-cache conversation (bf16, torch)")
     parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--clients", default="", help="e.g. 1,2,4,8: also concurrent clients per server")
+    parser.add_argument("--skip-front-ends", action="store_true", help="leave out part 1")
     args = parser.parse_args()
-    print("1. the same request through every front end")
-    front_ends(args.rounds, args.tokens, args.peer_python)
+    if not args.skip_front_ends:
+        print("1. the same request through every front end")
+        front_ends(args.rounds, args.tokens, args.peer_python)
     if args.cache:
         print("\n2. a resending chat client and the prefix-matched KV cache")
         cache_reuse(args.turns, 32)
+    if args.clients:
+        print("\n3. concurrent clients")
+        concurrent([int(count) for count in args.clients.split(",")], args.tokens, args.peer_python)
     return 0
 
 
