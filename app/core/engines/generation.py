@@ -464,7 +464,7 @@ class ReplyEngine(ABC):
                     peak = max(peak, self._memory_now())
             if lookup is not None:
                 lookup.finish()
-                self.last_lookup = lookup.tally
+        tally = self.last_lookup = lookup.tally if lookup is not None else None
         tail = detok.flush()
         if tail:
             yield TokenEvent(tail)
@@ -494,9 +494,9 @@ class ReplyEngine(ABC):
                 restored_tokens=restored,
                 restore_s=restore_s,
                 lookup=self.lookup_state,
-                lookup_checks=lookup.tally.checks if lookup is not None else 0,
-                lookup_proposed=lookup.tally.proposed if lookup is not None else 0,
-                lookup_accepted=lookup.tally.accepted if lookup is not None else 0,
+                lookup_checks=tally.checks if tally is not None else 0,
+                lookup_proposed=tally.proposed if tally is not None else 0,
+                lookup_accepted=tally.accepted if tally is not None else 0,
             )
         )
         self._after_reply(prompt_ids, kv)  # after the last token: never slows the reply

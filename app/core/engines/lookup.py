@@ -67,12 +67,21 @@ class NgramIndex:
 
 @dataclass
 class LookupTally:
-    """One reply's account: forwards run, tokens proposed and accepted."""
+    """One reply's account: each check's (guesses proposed, guesses accepted), in order, and their totals."""
 
-    checks: int = 0
-    proposed: int = 0
-    accepted: int = 0
-    runs: list[tuple[int, int]] = field(default_factory=list)  # each check's (proposed, accepted), in order
+    runs: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def checks(self) -> int:
+        return len(self.runs)
+
+    @property
+    def proposed(self) -> int:
+        return sum(proposed for proposed, _ in self.runs)
+
+    @property
+    def accepted(self) -> int:
+        return sum(accepted for _, accepted in self.runs)
 
 
 class LookupPlanner:
@@ -98,11 +107,9 @@ class LookupPlanner:
             self.acceptance = _blend(self.acceptance, accepted / proposed, ACCEPT_WEIGHT)
 
     def cost_in_steps(self, rows: int) -> float:
-        if self.step_s is None or self.step_s <= 0:
-            return 1.0 + PRIOR_ROW_COST * (rows - 1)
         measured = self.forward_s.get(rows)
-        if measured is None:
-            return 1.0 + PRIOR_ROW_COST * (rows - 1)
+        if measured is None or self.step_s is None or self.step_s <= 0:
+            return 1.0 + PRIOR_ROW_COST * (rows - 1)  # not timed yet
         return measured / self.step_s
 
     def draft_length(self, available: int) -> int:
@@ -171,8 +178,6 @@ class LookupDecoder:
         rows = self._forward([token, *guesses])
         self._seconds = time.perf_counter() - started
         self._rows, self._guesses, self._used = rows, guesses, 0
-        self.tally.checks += 1
-        self.tally.proposed += len(guesses)
         return rows[0]
 
     def finish(self) -> None:
@@ -186,6 +191,5 @@ class LookupDecoder:
 
     def _settle(self) -> None:
         self.planner.record_forward(len(self._guesses) + 1, self._seconds, len(self._guesses), self._used)
-        self.tally.accepted += self._used
         self.tally.runs.append((len(self._guesses), self._used))
         self._rows, self._guesses, self._used = None, [], 0

@@ -183,6 +183,7 @@ class LiteEngine(ReplyEngine):
         self.weights_fingerprint = weights_fingerprint
         self.decode_path = model.path_name
         self.decode_path_note = model.describe()
+        self._process = psutil.Process(os.getpid())
         self.set_lookup(prompt_lookup)
 
     def set_lookup(self, wanted: bool) -> None:
@@ -195,7 +196,6 @@ class LiteEngine(ReplyEngine):
         else:
             self.lookup = self.lookup or LookupPlanner()
             self.lookup_state = "on"
-        self._process = psutil.Process(os.getpid())
 
     def new_kv(self) -> LiteKV:
         return LiteKV(self.model)
