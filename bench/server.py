@@ -2,7 +2,7 @@
 client gets from the prefix-matched KV cache.
 
     python bench/server.py [--rounds 3] [--tokens 128] [--peer-python .cache/peer-venv/bin/python] [--cache]
-        [--clients 1,2,4,8] [--skip-front-ends]
+        [--clients 1,2,4,8] [--model FILE.gguf] [--skip-front-ends]
 
 1. Front ends (the default model, CPU, greedy, the same system and user message): decode tok/s and TTFT through
    `hearth chat` (a fresh process a round, its own `--json` stats), `hearth serve` on the torch-free runtime (the one
@@ -13,8 +13,9 @@ client gets from the prefix-matched KV cache.
    Rounds interleave the front ends; printed: medians and per-round paired ratios to `hearth chat`.
 2. --cache: a scripted conversation against a server in this process (bf16, torch): each turn resends the whole
    conversation; per turn prompt tokens, `cached_tokens`, TTFT, then the same turns with the pool emptied each time.
-3. --clients: C clients send the same streamed request at once to `hearth serve` and llama.cpp's server: aggregate
-   tok/s (and its ratio to one client), per-client decode tok/s and TTFT.
+3. --clients: C clients send the same streamed request at once to `hearth serve` (replies decoded together, and
+   with --parallel 1: one at a time) and llama.cpp's server: aggregate tok/s (and its ratio to one client),
+   per-client decode tok/s and TTFT; --model: on that GGUF file instead of the default model's.
 """
 
 from __future__ import annotations
@@ -139,8 +140,11 @@ def serving(spec: ServerProcess) -> Iterator[str]:
             process.kill()
 
 
-def server_specs(peer_python: Path, *, torch_row: bool = True) -> dict[str, ServerProcess]:
-    """`hearth serve` on the torch-free runtime (and held to torch), and llama.cpp's server where the peer has one."""
+def server_specs(
+    peer_python: Path, *, torch_row: bool = True, model: Path | None = None, one_at_a_time_row: bool = False
+) -> dict[str, ServerProcess]:
+    """`hearth serve` on the torch-free runtime (and held to torch, or to one reply at a time), and llama.cpp's server
+    where the peer has one; on `model` (a GGUF file) or the default model's."""
     import psutil
 
     from app.core.models.model_source import default_model_gguf
@@ -148,11 +152,15 @@ def server_specs(peer_python: Path, *, torch_row: bool = True) -> dict[str, Serv
     hearth_ready = re.compile(r"at (http://127\.0\.0\.1:\d+/v1) · ")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     serve = [sys.executable, "-m", "app", "serve", "--port", "0", "--device", "cpu"]
+    if model is not None:
+        serve += ["--model", str(model)]
     servers = {"hearth serve (torch-free)": ServerProcess(serve, env, hearth_ready)}
+    if one_at_a_time_row:
+        servers["hearth serve --parallel 1"] = ServerProcess([*serve, "--parallel", "1"], env, hearth_ready)
     if torch_row:
         torch_env = {**env, "HEARTH_RUNTIME": "torch"}
         servers["hearth serve (torch)"] = ServerProcess([*serve, "--quant", "q4"], torch_env, hearth_ready)
-    gguf = default_model_gguf()
+    gguf = model or default_model_gguf()
     peer = [str(peer_python), "-c", "import llama_cpp.server"]
     if peer_python.exists() and subprocess.run(peer, capture_output=True).returncode == 0:
         threads = psutil.cpu_count(logical=False) or 1
@@ -210,17 +218,17 @@ def free_port() -> int:
 
 
 # -- 3. concurrent clients ------------------------------------------------------------------------------------
-def concurrent(counts: list[int], tokens: int, peer_python: Path) -> None:
+def concurrent(counts: list[int], tokens: int, peer_python: Path, model: Path | None) -> None:
     """C clients send the same streamed request at once: per-client decode tok/s and TTFT, and the aggregate (all
     tokens generated over the wall time from the first send to the last reply's end)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    servers = server_specs(peer_python, torch_row=False)
-    print(f"same request from C clients at once, at most {tokens} tokens each, greedy")
+    servers = server_specs(peer_python, torch_row=False, model=model, one_at_a_time_row=True)
+    on = model or "the default model"
+    print(f"same request from C clients at once, at most {tokens} tokens each, greedy, on {on}")
     print("server | clients | aggregate tok/s | ÷ one client | per-client decode tok/s (median) | TTFT ms median / max")
-    with ExitStack() as stack:
-        urls = {name: stack.enter_context(serving(spec)) for name, spec in servers.items()}
-        for name, url in urls.items():
+    for name, spec in servers.items():  # one server at a time: the others' threads would compete for the cores
+        with serving(spec) as url:
             through_server(url, 8)  # warm: the first request maps the weights
             single = 0.0
             for count in counts:
@@ -290,6 +298,7 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--clients", default="", help="e.g. 1,2,4,8: also concurrent clients per server")
     parser.add_argument("--skip-front-ends", action="store_true", help="leave out part 1")
+    parser.add_argument("--model", type=Path, default=None, help="part 3 on this GGUF file")
     args = parser.parse_args()
     if not args.skip_front_ends:
         print("1. the same request through every front end")
@@ -299,7 +308,7 @@ def main() -> int:
         cache_reuse(args.turns, 32)
     if args.clients:
         print("\n3. concurrent clients")
-        concurrent([int(count) for count in args.clients.split(",")], args.tokens, args.peer_python)
+        concurrent([int(count) for count in args.clients.split(",")], args.tokens, args.peer_python, args.model)
     return 0
 
 

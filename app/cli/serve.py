@@ -13,7 +13,7 @@ from app.cli import Subparsers
 from app.cli.common import add_model_flags, progress_to_stderr, settings_from_args
 from app.core.errors import HearthError
 from app.core.server.api import RequestRecord
-from app.core.server.handle import DEFAULT_PORT, ServerConfig, ServerHandle
+from app.core.server.handle import DEFAULT_PARALLEL, DEFAULT_PORT, MAX_PARALLEL, ServerConfig, ServerHandle
 from app.core.server.protocol import Limits
 from app.core.server.security import check_bind, check_cors_origins
 
@@ -54,6 +54,11 @@ def register(subparsers: Subparsers) -> None:
     )  # fmt: skip
     net.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 503 (default 16)")
     net.add_argument(
+        "--parallel", type=int, default=DEFAULT_PARALLEL,
+        help=f"replies decoded together, each step reading the weights once for all (default {DEFAULT_PARALLEL}; "
+        "1: one at a time; fewer where memory for their KV caches is short)",
+    )  # fmt: skip
+    net.add_argument(
         "--max-tokens", type=int, default=Limits.max_tokens, help="the most tokens one request may ask for"
     )
     net.add_argument(
@@ -88,6 +93,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise HearthError("--new-key needs --api-key-name NAME (the name the key is saved under).")
     if args.max_queue < 0:
         raise HearthError("--max-queue must be 0 or more.")
+    if not 1 <= args.parallel <= MAX_PARALLEL:
+        raise HearthError(f"--parallel must be between 1 and {MAX_PARALLEL} (got {args.parallel}).")
     if not 0 <= args.port <= 65535:
         raise HearthError(f"--port must be between 0 and 65535 (got {args.port}).")
     if args.max_tokens < 1:
@@ -98,7 +105,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     key = api_key_from_keyring(args.api_key_name, make_new=args.new_key) if args.api_key_name else None
     return ServerConfig(
         host=args.host, port=args.port, api_key=key, allow_network=args.allow_network,
-        cors_origins=tuple(args.cors_origin), max_queue=args.max_queue, trusted_proxies=tuple(args.trusted_proxy),
+        cors_origins=tuple(args.cors_origin), max_queue=args.max_queue, parallel=args.parallel,
+        trusted_proxies=tuple(args.trusted_proxy),
         limits=Limits(max_tokens=args.max_tokens, default_max_tokens=min(Limits.default_max_tokens, args.max_tokens),
                       tool_prompt_fallback=not args.strict_tools),
     )  # fmt: skip
@@ -138,9 +146,11 @@ def run(args: argparse.Namespace) -> int:
         address = handle.start(backend)
         safety = "API key required" if config.api_key else "no key (this machine only)"
         cors = ", ".join(config.cors_origins) or "off"
+        running = handle.queue.parallel if handle.queue is not None else 1
+        parallel = f"{running} replies decoded together" if running > 1 else "one reply at a time"
         print(
-            f"Serving {backend.info.name} at {address} · {safety} · CORS {cors} · queue {config.max_queue}. "
-            "Ctrl+C stops.",
+            f"Serving {backend.info.name} at {address} · {safety} · CORS {cors} · {parallel} · queue "
+            f"{config.max_queue}. Ctrl+C stops.",
             file=sys.stderr, flush=True,
         )  # fmt: skip
         stopped = threading.Event()

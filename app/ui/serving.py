@@ -15,11 +15,12 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from app.core.chat.events import DoneEvent, Event
 from app.core.engines.backend import ChatBackend, MemoryReading, ReplyRequest
+from app.core.engines.batching import BatchedModel, DecodeStep, ReplyItem
 from app.core.errors import HearthError
 
 if TYPE_CHECKING:
@@ -34,13 +35,6 @@ NO_MODEL_MESSAGE = "No model is loaded: load one from the model bar, then switch
 NO_SERVER_LIBRARIES_MESSAGE = (
     "This build of Hearth cannot serve: the server's libraries (uvicorn, starlette) are missing."
 )
-
-
-def queue_full_message(waiting: int, retry_after_s: int) -> str:
-    return (
-        f"The server's queue is full ({waiting} requests waiting): try again in {retry_after_s} s. "
-        "The window's chat waits in the same queue as the programs the server serves."
-    )
 
 
 def port_in_use_message(port: int) -> str:
@@ -96,6 +90,18 @@ class SharedModel:
     def generate(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
         self.apply_forgets()  # in the queue's thread, between requests
         return self.backend.generate(request, cancel)
+
+    @property
+    def max_batch(self) -> int:
+        """How many replies the backend decodes together (1: one at a time)."""
+        return int(getattr(self.backend, "max_batch", 1))
+
+    def reply_steps(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[ReplyItem]:
+        self.apply_forgets()  # in the queue's thread, as a reply starts
+        return cast(BatchedModel, self.backend).reply_steps(request, cancel)
+
+    def decode_batch(self, steps: Sequence[DecodeStep]) -> None:
+        cast(BatchedModel, self.backend).decode_batch(steps)
 
     def compile_grammar(self, request: ReplyRequest) -> None:
         """In the server's compile thread: the backend's grammars are its own (thread-safe), not its model."""
@@ -181,17 +187,15 @@ class WindowServer:
     def stream(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Event]:
         """The window's own request, through the server's queue: events as the backend yields them.
 
-        Waits its turn in the queue; cancelled while waiting, it ends at once (the queue skips it). Asked to stop the
-        server while it waits, it stops the server and runs the request directly on the backend."""
-        from app.core.server.queue import End, QueueFullError
+        It goes before every waiting client's request, however many wait (where replies are decoded together it
+        joins the running ones at their next step); cancelled while waiting, it ends at once (the queue skips it).
+        Asked to stop the server while it waits, it stops the server and runs the request directly on the backend."""
+        from app.core.server.queue import End
 
         handle = self.handle
         assert handle is not None and handle.queue is not None
         items: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        try:
-            job = handle.queue.submit(request, QueuedCancel(cancel), items.put)
-        except QueueFullError as full:
-            raise HearthError(queue_full_message(full.waiting, full.retry_after_s)) from None
+        job = handle.queue.submit(request, QueuedCancel(cancel), items.put, priority=True)
         while True:
             try:
                 item = items.get(timeout=POLL_S)

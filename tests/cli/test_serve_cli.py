@@ -34,6 +34,7 @@ def keys() -> Iterator[memory_keyring.MemoryKeyring]:
         (["--new-key"], "--new-key needs --api-key-name NAME"),
         (["--port", "70000"], "--port must be between 0 and 65535 (got 70000)."),
         (["--max-queue", "-1"], "--max-queue must be 0 or more."),
+        (["--parallel", "0"], "--parallel must be between 1 and 16 (got 0)."),
     ],
 )
 def test_refusals_are_one_line_before_loading(
@@ -97,6 +98,7 @@ def test_serve_command_answers_the_openai_client(tmp_path: Path, stop_signal: si
             if found := re.search(r"at (http://127\.0\.0\.1:\d+/v1) · no key", line):
                 address = found.group(1)
         assert address is not None, "".join(lines)
+        assert "· one reply at a time ·" in lines[-1]  # the torch path decodes no batches
         client = openai.OpenAI(base_url=address, api_key="none", max_retries=0)
         reply = client.chat.completions.create(
             model="x", messages=[{"role": "user", "content": "Say hi."}], max_tokens=5, temperature=0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,11 +14,11 @@ import pytest
 from PySide6.QtCore import QThread
 from PySide6.QtWidgets import QApplication
 
-from app.core.chat.events import ChatMessage, Event
+from app.core.chat.events import ChatMessage, DoneEvent, Event
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import LoadRequest, ReplyRequest, ScriptedBackend
 from app.core.engines.local import EngineBackend
-from app.core.errors import HearthError
+from app.core.server.queue import End, QueueFullError
 from app.core.settings import Settings
 from app.ui.server_panel import ServerPanel
 from app.ui.serving import (
@@ -25,7 +26,6 @@ from app.ui.serving import (
     NO_SERVER_LIBRARIES_MESSAGE,
     WindowServer,
     port_in_use_message,
-    queue_full_message,
 )
 
 HELLO = [{"role": "user", "content": "Hi"}]
@@ -323,9 +323,9 @@ def test_switching_on_in_a_build_without_the_server_libraries_says_so(make_windo
     assert panel.state == "off" and panel.status.text() == NO_SERVER_LIBRARIES_MESSAGE
 
 
-def test_a_window_request_refused_by_a_full_queue_says_so() -> None:
+def test_the_windows_request_goes_before_the_clients_waiting_in_a_full_queue() -> None:
     gate = threading.Event()
-    backend = ThreadRecordingBackend(gate, replies=["Held until the gate opens.", "Waiting.", "Refused."])
+    backend = ThreadRecordingBackend(gate, replies=["Held until the gate opens.", "The window's answer.", "Client."])
     server = WindowServer(backend, lambda record: None, threading.Event(), max_waiting=1)
     server.start(0)
     hello = ReplyRequest([ChatMessage("user", "Hi")])
@@ -333,13 +333,24 @@ def test_a_window_request_refused_by_a_full_queue_says_so() -> None:
         running = server.stream(hello, threading.Event())
         assert [next(running).type, next(running).type] == ["prompt", "token"]  # running, held after one token
         assert server.handle is not None and server.handle.queue is not None
-        server.handle.queue.submit(hello, threading.Event(), lambda item: None)  # a client waits behind it
-        assert server.depth() == (1, 1)
-        with pytest.raises(HearthError) as refused:
-            next(server.stream(hello, threading.Event()))
-        retry_after_s = server.handle.queue.retry_after_s()
-        assert str(refused.value) == queue_full_message(1, retry_after_s)
-        assert str(refused.value).startswith("The server's queue is full (1 requests waiting): try again in ")
+        client: list[object] = []
+        server.handle.queue.submit(hello, threading.Event(), client.append)  # a client waits behind it
+        with pytest.raises(QueueFullError):  # the queue is full for clients
+            server.handle.queue.submit(hello, threading.Event(), lambda item: None)
+        window: list[Event] = []
+        waiter = threading.Thread(target=lambda: window.extend(server.stream(hello, threading.Event())))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while server.depth() != (1, 2) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.depth() == (1, 2)  # the window's request is taken although clients filled the queue
+        gate.set()
+        list(running)
+        waiter.join(30)
+        assert [event.text for event in window if isinstance(event, DoneEvent)] == ["The window's answer."]
+        while not any(isinstance(item, End) for item in client) and time.monotonic() < deadline + 30:
+            time.sleep(0.01)
+        assert [item.text for item in client if isinstance(item, DoneEvent)] == ["Client."]  # the third reply
     finally:
         gate.set()
         server.stop()

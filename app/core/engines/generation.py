@@ -10,10 +10,10 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from app.core.chat.chat_format import format_prompt, supports_tools
 from app.core.chat.detok import IncrementalDetokenizer
@@ -31,6 +31,7 @@ from app.core.chat.events import (
 from app.core.chat.response_cache import CachedReply, ResponseCache, cache_key
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
+from app.core.engines.batching import DecodeStep, ReplyItem
 from app.core.engines.constrained import GrammarCompiler, GrammarSpec, grammar_for_format, grammar_for_tool_calls
 from app.core.engines.lookup import LookupDecoder, LookupPlanner, LookupTally, NgramIndex
 from app.core.engines.tool_prompt import TOOL_CALL_FORMAT, fallback_messages, forced_tool_name
@@ -39,6 +40,7 @@ from app.core.errors import ContextOverflowError, HearthError
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 512  # bounds the prefill activation peak; also lets cancel act between chunks
+BATCHED_LOOKUP_STATE = "off (a served request: its steps run batched with other clients')"
 MEMORY_SAMPLE_EVERY = 16  # tokens between RSS samples on the CPU (a psutil call is ~10 µs)
 _GRAMMARS_LOCK = threading.Lock()
 
@@ -296,9 +298,23 @@ class ReplyEngine(ABC):
         started: float | None = None,
     ) -> Iterator[Event]:
         """`generate` for a prompt already prepared (by a caller that had to raise the user's errors first)."""
+        return cast(Iterator[Event], self.reply_steps(prompt, request, kv=kv, cancel=cancel, started=started))
+
+    def reply_steps(
+        self,
+        prompt: PreparedPrompt,
+        request: ReplyRequest,
+        *,
+        kv: KVCache | None = None,
+        cancel: threading.Event | None = None,
+        started: float | None = None,
+        batched: bool = False,
+    ) -> Iterator[ReplyItem]:
+        """`generate_prepared`; `batched`: each decode step is yielded as a DecodeStep for the caller to run with
+        other replies' (decode_batch) instead of run here (app.core.engines.batching)."""
         started = started if started is not None else time.perf_counter()
         yield PromptEvent(self.context_usage(request, prompt), prompt.dropped_turns)
-        yield from self.generate_from_ids(
+        yield from self._reply_from_ids(
             prompt.ids,
             request.params,
             kv=kv,
@@ -308,7 +324,15 @@ class ReplyEngine(ABC):
             started=started,
             stop=tuple(request.stop),
             constraint=prompt.constraint,
+            batched=batched,
         )
+
+    def decode_batch(self, steps: Sequence[DecodeStep]) -> None:
+        """Run the pending decode steps of several batched replies (each on its own cache) and set their logits; an
+        engine without a batched forward runs them one after another."""
+        with self._inference():
+            for step in steps:
+                step.logits = self._decode_step(step.token, step.kv)
 
     def generate_from_ids(
         self,
@@ -325,6 +349,26 @@ class ReplyEngine(ABC):
     ) -> Iterator[Event]:
         """`stop`: end the reply at the first of these strings (the DoneEvent's text is cut before it; token events
         may already hold part of it). `constraint`: mask each step's logits to the response format's grammar."""
+        replies = self._reply_from_ids(
+            prompt_ids, params, kv=kv, cancel=cancel, use_response_cache=use_response_cache,
+            dropped_turns=dropped_turns, started=started, stop=stop, constraint=constraint,
+        )  # fmt: skip
+        return cast(Iterator[Event], replies)
+
+    def _reply_from_ids(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        kv: KVCache | None,
+        cancel: threading.Event | None,
+        use_response_cache: bool,
+        dropped_turns: int,
+        started: float | None,
+        stop: tuple[str, ...],
+        constraint: Constraint | None,
+        batched: bool = False,
+    ) -> Iterator[ReplyItem]:
         started = started if started is not None else time.perf_counter()
         if len(prompt_ids) >= self.context_window:
             raise ContextOverflowError(len(prompt_ids), self.context_window)
@@ -343,7 +387,9 @@ class ReplyEngine(ABC):
         error: str | None = None
         cut: str | None = None  # the reply as the decode loop ended it (before a stop string)
         try:
-            decoding = self._decode(prompt_ids, params, budget, kv, cancel, started, dropped_turns, stop, constraint)
+            decoding = self._decode(
+                prompt_ids, params, budget, kv, cancel, started, dropped_turns, stop, constraint, batched
+            )
             for event in decoding:
                 if isinstance(event, TokenEvent):
                     pieces.append(event.text)
@@ -403,7 +449,8 @@ class ReplyEngine(ABC):
         dropped_turns: int,
         stop: tuple[str, ...] = (),
         constraint: Constraint | None = None,
-    ) -> Iterator[Event]:
+        batched: bool = False,
+    ) -> Iterator[ReplyItem]:
         stop_at: int | None = None  # where in the reply text a stop string begins
         self._begin_reply()
         peak = self._memory_now()
@@ -419,15 +466,18 @@ class ReplyEngine(ABC):
         first_token_at: float | None = None
         prefill_started = time.perf_counter()
         prefill_done = prefill_started
-        lookup = self._lookup_decoder(prompt_ids, kv, budget, lambda: generated)
-        with self._inference():
+        lookup = None if batched else self._lookup_decoder(prompt_ids, kv, budget, lambda: generated)
+        # A batched reply holds the engine's inference context only while it computes here: its decode steps run in
+        # decode_batch, with other replies' steps, while this generator waits.
+        with nullcontext() if batched else self._inference():
             pending = prompt_ids[reused:]
             logits = None
-            for start in range(0, len(pending), PREFILL_CHUNK):
-                if cancel is not None and cancel.is_set():
-                    finish = "cancelled"
-                    break
-                logits = self._prefill(pending[start : start + PREFILL_CHUNK], kv)
+            with self._inference() if batched else nullcontext():
+                for start in range(0, len(pending), PREFILL_CHUNK):
+                    if cancel is not None and cancel.is_set():
+                        finish = "cancelled"
+                        break
+                    logits = self._prefill(pending[start : start + PREFILL_CHUNK], kv)
             self._synchronize()
             prefill_done = time.perf_counter()
             peak = max(peak, self._memory_now())
@@ -459,7 +509,12 @@ class ReplyEngine(ABC):
                     finish = "cancelled"
                     break
                 sampler.accept(token)
-                logits = lookup.next_logits(token) if lookup is not None else self._decode_step(token, kv)
+                if batched:
+                    step = DecodeStep(token, kv)
+                    yield step
+                    logits = step.result()
+                else:
+                    logits = lookup.next_logits(token) if lookup is not None else self._decode_step(token, kv)
                 if self.polls_memory and generated % MEMORY_SAMPLE_EVERY == 0:
                     peak = max(peak, self._memory_now())
             if lookup is not None:
@@ -493,7 +548,7 @@ class ReplyEngine(ABC):
                 context_window=self.context_window,
                 restored_tokens=restored,
                 restore_s=restore_s,
-                lookup=self.lookup_state,
+                lookup=self.lookup_state if not batched or self.lookup is None else BATCHED_LOOKUP_STATE,
                 lookup_checks=tally.checks if tally is not None else 0,
                 lookup_proposed=tally.proposed if tally is not None else 0,
                 lookup_accepted=tally.accepted if tally is not None else 0,

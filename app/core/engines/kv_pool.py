@@ -75,17 +75,21 @@ class PrefixKVPool(Generic[KV]):
         self.max_caches = max(1, max_caches)
         self.new_kv = new_kv
         self._caches: list[KV] = []  # least recently used first
+        self._held: list[KV] = []  # caches a running reply writes (batched replies run side by side)
 
-    def take(self, prompt_ids: list[int]) -> KV:
+    def take(self, prompt_ids: list[int], *, hold: bool = False) -> KV:
         """The cache to generate `prompt_ids` on top of (the engine crops it to the shared prefix).
 
         A cache the prompt merely extends (the same client's next turn) is taken as is. A cache that shares only
         part of its tokens (another client with the same system prompt) would lose its tail to the crop, so while
-        the pool has room the prompt gets a fresh cache instead; a full pool crops the best partial match."""
+        the pool has room the prompt gets a fresh cache instead; a full pool crops the best partial match. A held
+        cache (`hold`, until `release`) is never given to another reply nor dropped."""
         extended: KV | None = None
         partial: KV | None = None
         extended_len = partial_len = 0
         for kv in self._caches:
+            if self._is_held(kv):
+                continue
             common = shared_prefix(kv.ids, prompt_ids)
             if common == 0:
                 continue
@@ -99,12 +103,35 @@ class PrefixKVPool(Generic[KV]):
             best = partial
         if best is None:
             best = self.new_kv()
-            if len(self._caches) >= self.max_caches:  # full: the least recently used one makes room
-                self._caches.pop(0).reset()
+            self._trim(self.max_caches - 1)  # full: the least recently used free one makes room
         else:
             self._caches.remove(best)
         self._caches.append(best)
+        if hold:
+            self._held.append(best)
         return best
+
+    def release(self, kv: KV) -> None:
+        """A held cache's reply is over: it may be reused (or dropped, if the pool grew past its size meanwhile)."""
+        self._held = [held for held in self._held if held is not kv]
+        self._trim(self.max_caches)
+
+    @property
+    def in_use(self) -> int:
+        """Caches held by running replies."""
+        return len(self._held)
+
+    def _is_held(self, kv: KV) -> bool:
+        return any(held is kv for held in self._held)
+
+    def _trim(self, keep: int) -> None:
+        """Drop the least recently used free caches until at most `keep` remain (held ones always stay)."""
+        for kv in list(self._caches):
+            if len(self._caches) <= keep:
+                return
+            if not self._is_held(kv):
+                self._caches.remove(kv)
+                kv.reset()
 
     def states(self) -> list[KV]:
         return list(self._caches)
@@ -116,3 +143,4 @@ class PrefixKVPool(Generic[KV]):
         for kv in self._caches:
             kv.reset()
         self._caches.clear()
+        self._held.clear()

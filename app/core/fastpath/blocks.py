@@ -81,6 +81,8 @@ def declare(lib: Any) -> str:
     lib.hearth_gg_scratch_floats.argtypes = [pointer, size, size]
     lib.hearth_gg_forward.restype = flag
     lib.hearth_gg_forward.argtypes = [pointer] * 6 + [size] * 3 + [pointer, size, pointer, size]
+    lib.hearth_gg_forward_rows.restype = flag
+    lib.hearth_gg_forward_rows.argtypes = [pointer] * 6 + [size] + [pointer] * 5 + [size]
     layout = tuple(lib.hearth_gg_layout(i) for i in range(4))
     if layout != (len(STEP_SIZES), len(STEP_GLOBALS), len(STEP_TYPES), len(STEP_LAYER)):
         return f"its GGUF step layout {layout} does not match this Hearth"
@@ -188,6 +190,39 @@ class GGForward:
                 self.capacity,
                 logits.ctypes.data,
                 logits.shape[0] if logits.ndim == 2 else 1,
+                self.scratch.ctypes.data,
+                self.scratch.size,
+            )
+        )
+
+    def run_rows(
+        self,
+        tokens: npt.NDArray[np.int64],
+        slabs: npt.NDArray[np.uint64],
+        positions: npt.NDArray[np.int64],
+        capacities: npt.NDArray[np.int64],
+        logits: Floats,
+    ) -> int:
+        """One token of each of len(tokens) sequences (a batched decode step): row i at positions[i] of its own K/V
+        slabs (slabs [rows, layers, 2] addresses, capacities[i] positions each); every row's logits into `logits`
+        [rows, vocab]; hearth_gg_forward_rows's code (0: done)."""
+        widest = int(capacities.max())
+        needed = int(self.lib.hearth_gg_scratch_floats(ctypes.addressof(self.sizes), len(tokens), widest))
+        if self.scratch.size < needed:
+            self.scratch = np.empty(needed, dtype=np.float32)
+        return int(
+            self.lib.hearth_gg_forward_rows(
+                ctypes.addressof(self.sizes),
+                ctypes.addressof(self.floats),
+                ctypes.addressof(self.glob),
+                ctypes.addressof(self.types),
+                ctypes.addressof(self.layer_args),
+                tokens.ctypes.data,
+                len(tokens),
+                slabs.ctypes.data,
+                positions.ctypes.data,
+                capacities.ctypes.data,
+                logits.ctypes.data,
                 self.scratch.ctypes.data,
                 self.scratch.size,
             )

@@ -23,6 +23,8 @@ from app.core.server.security import check_bind, check_cors_origins
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8080
+DEFAULT_PARALLEL = 4  # replies decoded together where the model can (llama-server's --parallel)
+MAX_PARALLEL = 16
 START_TIMEOUT_S = 15.0
 
 
@@ -34,6 +36,7 @@ class ServerConfig:
     allow_network: bool = False
     cors_origins: tuple[str, ...] = ()
     max_queue: int = 16
+    parallel: int = DEFAULT_PARALLEL  # the model's max_batch (its KV caches' memory) caps it
     # Proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (the client address in the log then comes from
     # them); none by default, so no client can name itself another address.
     trusted_proxies: tuple[str, ...] = ()
@@ -76,7 +79,7 @@ class ServerHandle:
 
         if self.running:
             raise HearthError("The server is already running.")
-        self.queue = RequestQueue(backend, max_waiting=self.config.max_queue)
+        self.queue = RequestQueue(backend, max_waiting=self.config.max_queue, parallel=self.config.parallel)
         policy = Policy(self.config.host, self.config.api_key, self.config.cors_origins, self.config.limits)
         self.app = ServerApp(self.queue, policy, model_id=backend.info.name, on_request=self.on_request)
         uv_config = uvicorn.Config(

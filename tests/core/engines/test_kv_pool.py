@@ -52,3 +52,19 @@ def test_a_shared_system_prompt_does_not_crop_another_clients_cache_while_there_
     bob.ids = [7, 7, 2, 2, 6]
     carol = pool.take([7, 7, 3])  # full now: the best partial match is cropped by the engine
     assert carol is alice  # the least recently used of the two equal matches
+
+
+def test_a_held_cache_is_never_given_to_another_reply_nor_dropped() -> None:
+    pool = PrefixKVPool(2, KVState)
+    running = pool.take([1, 2, 3], hold=True)
+    running.ids = [1, 2, 3]
+    other = pool.take([1, 2, 3, 4], hold=True)  # the same conversation again, while its first reply runs
+    assert other is not running
+    third = pool.take([9], hold=True)  # the pool is full of held caches: it grows rather than drop one
+    assert len(pool.states()) == 3 and pool.in_use == 3
+    pool.release(other)  # back to its size: the least recently used free cache goes
+    assert [id(kv) for kv in pool.states()] == [id(running), id(third)]
+    pool.release(running)
+    pool.release(third)
+    assert pool.in_use == 0
+    assert pool.take([1, 2, 3, 4]) is running  # free again: the prompt that extends it takes it

@@ -16,7 +16,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,10 @@ from app.core.engines.backend import (
     ProgressCallback,
     ReplyRequest,
 )
+from app.core.engines.batching import DecodeStep, ReplyItem
 from app.core.engines.generation import token_ids
 from app.core.engines.kv_pool import POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
-from app.core.engines.lite.engine import LiteEngine, eos_ids, load_tokenizer
+from app.core.engines.lite.engine import LiteEngine, LiteKV, eos_ids, load_tokenizer
 from app.core.engines.lite.gguf_model import (
     GGUFModel,
     file_type_label,
@@ -351,6 +352,37 @@ class LiteBackend:
         conversation = request.conversation_id
         kv = self._pool.take(prompt.ids) if conversation is None else self._caches.take(conversation)
         return self.engine.generate_prepared(prompt, request, kv=kv, cancel=cancel)
+
+    @property
+    def max_batch(self) -> int:
+        """How many replies the server may decode together: one where the model has no batched step, else as many
+        as the pool has KV caches for (each reply writes its own; the pool is sized to the memory free at load)."""
+        return self._pool.max_caches if self.engine.model.batched_step else 1
+
+    def reply_steps(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[ReplyItem]:
+        """`generate`, its decode steps yielded for the server's queue to run with other replies' (decode_batch);
+        the reply's cache is its own until the reply ends."""
+        prompt = self.engine.prepare(request)  # the user's errors raise here, before any event
+        conversation = request.conversation_id
+        if conversation is not None:
+            kv = self._caches.take(conversation)
+            return self.engine.reply_steps(prompt, request, kv=kv, cancel=cancel, batched=True)
+        kv = self._pool.take(prompt.ids, hold=True)
+        return self._released(self.engine.reply_steps(prompt, request, kv=kv, cancel=cancel, batched=True), kv)
+
+    def _released(self, items: Iterator[ReplyItem], kv: LiteKV) -> Iterator[ReplyItem]:
+        try:
+            yield from items
+        finally:
+            self._pool.release(kv)
+
+    def decode_batch(self, steps: Sequence[DecodeStep]) -> None:
+        self.engine.decode_batch(steps)
+
+    @property
+    def pooled_in_use(self) -> int:
+        """The pool's caches that running replies hold."""
+        return self._pool.in_use
 
     def compile_grammar(self, request: ReplyRequest) -> None:
         """The request's grammar compiled now, off the model's thread (the server's compile thread)."""

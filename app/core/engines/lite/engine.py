@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import psutil
 
 from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
+from app.core.engines.batching import DecodeStep
 from app.core.engines.generation import ReplyEngine, token_ids
 from app.core.engines.lite.prefix_store import PrefixCache
 from app.core.engines.lite.runtime import DecoderRuntime, LiteCache, LiteUnavailable
@@ -228,6 +230,16 @@ class LiteEngine(ReplyEngine):
 
     def _forward_rows(self, tokens: list[int], kv: LiteKV) -> Floats:
         return self.model.forward(tokens, kv.current(), len(tokens))
+
+    def decode_batch(self, steps: Sequence[DecodeStep]) -> None:
+        """Several replies' steps in one forward where the model has one (each row bit for bit its own step)."""
+        if len(steps) < 2 or not self.model.batched_step:
+            super().decode_batch(steps)
+            return
+        with self._inference():
+            logits = self.model.step_rows([step.token for step in steps], [step.kv.current() for step in steps])
+        for step, row in zip(steps, logits, strict=True):
+            step.logits = row
 
     def _truncate(self, kv: LiteKV, length: int) -> None:
         kv.current().truncate(length)

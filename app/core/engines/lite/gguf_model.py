@@ -159,6 +159,7 @@ class GGUFModel(DecoderRuntime):
 
     path_name = "lite-gguf"
     exact_forward = True  # prefill runs the decode step's own C forward
+    batched_step = True  # several sequences' steps in one forward, each row as its own step computes it
 
     def __init__(
         self, path: Path, library: NativeLibrary, threads: int | None = None, precise: int = PRECISE_INPUTS
@@ -326,6 +327,37 @@ class GGUFModel(DecoderRuntime):
         with self.decode_team.timed(1) as threads:
             self.arguments.set_threads(threads)
             return self.arguments.run(np.array([token], dtype=np.int64), position, logits[None, :])
+
+    def step_rows(self, tokens: Sequence[int], caches: Sequence[LiteCache]) -> Floats:
+        """One token of each sequence at its cache's next position, every weight block read once for all of them (a
+        server's batched decode step); the logits [rows, vocab], row i bit for bit what step(tokens[i], caches[i])
+        gives."""
+        if len(tokens) != len(caches) or not caches:
+            raise ValueError("a batched step takes one token for each cache")
+        if len({id(cache) for cache in caches}) != len(caches):
+            raise ValueError("a batched step's rows need distinct caches")
+        ids = np.asarray(tokens, dtype=np.int64)
+        bad = ids[(ids < 0) | (ids >= self.config.vocab)]
+        if bad.size:
+            raise ValueError(f"token id {int(bad[0])} is outside the model's {self.config.vocab}-token vocabulary")
+        for cache in caches:
+            cache.reserve(cache.length + 1)
+        slabs = np.empty((len(caches), self.config.layers, 2), dtype=np.uint64)
+        for row, cache in enumerate(caches):
+            slabs[row, :, 0] = [slab.ctypes.data for slab in cache.keys]
+            slabs[row, :, 1] = [slab.ctypes.data for slab in cache.values]
+        positions = np.array([cache.length for cache in caches], dtype=np.int64)
+        capacities = np.array([cache.capacity for cache in caches], dtype=np.int64)
+        logits = np.empty((len(caches), self.config.vocab), dtype=np.float32)
+        with self.batch_team.timed(len(caches)) as threads:
+            self.arguments.set_threads(threads)
+            code = self.arguments.run_rows(ids, slabs, positions, capacities, logits)
+        if code != 0:
+            raise RuntimeError(f"the GGUF forward refused a batched step of {len(caches)} sequences (code {code})")
+        for cache, token in zip(caches, ids, strict=True):
+            cache.length += 1
+            cache.ids.append(int(token))
+        return logits
 
     # -- prefill: the decode step's own C forward, PREFILL_CHUNK tokens a call (each token computed as one step is)
     def prefill(self, ids: Sequence[int], cache: LiteCache) -> Floats:

@@ -369,6 +369,7 @@ class DecoderRuntime:
     rope_pairs = False  # RoPE on adjacent pairs (GGUF llama Q/K rows) instead of halves (Hugging Face's)
     path_name = "lite-q4"  # the stats' and the response cache's name for how its steps run
     exact_forward = False  # whether forward() computes each row bit for bit as step() does (prompt lookup needs it)
+    batched_step = False  # whether step_rows() runs several sequences' steps in one call (a server's batch)
     attn_norms: list[Floats]
     mlp_norms: list[Floats]
     final_norm: Floats
@@ -381,6 +382,7 @@ class DecoderRuntime:
         # a fixed `threads` is kept as asked (tests, benchmarks); else each call's team follows the free cores
         self.decode_team = TeamChooser(self.threads, explore_every=0 if threads else EXPLORE_EVERY)
         self.prefill_team = TeamChooser(self.threads, explore_every=0 if threads else EXPLORE_EVERY)
+        self.batch_team = TeamChooser(self.threads, explore_every=0 if threads else EXPLORE_EVERY)
         self._bound: tuple[LiteCache, int, int] | None = None  # (the cache, its version, capacity) last bound
         self._executor: ThreadPoolExecutor | None = None
 
@@ -390,6 +392,7 @@ class DecoderRuntime:
         size = max(1, min(threads, self.threads))
         self.decode_team = TeamChooser(size, explore_every=0)
         self.prefill_team = TeamChooser(size, explore_every=0)
+        self.batch_team = TeamChooser(size, explore_every=0)
 
     # -- what a subclass supplies
     def _embed(self, ids: Sequence[int]) -> Floats:
@@ -433,6 +436,10 @@ class DecoderRuntime:
         """Run `ids` after the cache's positions; the logits after each of the last `logit_rows` of them, each row as
         a decode step computes it (only where `exact_forward`)."""
         raise NotImplementedError(f"{type(self).__name__} computes no exact multi-row forward")
+
+    def step_rows(self, tokens: Sequence[int], caches: Sequence[LiteCache]) -> Floats:
+        """One token of each sequence at its cache's next position in one call (only where `batched_step`)."""
+        raise NotImplementedError(f"{type(self).__name__} computes no batched step")
 
     # -- decode
     def step(self, token: int, cache: LiteCache) -> Floats:

@@ -60,7 +60,7 @@
 #define HEARTH_AVX512 0
 #endif
 
-#define HEARTH_ABI 7
+#define HEARTH_ABI 8
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -2284,9 +2284,24 @@ int64_t hearth_gg_scratch_floats(const int64_t *cfg, int64_t n, int64_t capacity
     return gg_layout_scratch(cfg, n, capacity, NULL, NULL);
 }
 
-int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types,
-                      void *const *layers, const int64_t *tokens, int64_t n, int64_t pos, int64_t capacity,
-                      float *logits, int64_t logit_rows, float *scratch, int64_t scratch_floats) {
+/* Where each input row's keys and values go: row i of one sequence sits at position pos + i of the layers' own slabs
+ * (kv NULL); rows of a batch each have their sequence's slabs (kv[(i * layers + l) * 2 + 0/1]), position and
+ * capacity. Every row is computed bit for bit as a one-token step of its sequence is. */
+typedef struct {
+    void *const *kv;
+    const int64_t *positions, *capacities;
+    int64_t pos, capacity;
+} gg_rows_kv;
+
+static inline int64_t row_pos(const gg_rows_kv *r, int64_t i) { return r->positions ? r->positions[i] : r->pos + i; }
+static inline int64_t row_cap(const gg_rows_kv *r, int64_t i) { return r->capacities ? r->capacities[i] : r->capacity; }
+static inline char *row_slab(const gg_rows_kv *r, void *const *p, int layers, int l, int64_t i, int is_v) {
+    return (char *)(r->kv ? r->kv[(i * layers + l) * 2 + is_v] : p[is_v ? GL_V_CACHE : GL_K_CACHE]);
+}
+
+static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types,
+                      void *const *layers, const int64_t *tokens, int64_t n, const gg_rows_kv *rk, float *logits,
+                      int64_t logit_rows, float *scratch, int64_t scratch_floats) {
     const int n_layers = (int)cfg[GC_LAYERS], hidden = (int)cfg[GC_HIDDEN], heads = (int)cfg[GC_HEADS];
     const int kv_heads = (int)cfg[GC_KV_HEADS], hd = (int)cfg[GC_HEAD_DIM], inter = (int)cfg[GC_INTER];
     const int vocab = (int)cfg[GC_VOCAB], kv_bf16 = (int)cfg[GC_KV_BF16], pairs = (int)cfg[GC_ROPE_PAIRS];
@@ -2294,9 +2309,12 @@ int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
     const int threads = cfg[GC_THREADS] > 0 ? (int)cfg[GC_THREADS] : 1;
     const float eps = cfgf[0], attn_scale = cfgf[1];
     const int half = hd / 2, qdim = heads * hd, kvdim = kv_heads * hd, units = heads + 2 * kv_heads;
-    if (n < 1 || pos < 0 || pos + n > capacity || logit_rows < 0 || logit_rows > n) return -1;
+    const int64_t capacity = rk->capacity; /* the widest slab: the scratch's attention chunks */
+    if (n < 1 || logit_rows < 0 || logit_rows > n) return -1;
     for (int64_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= vocab) return -1;
+        if (tokens[i] < 0 || tokens[i] >= vocab || row_pos(rk, i) < 0 || row_pos(rk, i) >= row_cap(rk, i) ||
+            row_cap(rk, i) > capacity)
+            return -1;
     if (kv_heads <= 0 || heads % kv_heads || hidden % QBLOCK || qdim % QBLOCK || inter % QBLOCK || hd % 2) return -2;
     const int64_t embed_row = gg_row_bytes(embed_type, hidden), head_row = gg_row_bytes(head_type, hidden);
     if (embed_row < 0 || head_row < 0) return -2;
@@ -2316,7 +2334,7 @@ int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
         hearth_gg_dequant(embed_type, (const uint8_t *)glob[GG_EMBED] + tokens[i] * embed_row, hidden,
                           s.x + i * hidden);
         for (int k = 0; k < half; k++) {
-            const float angle = (float)(pos + i) * inv_freq[k];
+            const float angle = (float)row_pos(rk, i) * inv_freq[k];
             s.cosv[i * half + k] = cosf(angle);
             s.sinv[i * half + k] = sinf(angle);
         }
@@ -2359,21 +2377,24 @@ int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                 }
                 if (u >= heads) {
                     const int is_v = u >= heads + kv_heads, head = (u - heads) % kv_heads;
-                    store_kv(p[is_v ? GL_V_CACHE : GL_K_CACHE], kv_bf16, ((int64_t)head * capacity + pos + i) * hd, out, hd);
+                    store_kv(row_slab(rk, p, n_layers, l, i, is_v), kv_bf16, ((int64_t)head * row_cap(rk, i) + row_pos(rk, i)) * hd,
+                             out, hd);
                 }
             }
             /* attention: the same chunks of positions and the same merge in chunk order, however they are shared
              * out (so one token's result never depends on the threads or on the other tokens of the call) */
             const size_t elem = kv_bf16 ? 2 : 4;
             if (n == 1) { /* one token: its (kv head, chunk) units over the threads, then each head's merge */
+                const int64_t pos = row_pos(rk, 0), cap = row_cap(rk, 0);
                 const int64_t chunks = (pos + 1 + SPAN - 1) / SPAN;
+                const char *kslab = row_slab(rk, p, n_layers, l, 0, 0), *vslab = row_slab(rk, p, n_layers, l, 0, 1);
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t unit = 0; unit < kv_heads * chunks; unit++) {
                     const int64_t c = unit % chunks, g = unit / chunks, t0 = c * SPAN;
                     const int64_t t1 = t0 + SPAN < pos + 1 ? t0 + SPAN : pos + 1;
                     const int64_t slot = g * group * chunks_max + c;
-                    attend_chunk(s.qkv + g * group * hd, group, (const char *)p[GL_K_CACHE] + (size_t)g * capacity * hd * elem,
-                                 (const char *)p[GL_V_CACHE] + (size_t)g * capacity * hd * elem, kv_bf16, hd, t0, t1,
+                    attend_chunk(s.qkv + g * group * hd, group, kslab + (size_t)g * cap * hd * elem,
+                                 vslab + (size_t)g * cap * hd * elem, kv_bf16, hd, t0, t1,
                                  attn_scale, my_scores, s.pmax + slot, s.psum + slot, s.pout + slot * hd, chunks_max);
                 }
 #pragma omp for schedule(static)
@@ -2386,13 +2407,13 @@ int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                 float *my_out = s.pout + (int64_t)tid * group * chunks_max * hd;
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t unit = 0; unit < n * kv_heads; unit++) {
-                    const int64_t i = unit / kv_heads, g = unit % kv_heads, positions = pos + i + 1;
-                    const int64_t chunks = (positions + SPAN - 1) / SPAN;
+                    const int64_t i = unit / kv_heads, g = unit % kv_heads, positions = row_pos(rk, i) + 1;
+                    const int64_t chunks = (positions + SPAN - 1) / SPAN, cap = row_cap(rk, i);
                     for (int64_t c = 0; c < chunks; c++) {
                         const int64_t t0 = c * SPAN, t1 = t0 + SPAN < positions ? t0 + SPAN : positions;
                         attend_chunk(s.qkv + i * units * hd + g * group * hd, group,
-                                     (const char *)p[GL_K_CACHE] + (size_t)g * capacity * hd * elem,
-                                     (const char *)p[GL_V_CACHE] + (size_t)g * capacity * hd * elem, kv_bf16, hd, t0,
+                                     row_slab(rk, p, n_layers, l, i, 0) + (size_t)g * cap * hd * elem,
+                                     row_slab(rk, p, n_layers, l, i, 1) + (size_t)g * cap * hd * elem, kv_bf16, hd, t0,
                                      t1, attn_scale, my_scores, my_max + c, my_sum + c, my_out + c * hd, chunks_max);
                     }
                     for (int j = 0; j < group; j++)
@@ -2450,4 +2471,27 @@ int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
     }
     free(inputs);
     return 0;
+}
+
+/* n tokens at positions pos.. of one sequence (the layers' own K/V slabs, `capacity` positions). */
+int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types,
+                      void *const *layers, const int64_t *tokens, int64_t n, int64_t pos, int64_t capacity,
+                      float *logits, int64_t logit_rows, float *scratch, int64_t scratch_floats) {
+    if (pos < 0 || n < 1 || pos + n > capacity) return -1;
+    const gg_rows_kv rk = {NULL, NULL, NULL, pos, capacity};
+    return gg_forward(cfg, cfgf, glob, types, layers, tokens, n, &rk, logits, logit_rows, scratch, scratch_floats);
+}
+
+/* One token of each of n sequences (a batched decode step): row i at positions[i] of its own slabs kv[i][layer][k, v]
+ * of capacities[i] positions, every weight block read once for all of them; each row's logits into logits[i]. The
+ * scratch is sized for the widest slab (hearth_gg_scratch_floats(cfg, n, max capacity)). */
+int hearth_gg_forward_rows(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types,
+                           void *const *layers, const int64_t *tokens, int64_t n, void *const *kv,
+                           const int64_t *positions, const int64_t *capacities, float *logits, float *scratch,
+                           int64_t scratch_floats) {
+    if (n < 1 || !kv || !positions || !capacities) return -1;
+    int64_t widest = 0;
+    for (int64_t i = 0; i < n; i++) widest = capacities[i] > widest ? capacities[i] : widest;
+    const gg_rows_kv rk = {kv, positions, capacities, 0, widest};
+    return gg_forward(cfg, cfgf, glob, types, layers, tokens, n, &rk, logits, n, scratch, scratch_floats);
 }

@@ -404,6 +404,33 @@ def test_long_prompts_give_the_same_bits_across_attention_chunks(tmp_path: Path)
         model.close()
 
 
+@pytest.mark.parametrize("rows", [2, 3, 5])
+def test_a_batched_step_gives_each_sequence_the_bits_of_its_own_step(rows: int, tmp_path: Path) -> None:
+    """Sequences at different positions (one past an attention chunk) and with caches of different capacities, run
+    in one batched step (tiles of 4, 2 and 1 rows): each row is its own decode step, and each cache gets its token."""
+    model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K))
+    try:
+        rng = np.random.default_rng(rows)
+        prompts = [[int(i) for i in rng.integers(3, 400, size=length)] for length in (3, 300, 1, 40, 17)[:rows]]
+        alone, batched = [model.new_cache() for _ in prompts], [model.new_cache() for _ in prompts]
+        for prompt, one, many in zip(prompts, alone, batched, strict=True):
+            model.prefill(prompt, one)
+            model.prefill(prompt, many)
+        tokens = [int(i) for i in rng.integers(3, 400, size=rows)]
+        for _ in range(3):
+            expected = np.stack([model.step(token, cache) for token, cache in zip(tokens, alone, strict=True)])
+            got = model.step_rows(tokens, batched)
+            assert np.array_equal(got, expected)
+            tokens = [int(row.argmax()) for row in expected]
+        assert [cache.ids for cache in batched] == [cache.ids for cache in alone]
+        with pytest.raises(ValueError, match="distinct caches"):
+            model.step_rows([5, 6], [batched[0], batched[0]])
+        with pytest.raises(ValueError, match="token id 999 is outside"):
+            model.step_rows([5, 999], batched[:2])
+    finally:
+        model.close()
+
+
 @pytest.mark.parametrize(("tokens", "capacity"), [(1, 512), (7, 512), (256, 8192)])
 def test_the_plan_counts_the_forward_s_scratch_exactly(tokens: int, capacity: int, tmp_path: Path) -> None:
     from app.core.engines.lite.gguf_model import forward_scratch_bytes
