@@ -73,15 +73,24 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_serve_command_answers_the_openai_client(tmp_path: Path, stop_signal: signal.Signals) -> None:
+@pytest.mark.parametrize(
+    ("stop_signal", "flags", "running"),
+    [
+        (signal.SIGINT, ["--quant", "bf16"], "one reply at a time"),  # the torch path decodes no batches
+        (signal.SIGTERM, [], "4 replies decoded together"),  # the GGUF file's torch-free runtime
+    ],
+    ids=["ctrl-c-torch", "sigterm-torch-free"],
+)
+def test_serve_command_answers_the_openai_client(
+    tmp_path: Path, stop_signal: signal.Signals, flags: list[str], running: str
+) -> None:
     """The real command, in its own process, on the embedded model: starts, answers, stops on Ctrl+C or SIGTERM
     (SIGTERM with the signal dispositions this test run has, whatever they are)."""
     import openai
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "HEARTH_HOME": str(tmp_path / "home")}
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--port", "0", "--quant", "bf16", "--device", "cpu"],
+        [sys.executable, "-m", "app", "serve", "--port", "0", *flags, "--device", "cpu"],
         cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
         preexec_fn=_default_sigint if stop_signal == signal.SIGINT else None,
     )  # fmt: skip
@@ -98,7 +107,7 @@ def test_serve_command_answers_the_openai_client(tmp_path: Path, stop_signal: si
             if found := re.search(r"at (http://127\.0\.0\.1:\d+/v1) · no key", line):
                 address = found.group(1)
         assert address is not None, "".join(lines)
-        assert "· one reply at a time ·" in lines[-1]  # the torch path decodes no batches
+        assert f"· {running} ·" in lines[-1]
         client = openai.OpenAI(base_url=address, api_key="none", max_retries=0)
         reply = client.chat.completions.create(
             model="x", messages=[{"role": "user", "content": "Say hi."}], max_tokens=5, temperature=0

@@ -34,6 +34,11 @@ class DecodeStep:
 ReplyItem = Event | DecodeStep
 
 
+class NoRoomYet(Exception):
+    """Raised by a batched model before a reply's first item: the KV memory the running replies have reserved leaves
+    no room for this one's; the queue starts it once one of them has ended (alone, a reply always starts)."""
+
+
 @runtime_checkable
 class BatchedModel(Protocol):
     """A served model whose replies can be decoded together: `max_batch` of them at most (its KV caches' memory)."""

@@ -21,7 +21,7 @@ from typing import Protocol, cast
 
 from app.core.chat.events import Event
 from app.core.engines.backend import MemoryReading, ModelInfo, ReplyRequest
-from app.core.engines.batching import BatchedModel, DecodeStep, ReplyItem
+from app.core.engines.batching import BatchedModel, DecodeStep, NoRoomYet, ReplyItem
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class RequestQueue:
         self._batched = batched and self.parallel > 1
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: list[Job] = []
+        self._no_room = False  # a client's request found no KV memory left: no more start until a reply ends
         self._lock = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -175,7 +176,7 @@ class RequestQueue:
                         if running + len(started) >= 1:
                             break
                     elif not job.priority:  # (the window's own is first in line: submit puts it there)
-                        if clients >= self.parallel:
+                        if clients >= self.parallel or self._no_room:
                             break
                         clients += 1
                     started.append(self._waiting.popleft())
@@ -233,6 +234,13 @@ class RequestQueue:
                 item = next(slot.items)
         except StopIteration:
             pass
+        except NoRoomYet:  # it waits at the head of the line until a running reply ends and frees its memory
+            with self._lock:
+                self._running = [other for other in self._running if other is not job]
+                self._waiting.appendleft(job)
+                self._no_room = True
+            job.started_at = None
+            return False
         except BaseException as exc:  # the handler turns it into an HTTP error; the worker carries on
             if not isinstance(exc, Exception):
                 log.exception("server worker: %s", type(exc).__name__)
@@ -242,6 +250,7 @@ class RequestQueue:
         _deliver(job, END)
         with self._lock:
             self._running = [other for other in self._running if other is not job]
+            self._no_room = False
         try:
             self.last_memory = self.model.memory()  # read here: the model's own thread, between steps
         except Exception:

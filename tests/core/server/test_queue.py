@@ -15,7 +15,7 @@ import pytest
 from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import LoadRequest, MemoryReading, ModelInfo, ReplyRequest
-from app.core.engines.batching import DecodeStep, ReplyItem
+from app.core.engines.batching import DecodeStep, NoRoomYet, ReplyItem
 from app.core.engines.generation import BATCHED_LOOKUP_STATE
 from app.core.engines.lite.backend import LiteBackend, open_lite_backend
 from app.core.server.queue import End, JobItem, RequestQueue
@@ -38,22 +38,30 @@ class ScriptedBatches:
     batches: list[list[str]] = field(default_factory=list)
     fail_on_batch: int | None = None  # decode_batch raises on this call (0-based)
     refuse: str = ""  # reply_steps raises for this name before any item
+    room: int = 99  # replies whose KV memory fits at once (NoRoomYet beyond)
+    running: int = 0
 
     def reply_steps(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[ReplyItem]:
         name = request.messages[-1].content
         if name == self.refuse:
             raise ValueError(f"{name} is refused")
+        if self.running >= self.room:
+            raise NoRoomYet(f"{name} waits for memory")
+        self.running += 1
         return self._reply(name, request.params.max_new_tokens, cancel)
 
     def _reply(self, name: str, tokens: int, cancel: threading.Event) -> Iterator[ReplyItem]:
-        for position in range(tokens):
-            step = DecodeStep(position, name)
-            yield step
-            yield TokenEvent(f"{name}:{step.result()} ")
-            if cancel.is_set():
-                yield DoneEvent("cancelled", "")
-                return
-        yield DoneEvent("length", "")
+        try:
+            for position in range(tokens):
+                step = DecodeStep(position, name)
+                yield step
+                yield TokenEvent(f"{name}:{step.result()} ")
+                if cancel.is_set():
+                    yield DoneEvent("cancelled", "")
+                    return
+            yield DoneEvent("length", "")
+        finally:
+            self.running -= 1
 
     def generate(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[Any]:
         raise AssertionError("a batched model's replies go through reply_steps")
@@ -123,6 +131,15 @@ def test_requests_are_decoded_together_up_to_the_parallel_limit() -> None:
     assert max(len(batch) for batch in model.batches) == 2
     # c joins at the step after a ends, d after b and c: a finished reply's slot is taken at once
     assert model.batches == [["a", "b"]] * 3 + [["b", "c"]] * 2 + [["d"]] * 2
+
+
+def test_a_request_without_kv_memory_left_starts_when_a_running_reply_ends() -> None:
+    model = ScriptedBatches(room=2)
+    jobs = [(request(name, tokens), Collected()) for name, tokens in (("a", 2), ("b", 4), ("c", 2))]
+    run_jobs(RequestQueue(model, parallel=4), jobs)
+    assert model.batches == [["a", "b"]] * 2 + [["b", "c"]] * 2  # c waited for a's memory, then joined
+    assert [collected.text for _, collected in jobs] == ["a:0 a:1 ", "b:0 b:1 b:2 b:3 ", "c:0 c:1 "]
+    assert all(not isinstance(item, Exception) for _, collected in jobs for item in collected.items)
 
 
 def test_the_models_own_limit_caps_the_batch() -> None:
@@ -317,3 +334,52 @@ def test_a_cancelled_reply_of_the_default_model_leaves_the_others_unchanged(lite
     assert jobs[1][1].done.finish_reason == "cancelled"
     assert [jobs[0][1].done.text, jobs[2][1].done.text] == [alone[0], alone[2]]
     assert lite_default.pooled_in_use == 0  # every reply's cache went back to the pool, the cancelled one's too
+
+
+def test_the_default_models_replies_reserve_kv_memory_and_wait_for_it(lite_default: LiteBackend) -> None:
+    """A budget with room for the first two replies' caches: the third waits until one ends, then runs (nothing is
+    refused)."""
+    requests = [
+        ReplyRequest(
+            messages=[ChatMessage("user", text)], params=SamplingParams(temperature=0.0, max_new_tokens=6 + 4 * index),
+            use_response_cache=False,
+        )
+        for index, text in enumerate(QUESTIONS)
+    ]  # fmt: skip
+    needs = [len(lite_default.engine.prepare(reply).ids) + reply.params.max_new_tokens for reply in requests]
+    budget, per_token = lite_default.kv_budget_bytes, lite_default.engine.model.config.kv_bytes_per_token
+    sizes: list[int] = []
+    real_decode_batch = lite_default.decode_batch
+
+    def counted(steps: Sequence[DecodeStep]) -> None:
+        sizes.append(len(steps))
+        real_decode_batch(steps)
+
+    lite_default.kv_budget_bytes = (needs[0] + needs[1]) * per_token  # the first two fit, not the third beside them
+    lite_default.decode_batch = counted  # type: ignore[method-assign]
+    try:
+        jobs = [(reply, Collected()) for reply in requests]
+        run_jobs(RequestQueue(lite_default, parallel=4), jobs)
+    finally:
+        lite_default.kv_budget_bytes = budget
+        del lite_default.decode_batch
+    assert max(sizes) == 2
+    assert [collected.done.finish_reason for _, collected in jobs] == ["length"] * 3
+    assert lite_default.pooled_in_use == 0
+
+
+def test_cleared_caches_hold_no_memory_and_the_next_reply_prefills_its_whole_prompt(lite_default: LiteBackend) -> None:
+    reply = ReplyRequest(
+        messages=[ChatMessage("user", QUESTIONS[0])], params=SamplingParams(temperature=0.0, max_new_tokens=4),
+        use_response_cache=False,
+    )  # fmt: skip
+
+    def cached_tokens() -> int:
+        events = list(lite_default.generate(reply, threading.Event()))
+        return next(e for e in events if isinstance(e, StatsEvent)).stats.cached_tokens
+
+    cached_tokens()
+    assert cached_tokens() > 0  # the pool kept the prompt's cache
+    lite_default.clear_caches()
+    assert lite_default.memory().devices[0].kv_bytes == 0
+    assert cached_tokens() == 0

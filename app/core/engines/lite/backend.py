@@ -34,9 +34,9 @@ from app.core.engines.backend import (
     ProgressCallback,
     ReplyRequest,
 )
-from app.core.engines.batching import DecodeStep, ReplyItem
+from app.core.engines.batching import DecodeStep, NoRoomYet, ReplyItem
 from app.core.engines.generation import token_ids
-from app.core.engines.kv_pool import POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
+from app.core.engines.kv_pool import MAX_POOLED, POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
 from app.core.engines.lite.engine import LiteEngine, LiteKV, eos_ids, load_tokenizer
 from app.core.engines.lite.gguf_model import (
     GGUFModel,
@@ -344,6 +344,8 @@ class LiteBackend:
         self._pool = PrefixKVPool(
             pool_size(budget, engine.model.config.kv_bytes_per_token, info.context_window), engine.new_kv
         )
+        self.kv_budget_bytes = budget  # what replies decoded together may reserve for their caches
+        self._reserved: dict[int, int] = {}  # a running batched reply's cache (id) -> the bytes it may grow to
         self._process = psutil.Process()
         self._prompt_cache_read = (-PROMPT_CACHE_POLL_S, 0)  # (when, bytes)
 
@@ -355,9 +357,9 @@ class LiteBackend:
 
     @property
     def max_batch(self) -> int:
-        """How many replies the server may decode together: one where the model has no batched step, else as many
-        as the pool has KV caches for (each reply writes its own; the pool is sized to the memory free at load)."""
-        return self._pool.max_caches if self.engine.model.batched_step else 1
+        """How many replies the server may decode together: one where the model has no batched step. Each writes its
+        own KV cache; reply_steps admits one only while the caches' reservations fit the pool's memory budget."""
+        return MAX_POOLED if self.engine.model.batched_step else 1
 
     def reply_steps(self, request: ReplyRequest, cancel: threading.Event) -> Iterator[ReplyItem]:
         """`generate`, its decode steps yielded for the server's queue to run with other replies' (decode_batch);
@@ -367,13 +369,19 @@ class LiteBackend:
         if conversation is not None:
             kv = self._caches.take(conversation)
             return self.engine.reply_steps(prompt, request, kv=kv, cancel=cancel, batched=True)
+        positions = min(len(prompt.ids) + request.params.max_new_tokens, self.info.context_window)
+        needed = positions * self.engine.model.config.kv_bytes_per_token
+        if self._reserved and sum(self._reserved.values()) + needed > self.kv_budget_bytes:
+            raise NoRoomYet(f"{needed} bytes of KV cache wanted, {sum(self._reserved.values())} reserved")
         kv = self._pool.take(prompt.ids, hold=True)
+        self._reserved[id(kv)] = needed
         return self._released(self.engine.reply_steps(prompt, request, kv=kv, cancel=cancel, batched=True), kv)
 
     def _released(self, items: Iterator[ReplyItem], kv: LiteKV) -> Iterator[ReplyItem]:
         try:
             yield from items
         finally:
+            self._reserved.pop(id(kv), None)
             self._pool.release(kv)
 
     def decode_batch(self, steps: Sequence[DecodeStep]) -> None:
@@ -426,6 +434,11 @@ class LiteBackend:
 
     def forget(self, conversation_id: int) -> None:
         self._caches.forget(conversation_id)
+
+    def clear_caches(self) -> None:
+        """Drop every KV cache kept between replies (none may be running): the next prompts are prefilled whole."""
+        self._caches.clear()
+        self._pool.clear()
 
     def close(self) -> None:
         self._caches.clear()
