@@ -171,29 +171,29 @@ class GGForward:
     def scratch_floats(self, tokens: int) -> int:
         return int(self.lib.hearth_gg_scratch_floats(ctypes.addressof(self.sizes), tokens, self.capacity))
 
+    def _scratch_for(self, tokens: int, capacity: int) -> tuple[int, int]:
+        """The scratch buffer (grown when `tokens` rows over slabs of `capacity` positions need more): address, size."""
+        needed = int(self.lib.hearth_gg_scratch_floats(ctypes.addressof(self.sizes), tokens, capacity))
+        if self.scratch.size < needed:
+            self.scratch = np.empty(needed, dtype=np.float32)
+        return self.scratch.ctypes.data, self.scratch.size
+
+    def _model(self) -> tuple[int, ...]:
+        """The model's argument arrays: sizes, floats, globals, types, layers."""
+        parts = (self.sizes, self.floats, self.glob, self.types, self.layer_args)
+        return tuple(ctypes.addressof(part) for part in parts)
+
     def run(self, tokens: npt.NDArray[np.int64], position: int, logits: Floats) -> int:
         """`tokens` at positions position.. through the model; the logits of its last logits.shape[0] tokens into
         `logits` ([rows, vocab] fp32); hearth_gg_forward's code (0: done)."""
-        needed = self.scratch_floats(len(tokens))
-        if self.scratch.size < needed:
-            self.scratch = np.empty(needed, dtype=np.float32)
+        scratch = self._scratch_for(len(tokens), self.capacity)
+        rows = logits.shape[0] if logits.ndim == 2 else 1
         return int(
             self.lib.hearth_gg_forward(
-                ctypes.addressof(self.sizes),
-                ctypes.addressof(self.floats),
-                ctypes.addressof(self.glob),
-                ctypes.addressof(self.types),
-                ctypes.addressof(self.layer_args),
-                tokens.ctypes.data,
-                len(tokens),
-                position,
-                self.capacity,
-                logits.ctypes.data,
-                logits.shape[0] if logits.ndim == 2 else 1,
-                self.scratch.ctypes.data,
-                self.scratch.size,
+                *self._model(), tokens.ctypes.data, len(tokens), position, self.capacity, logits.ctypes.data, rows,
+                *scratch,
             )
-        )
+        )  # fmt: skip
 
     def run_rows(
         self,
@@ -206,24 +206,10 @@ class GGForward:
         """One token of each of len(tokens) sequences (a batched decode step): row i at positions[i] of its own K/V
         slabs (slabs [rows, layers, 2] addresses, capacities[i] positions each); every row's logits into `logits`
         [rows, vocab]; hearth_gg_forward_rows's code (0: done)."""
-        widest = int(capacities.max())
-        needed = int(self.lib.hearth_gg_scratch_floats(ctypes.addressof(self.sizes), len(tokens), widest))
-        if self.scratch.size < needed:
-            self.scratch = np.empty(needed, dtype=np.float32)
+        scratch = self._scratch_for(len(tokens), int(capacities.max()))
         return int(
             self.lib.hearth_gg_forward_rows(
-                ctypes.addressof(self.sizes),
-                ctypes.addressof(self.floats),
-                ctypes.addressof(self.glob),
-                ctypes.addressof(self.types),
-                ctypes.addressof(self.layer_args),
-                tokens.ctypes.data,
-                len(tokens),
-                slabs.ctypes.data,
-                positions.ctypes.data,
-                capacities.ctypes.data,
-                logits.ctypes.data,
-                self.scratch.ctypes.data,
-                self.scratch.size,
+                *self._model(), tokens.ctypes.data, len(tokens), slabs.ctypes.data, positions.ctypes.data,
+                capacities.ctypes.data, logits.ctypes.data, *scratch,
             )
-        )
+        )  # fmt: skip
