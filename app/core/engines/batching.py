@@ -19,11 +19,14 @@ from app.core.engines.backend import ModelInfo, ReplyRequest
 
 @dataclass(eq=False)
 class DecodeStep:
-    """One reply's next decode step: run `token` on top of `kv`; the driver sets `logits` before resuming it."""
+    """One reply's next decode step: run `token` on top of `kv`; the driver sets `logits` before resuming it.
+    `lookup`: the reply's prompt-lookup decoder (app.core.engines.lookup), where the engine has one: a reply
+    running alone checks its guesses as in a chat, and in a batch a guess its last check confirmed needs no row."""
 
     token: int
     kv: Any
     logits: Any = None
+    lookup: Any = None
 
     def result(self) -> Any:
         if self.logits is None:

@@ -40,7 +40,6 @@ from app.core.errors import ContextOverflowError, HearthError
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 512  # bounds the prefill activation peak; also lets cancel act between chunks
-BATCHED_LOOKUP_STATE = "off (a served request: its steps run batched with other clients')"
 MEMORY_SAMPLE_EVERY = 16  # tokens between RSS samples on the CPU (a psutil call is ~10 µs)
 _GRAMMARS_LOCK = threading.Lock()
 
@@ -328,11 +327,25 @@ class ReplyEngine(ABC):
         )
 
     def decode_batch(self, steps: Sequence[DecodeStep]) -> None:
-        """Run the pending decode steps of several batched replies (each on its own cache) and set their logits; an
-        engine without a batched forward runs them one after another."""
+        """Run the pending decode steps of several batched replies (each on its own cache) and set their logits. A
+        reply alone checks its prompt-lookup guesses as in a chat; in a batch, a reply whose last check guessed
+        this token takes that row and the others run (`_decode_rows`)."""
         with self._inference():
+            if len(steps) == 1 and steps[0].lookup is not None:
+                steps[0].logits = steps[0].lookup.next_logits(steps[0].token)
+                return
+            running = []
             for step in steps:
-                step.logits = self._decode_step(step.token, step.kv)
+                step.logits = step.lookup.take_row(step.token) if step.lookup is not None else None
+                if step.logits is None:
+                    running.append(step)
+            if running:
+                self._decode_rows(running)
+
+    def _decode_rows(self, steps: Sequence[DecodeStep]) -> None:
+        """Set each step's logits: one after another here; an engine with a batched forward runs them together."""
+        for step in steps:
+            step.logits = self._decode_step(step.token, step.kv)
 
     def generate_from_ids(
         self,
@@ -466,7 +479,7 @@ class ReplyEngine(ABC):
         first_token_at: float | None = None
         prefill_started = time.perf_counter()
         prefill_done = prefill_started
-        lookup = None if batched else self._lookup_decoder(prompt_ids, kv, budget, lambda: generated)
+        lookup = self._lookup_decoder(prompt_ids, kv, budget, lambda: generated)
         # A batched reply holds the engine's inference context only while it computes here: its decode steps run in
         # decode_batch, with other replies' steps, while this generator waits.
         with nullcontext() if batched else self._inference():
@@ -510,7 +523,7 @@ class ReplyEngine(ABC):
                     break
                 sampler.accept(token)
                 if batched:
-                    step = DecodeStep(token, kv)
+                    step = DecodeStep(token, kv, lookup=lookup)
                     yield step
                     logits = step.result()
                 else:
@@ -548,7 +561,7 @@ class ReplyEngine(ABC):
                 context_window=self.context_window,
                 restored_tokens=restored,
                 restore_s=restore_s,
-                lookup=self.lookup_state if not batched or self.lookup is None else BATCHED_LOOKUP_STATE,
+                lookup=self.lookup_state,
                 lookup_checks=tally.checks if tally is not None else 0,
                 lookup_proposed=tally.proposed if tally is not None else 0,
                 lookup_accepted=tally.accepted if tally is not None else 0,

@@ -157,15 +157,9 @@ class LookupDecoder:
         self._seconds = 0.0
 
     def next_logits(self, token: int) -> Any:
-        self.index.append(token)
-        if self._rows is not None:
-            if token == self._guesses[self._used]:
-                self._used += 1
-                row = self._rows[self._used]
-                if self._used == len(self._guesses):
-                    self._settle()
-                return row
-            self._drop_unmatched()
+        row = self.take_row(token)
+        if row is not None:
+            return row
         # room(): tokens the reply may still produce after this one's successor, and positions left in the window
         count = self.planner.draft_length(self._room())
         guesses = self.index.propose(count) if count else []
@@ -179,6 +173,20 @@ class LookupDecoder:
         self._seconds = time.perf_counter() - started
         self._rows, self._guesses, self._used = rows, guesses, 0
         return rows[0]
+
+    def take_row(self, token: int) -> Any:
+        """Note `token` as the reply's next; the logits after it when the last forward guessed it (nothing runs),
+        else None: the caller runs it (the unmatched guesses' positions are dropped first)."""
+        self.index.append(token)
+        if self._rows is not None:
+            if token == self._guesses[self._used]:
+                self._used += 1
+                row = self._rows[self._used]
+                if self._used == len(self._guesses):
+                    self._settle()
+                return row
+            self._drop_unmatched()
+        return None
 
     def finish(self) -> None:
         """The reply ended: drop the positions of guesses it never reached."""

@@ -16,6 +16,7 @@ from app.core.engines.lite.backend import LiteBackend, open_lite_backend
 from app.core.engines.lite.engine import LiteEngine
 from app.core.engines.lookup import LookupDecoder, LookupPlanner, NgramIndex
 from app.core.stats_text import reply_stats_text
+from tests.helpers.lookup_planners import CheapForwards
 
 
 # -- proposals ---------------------------------------------------------------------------------------------------------
@@ -126,13 +127,6 @@ def toy_reply(prompt: list[int], count: int, planner: LookupPlanner | None) -> t
     if decoder is not None:
         decoder.finish()
     return out, model, decoder
-
-
-class CheapForwards(LookupPlanner):
-    """A planner that takes every forward for nearly the cost of a step, whatever the timings: tests of tokens."""
-
-    def cost_in_steps(self, rows: int) -> float:
-        return 1.0 + 0.01 * rows
 
 
 def cheap_forwards() -> LookupPlanner:

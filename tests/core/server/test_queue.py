@@ -16,9 +16,9 @@ from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import LoadRequest, MemoryReading, ModelInfo, ReplyRequest
 from app.core.engines.batching import DecodeStep, NoRoomYet, ReplyItem
-from app.core.engines.generation import BATCHED_LOOKUP_STATE
 from app.core.engines.lite.backend import LiteBackend, open_lite_backend
 from app.core.server.queue import End, JobItem, RequestQueue
+from tests.helpers.lookup_planners import CheapForwards
 
 INFO = ModelInfo("scripted", "none", "cpu", 4096)
 
@@ -305,7 +305,7 @@ def test_batched_replies_of_the_default_model_are_token_identical_to_each_alone(
     assert [collected.done.text for _, collected in jobs] == alone
     for _, collected in jobs:
         stats = next(item for item in collected.items if isinstance(item, StatsEvent)).stats
-        assert stats.lookup == BATCHED_LOOKUP_STATE
+        assert stats.lookup == "on"  # where a reply runs alone, it checks its prompt-lookup guesses
         assert stats.generated_tokens > 1
 
 
@@ -383,3 +383,35 @@ def test_cleared_caches_hold_no_memory_and_the_next_reply_prefills_its_whole_pro
     lite_default.clear_caches()
     assert lite_default.memory().devices[0].kv_bytes == 0
     assert cached_tokens() == 0
+
+
+def test_a_served_reply_checks_prompt_lookup_guesses_alone_and_takes_confirmed_rows_in_a_batch(
+    lite_default: LiteBackend,
+) -> None:
+    """A copying reply beside a short one: its guesses are checked while it runs alone and rows its last check
+    confirmed are taken inside the batch; its tokens are those of the reply run alone."""
+    copy = "Repeat this list exactly, line by line:\n" + "\n".join(
+        f"- item {n}: the {color} box on shelf {n % 4}" for n, color in enumerate(["red", "blue", "green"] * 4)
+    )
+    requests = [
+        ReplyRequest(
+            messages=[ChatMessage("user", text)], params=SamplingParams(temperature=0.0, max_new_tokens=tokens),
+            use_response_cache=False,
+        )
+        for text, tokens in ((copy, 80), (QUESTIONS[0], 12))
+    ]  # fmt: skip
+    engine = lite_default.engine
+    planner = engine.lookup
+    engine.lookup = CheapForwards(max_draft=4)
+    try:
+        alone = [
+            next(e for e in lite_default.generate(reply, threading.Event()) if isinstance(e, DoneEvent)).text
+            for reply in requests
+        ]
+        jobs = [(reply, Collected()) for reply in requests]
+        run_jobs(RequestQueue(lite_default, parallel=4), jobs)
+    finally:
+        engine.lookup = planner
+    assert [collected.done.text for _, collected in jobs] == alone
+    stats = next(item for item in jobs[0][1].items if isinstance(item, StatsEvent)).stats
+    assert stats.lookup == "on" and stats.lookup_accepted > 0

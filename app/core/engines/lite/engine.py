@@ -231,13 +231,12 @@ class LiteEngine(ReplyEngine):
     def _forward_rows(self, tokens: list[int], kv: LiteKV) -> Floats:
         return self.model.forward(tokens, kv.current(), len(tokens))
 
-    def decode_batch(self, steps: Sequence[DecodeStep]) -> None:
+    def _decode_rows(self, steps: Sequence[DecodeStep]) -> None:
         """Several replies' steps in one forward where the model has one (each row bit for bit its own step)."""
         if len(steps) < 2 or not self.model.batched_step:
-            super().decode_batch(steps)
+            super()._decode_rows(steps)
             return
-        with self._inference():
-            logits = self.model.step_rows([step.token for step in steps], [step.kv.current() for step in steps])
+        logits = self.model.step_rows([step.token for step in steps], [step.kv.current() for step in steps])
         for step, row in zip(steps, logits, strict=True):
             step.logits = row
 
