@@ -92,3 +92,13 @@ def test_ignore_fit_flag_is_accepted_by_model_commands() -> None:
 
     assert build_parser().parse_args(["chat", "--ignore-fit", "hi"]).ignore_fit is True
     assert build_parser().parse_args(["chat", "hi"]).ignore_fit is False
+
+
+def test_the_default_gguf_plan_says_what_served_replies_may_reserve(capsys: pytest.CaptureFixture[str]) -> None:
+    """hearth serve's admission rule for replies decoded together, as the plan states it: a quarter of 1 GiB over 4
+    replies of the default model's 23,040 bytes of KV per token (30 layers x 3 KV heads x 64 x 2 x bf16)."""
+    assert main(["plan", "--free", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "reserve at most 256.0 MiB of KV cache, a quarter of the memory free at load: 4 at once of up to 2,912" in out
+    )

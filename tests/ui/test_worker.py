@@ -162,7 +162,8 @@ def test_the_window_plans_a_torch_free_load_with_the_runtime_s_own_figures(monke
     request = LoadRequest(None, device="cpu")
     shown, expected = default_planner(request), lite_plan(request)
     assert not isinstance(expected, str)
-    assert shown.notes == expected.notes == ("torch-free runtime: the GGUF file's Q4_1 blocks, mapped",)
+    assert shown.notes[0] == expected.notes[0] == "torch-free runtime: the GGUF file's Q4_1 blocks, mapped"
+    assert shown.notes[1].startswith("served (`hearth serve`): replies decoded together reserve at most")
     assert shown.weights_bytes == expected.weights_bytes
     monkeypatch.setenv("HEARTH_RUNTIME", "torch")
     assert not any("torch-free" in note for note in default_planner(request).notes)

@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 from app.core.chat.events import Event
 from app.core.engines.backend import ModelInfo, ReplyRequest
 
+DEFAULT_PARALLEL = 4  # replies a server decodes together where the model can (llama-server's --parallel)
+
 
 @dataclass(eq=False)
 class DecodeStep:

@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from app.core.engines.batching import DEFAULT_PARALLEL
 from app.core.errors import HearthError
 from app.core.server.api import Policy, RequestLog, RequestRecord, ServerApp
 from app.core.server.protocol import Limits
@@ -23,7 +24,6 @@ from app.core.server.security import check_bind, check_cors_origins
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8080
-DEFAULT_PARALLEL = 4  # replies decoded together where the model can (llama-server's --parallel)
 MAX_PARALLEL = 16
 START_TIMEOUT_S = 15.0
 
@@ -130,4 +130,4 @@ class ServerHandle:
         self._port = None
 
 
-__all__ = ["RequestRecord", "ServerConfig", "ServerHandle"]
+__all__ = ["DEFAULT_PARALLEL", "RequestRecord", "ServerConfig", "ServerHandle"]

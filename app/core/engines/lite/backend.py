@@ -34,7 +34,7 @@ from app.core.engines.backend import (
     ProgressCallback,
     ReplyRequest,
 )
-from app.core.engines.batching import DecodeStep, NoRoomYet, ReplyItem
+from app.core.engines.batching import DEFAULT_PARALLEL, DecodeStep, NoRoomYet, ReplyItem
 from app.core.engines.generation import token_ids
 from app.core.engines.kv_pool import MAX_POOLED, POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
 from app.core.engines.lite.engine import LiteEngine, LiteKV, eos_ids, load_tokenizer
@@ -71,7 +71,7 @@ from app.core.errors import HearthError, LoadCancelled
 from app.core.fastpath.kernel import ABI as KERNEL_ABI
 from app.core.fastpath.packed_cache import torch_version
 from app.core.memory.fit import window_that_fits
-from app.core.memory.types import DeviceMemory, MemoryPlan
+from app.core.memory.types import DeviceMemory, MemoryPlan, format_bytes
 from app.core.models.gguf_meta import read_gguf_header
 from app.core.models.gguf_tokenizer import gguf_eos_ids, gguf_tokenizer_file, load_gguf_tokenizer
 from app.core.models.model_source import (
@@ -247,7 +247,20 @@ def memory_plan(
             f"torch-free runtime: the GGUF file's {gguf_type} blocks, mapped"
             if gguf_type
             else "torch-free runtime: the packed Q4_1 copy, mapped",
+            *([serving_note(config, free)] if gguf_type else []),
         ),
+    )
+
+
+def serving_note(config: LiteConfig, free: int) -> str:
+    """What `hearth serve` lets replies decoded together reserve (LiteBackend.reply_steps: a quarter of the memory
+    free at load), and how long each of DEFAULT_PARALLEL replies may then be."""
+    budget = int(free * POOL_MEMORY_SHARE)
+    each = min(config.context_window, budget // (DEFAULT_PARALLEL * config.kv_bytes_per_token))
+    return (
+        f"served (`hearth serve`): replies decoded together reserve at most {format_bytes(budget)} of KV cache, a "
+        f"quarter of the memory free at load: {DEFAULT_PARALLEL} at once of up to {each:,} tokens each (prompt plus "
+        "max_tokens); a request beyond that waits for a running one to end"
     )
 
 
