@@ -156,7 +156,7 @@ class RequestQueue:
             return job
 
     # --- the worker -----------------------------------------------------------------------------------------------
-    def _admit(self, running: int) -> list[Job] | None:
+    def _admit(self) -> list[Job] | None:
         """The jobs to start now (waiting for one when nothing runs); None when the queue stops. Clients' requests
         fill the `parallel` slots; the window's own never takes a client's slot, and never waits for one where
         replies run together."""
@@ -165,6 +165,7 @@ class RequestQueue:
                 if self._stopping:
                     return None
                 started: list[Job] = []
+                running = len(self._running)
                 clients = sum(not job.priority for job in self._running)
                 while self._waiting:
                     job = self._waiting[0]
@@ -187,7 +188,7 @@ class RequestQueue:
 
     def _work(self) -> None:
         running: list[_Running] = []
-        while (started := self._admit(len(running))) is not None:
+        while (started := self._admit()) is not None:
             for job in started:
                 job.started_at = time.perf_counter()
                 slot = _Running(job, self._reply(job))
@@ -235,11 +236,7 @@ class RequestQueue:
         except StopIteration:
             pass
         except NoRoomYet:  # it waits at the head of the line until a running reply ends and frees its memory
-            with self._lock:
-                self._running = [other for other in self._running if other is not job]
-                self._waiting.appendleft(job)
-                self._no_room = True
-            job.started_at = None
+            self._leave(job, requeue=True)
             return False
         except BaseException as exc:  # the handler turns it into an HTTP error; the worker carries on
             if not isinstance(exc, Exception):
@@ -248,14 +245,22 @@ class RequestQueue:
         job.finished_at = time.perf_counter()
         self._recent_s.append(job.finished_at - (job.started_at or job.finished_at))
         _deliver(job, END)
-        with self._lock:
-            self._running = [other for other in self._running if other is not job]
-            self._no_room = False
+        self._leave(job, requeue=False)
         try:
             self.last_memory = self.model.memory()  # read here: the model's own thread, between steps
         except Exception:
             log.exception("memory reading failed")
         return False
+
+    def _leave(self, job: Job, *, requeue: bool) -> None:
+        """A job stops running: it ended (its memory is free, so a request waiting for room may start), or it found
+        no room and goes back to the head of the line."""
+        with self._lock:
+            self._running = [other for other in self._running if other is not job]
+            self._no_room = requeue
+            if requeue:
+                self._waiting.appendleft(job)
+                job.started_at = None
 
 
 def _deliver(job: Job, item: JobItem) -> None:
