@@ -344,8 +344,7 @@ class GGUFModel(DecoderRuntime):
             cache.reserve(cache.length + 1)
         slabs = np.empty((len(caches), self.config.layers, 2), dtype=np.uint64)
         for row, cache in enumerate(caches):
-            slabs[row, :, 0] = [slab.ctypes.data for slab in cache.keys]
-            slabs[row, :, 1] = [slab.ctypes.data for slab in cache.values]
+            slabs[row, :, 0], slabs[row, :, 1] = cache.slab_addresses()
         positions = np.array([cache.length for cache in caches], dtype=np.int64)
         capacities = np.array([cache.capacity for cache in caches], dtype=np.int64)
         logits = np.empty((len(caches), self.config.vocab), dtype=np.float32)

@@ -288,6 +288,7 @@ class LiteCache:
         self.keys: list[npt.NDArray[np.uint16]] = []
         self.values: list[npt.NDArray[np.uint16]] = []
         self.version = 0  # bumped on every reallocation (the step's pointers are then stale)
+        self._addresses: tuple[int, list[int], list[int]] = (-1, [], [])  # (version, K slabs, V slabs)
 
     @property
     def capacity(self) -> int:
@@ -313,6 +314,16 @@ class LiteCache:
                 else:
                     slabs.append(new)
         self.version += 1
+
+    def slab_addresses(self) -> tuple[list[int], list[int]]:
+        """Each layer's K and V slab address (what the C step points at), read again only after a reallocation."""
+        if self._addresses[0] != self.version:
+            self._addresses = (
+                self.version,
+                [slab.ctypes.data for slab in self.keys],
+                [slab.ctypes.data for slab in self.values],
+            )
+        return self._addresses[1], self._addresses[2]
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` positions (a speculative forward's rejected guesses go)."""
@@ -463,9 +474,7 @@ class DecoderRuntime:
         into freed slabs."""
         bound = self._bound
         if bound is None or bound[0] is not cache or bound[1:] != (cache.version, cache.capacity):
-            self._bind_kv(
-                [slab.ctypes.data for slab in cache.keys], [slab.ctypes.data for slab in cache.values], cache.capacity
-            )
+            self._bind_kv(*cache.slab_addresses(), cache.capacity)
             self._bound = (cache, cache.version, cache.capacity)
 
     # -- prefill
