@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,6 +270,23 @@ def lite_default() -> Iterator[LiteBackend]:
     opened.close()
 
 
+@contextmanager
+def batch_sizes(backend: LiteBackend) -> Iterator[list[int]]:
+    """The number of replies in each batched step the backend runs while inside."""
+    sizes: list[int] = []
+    real_decode_batch = backend.decode_batch
+
+    def counted(steps: Sequence[DecodeStep]) -> None:
+        sizes.append(len(steps))
+        real_decode_batch(steps)
+
+    backend.decode_batch = counted  # type: ignore[method-assign]
+    try:
+        yield sizes
+    finally:
+        del backend.decode_batch
+
+
 QUESTIONS = (
     "What is the capital of France?",
     "Write a haiku about the sea. " * 12,  # a longer prompt: its cache is at other positions
@@ -288,19 +306,9 @@ def test_batched_replies_of_the_default_model_are_token_identical_to_each_alone(
     for reply in requests:
         events = list(lite_default.generate(reply, threading.Event()))
         alone.append(next(e for e in events if isinstance(e, DoneEvent)).text)
-    sizes: list[int] = []
-    real_decode_batch = lite_default.decode_batch
-
-    def counted(steps: Sequence[DecodeStep]) -> None:
-        sizes.append(len(steps))
-        real_decode_batch(steps)
-
-    lite_default.decode_batch = counted  # type: ignore[method-assign]
-    try:
+    with batch_sizes(lite_default) as sizes:
         jobs = [(reply, Collected()) for reply in requests]
         run_jobs(RequestQueue(lite_default, parallel=4), jobs)
-    finally:
-        del lite_default.decode_batch
     assert max(sizes) == 3  # the three ran together
     assert [collected.done.text for _, collected in jobs] == alone
     for _, collected in jobs:
@@ -348,21 +356,13 @@ def test_the_default_models_replies_reserve_kv_memory_and_wait_for_it(lite_defau
     ]  # fmt: skip
     needs = [len(lite_default.engine.prepare(reply).ids) + reply.params.max_new_tokens for reply in requests]
     budget, per_token = lite_default.kv_budget_bytes, lite_default.engine.model.config.kv_bytes_per_token
-    sizes: list[int] = []
-    real_decode_batch = lite_default.decode_batch
-
-    def counted(steps: Sequence[DecodeStep]) -> None:
-        sizes.append(len(steps))
-        real_decode_batch(steps)
-
     lite_default.kv_budget_bytes = (needs[0] + needs[1]) * per_token  # the first two fit, not the third beside them
-    lite_default.decode_batch = counted  # type: ignore[method-assign]
     try:
-        jobs = [(reply, Collected()) for reply in requests]
-        run_jobs(RequestQueue(lite_default, parallel=4), jobs)
+        with batch_sizes(lite_default) as sizes:
+            jobs = [(reply, Collected()) for reply in requests]
+            run_jobs(RequestQueue(lite_default, parallel=4), jobs)
     finally:
         lite_default.kv_budget_bytes = budget
-        del lite_default.decode_batch
     assert max(sizes) == 2
     assert [collected.done.finish_reason for _, collected in jobs] == ["length"] * 3
     assert lite_default.pooled_in_use == 0
