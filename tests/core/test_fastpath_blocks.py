@@ -107,7 +107,9 @@ def test_products_agree_with_the_exact_product_in_every_build(kind: int, precise
 def test_a_rows_result_does_not_depend_on_its_batch_tile_or_threads(
     kind: int, precise: bool, builds: dict[str, Any]
 ) -> None:
-    rows, cols, n = 21, 512, 7  # 7 inputs: one tile of 4 and three alone
+    # 7 inputs: one tile of 4, one of 2, one alone; 130 rows of 1024 values: several row blocks (GG_BLOCK_BYTES) for
+    # the float and 8-bit types, each tile meeting a block's rows in turn
+    rows, cols, n = 130, 1024, 7
     data = weights_of(kind, rows, cols).reshape(-1)
     x = np.random.default_rng(3).standard_normal((n, cols)).astype(np.float32)
     for name, library in builds.items():

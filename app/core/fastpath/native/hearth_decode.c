@@ -2035,6 +2035,13 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
 #endif
 }
 
+/* Rows go in blocks of about this many weight bytes, and each tile of inputs meets every row of a block in turn: the
+ * tile's activations (15-bit inputs take 2 bytes a value) stay in L1 and the block's rows in L2. Row by row, a
+ * prefill's inputs (megabytes) would stream from L3 once per weight row. */
+#ifndef GG_BLOCK_BYTES
+#define GG_BLOCK_BYTES (96 * 1024)
+#endif
+
 /* y[k * ystride + r] (op)= row r . x[k] (+ bias[r]) for rows [r0, r1) and inputs [0, count); `accumulate` adds.
  * Inputs go GG_TILE at a time, then 2, then 1 (a prompt-lookup check runs 2 to 9 rows: each weight block is
  * unpacked once per tile): each input's arithmetic is the same whatever its tile. */
@@ -2043,20 +2050,25 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
                                                              const gvec *x, int count, float *y, int64_t ystride,
                                                              const float *bias, int accumulate) {
     float out[GG_TILE];
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = w + (int64_t)r * row_bytes;
+    int block_rows = (int)(GG_BLOCK_BYTES / row_bytes);
+    if (block_rows < 1) block_rows = 1;
+    for (int rb = r0; rb < r1; rb += block_rows) {
+        const int re = r1 - rb < block_rows ? r1 : rb + block_rows;
         for (int k0 = 0; k0 < count;) {
             const int tile = count - k0 >= GG_TILE ? GG_TILE : count - k0 >= 2 ? 2 : 1;
-            if (tile == GG_TILE)
-                gg_row_dot(type, row, cols, x + k0, GG_TILE, precise, out);
-            else if (tile == 2)
-                gg_row_dot(type, row, cols, x + k0, 2, precise, out);
-            else
-                gg_row_dot(type, row, cols, x + k0, 1, precise, out);
-            for (int k = 0; k < tile; k++) {
-                float *target = y + (int64_t)(k0 + k) * ystride + r;
-                const float v = out[k] + (bias ? bias[r] : 0.0f);
-                *target = accumulate ? *target + v : v;
+            for (int r = rb; r < re; r++) {
+                const uint8_t *row = w + (int64_t)r * row_bytes;
+                if (tile == GG_TILE)
+                    gg_row_dot(type, row, cols, x + k0, GG_TILE, precise, out);
+                else if (tile == 2)
+                    gg_row_dot(type, row, cols, x + k0, 2, precise, out);
+                else
+                    gg_row_dot(type, row, cols, x + k0, 1, precise, out);
+                for (int k = 0; k < tile; k++) {
+                    float *target = y + (int64_t)(k0 + k) * ystride + r;
+                    const float v = out[k] + (bias ? bias[r] : 0.0f);
+                    *target = accumulate ? *target + v : v;
+                }
             }
             k0 += tile;
         }
@@ -2197,9 +2209,79 @@ static void rope_pairs(float *v, const float *cosv, const float *sinv, int half)
     }
 }
 
+#if HEARTH_AVX2
+/* e^x for 8 lanes of x <= 0 (softmax weights: a score minus its chunk's max): x = n ln2 + r with |r| <= ln2 / 2,
+ * e^r by a degree-6 polynomial (Cephes' expf coefficients, within 2 ulp of expf), times 2^n through the exponent
+ * bits; below -87.3 (under float's normal range) 0. One sequence of operations for every lane and every call, so a
+ * score's weight is the same bits wherever its chunk runs. */
+static inline __m256 exp256(__m256 x) {
+    const __m256 low = _mm256_set1_ps(-87.33654f);
+    const __m256 underflow = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, low);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
+}
+
+/* dot_kv of four consecutive bf16 K rows (`row_bytes` apart) with q: four independent chains, each row's operations
+ * exactly dot_kv's (one accumulator, 8 at a time, the same horizontal sum and scalar tail), so the scores are its
+ * bits. */
+static void dot_kv4(const char *k, size_t row_bytes, const float *q, int n, float *out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+        for (int r = 0; r < 4; r++) {
+            const char *row = k + r * row_bytes;
+            const __m256 kv = _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))), 16));
+            acc[r] = _mm256_fmadd_ps(kv, qv, acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        float total = hsum256(acc[r]);
+        const char *row = k + r * row_bytes;
+        for (int j = i; j < n; j++) total += bf16_to_f32(((const uint16_t *)row)[j]) * q[j];
+        out[r] = total;
+    }
+}
+
+/* out (hd floats) += p[t - t0] v_t for bf16 V rows t in [t0, t1), 64 values of out at a time held in registers
+ * across the positions: per value the same fused multiply-adds in the same order as axpy_kv's AVX2 loop position
+ * after position, so the same bits. hd % 8 == 0. */
+static void attend_values(float *out, const float *p, const char *vbase, int hd, int64_t t0, int64_t t1) {
+    for (int seg = 0; seg < hd; seg += 64) {
+        const int vectors = (hd - seg < 64 ? hd - seg : 64) / 8;
+        __m256 acc[8];
+        for (int b = 0; b < vectors; b++) acc[b] = _mm256_loadu_ps(out + seg + 8 * b);
+        for (int64_t t = t0; t < t1; t++) {
+            const __m256 pp = _mm256_set1_ps(p[t - t0]);
+            const uint16_t *row = (const uint16_t *)vbase + (size_t)t * hd + seg;
+            for (int b = 0; b < vectors; b++) {
+                const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 8 * b)));
+                acc[b] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), pp, acc[b]);
+            }
+        }
+        for (int b = 0; b < vectors; b++) _mm256_storeu_ps(out + seg + 8 * b, acc[b]);
+    }
+}
+#endif
+
 /* One chunk [t0, t1) of a KV head's positions against its `group` query heads (q: group * hd floats): per head the
  * chunk's max score, its sum of exp(score - max) and the unnormalized output sum exp(score - max) v (pout: hd floats
- * per head, `stride` apart), each V row read once for the whole group. */
+ * per head, `stride` apart). With a bf16 cache the AVX2 builds score four positions at a time and keep a head's output
+ * in registers across the positions, each value's arithmetic unchanged (dot_kv4, attend_values); their softmax
+ * weights come from exp256. */
 static void attend_chunk(const float *q, int group, const char *kbase, const char *vbase, int kv_bf16, int hd,
                          int64_t t0, int64_t t1, float scale, float *scores, float *pmax, float *psum, float *pout,
                          int64_t stride) {
@@ -2207,18 +2289,48 @@ static void attend_chunk(const float *q, int group, const char *kbase, const cha
     for (int j = 0; j < group; j++) {
         float *sc = scores + (int64_t)j * SPAN;
         float top = -INFINITY;
-        for (int64_t t = t0; t < t1; t++) {
+        int64_t t = t0;
+#if HEARTH_AVX2
+        for (; kv_bf16 && t + 4 <= t1; t += 4) {
+            float four[4];
+            dot_kv4(kbase + (size_t)t * hd * elem, (size_t)hd * elem, q + (int64_t)j * hd, hd, four);
+            for (int r = 0; r < 4; r++) {
+                sc[t + r - t0] = four[r] * scale;
+                if (sc[t + r - t0] > top) top = sc[t + r - t0];
+            }
+        }
+#endif
+        for (; t < t1; t++) {
             sc[t - t0] = dot_kv(kbase + (size_t)t * hd * elem, kv_bf16, q + (int64_t)j * hd, hd) * scale;
             if (sc[t - t0] > top) top = sc[t - t0];
         }
         float total = 0.0f;
-        for (int64_t t = t0; t < t1; t++) {
+#if HEARTH_AVX2
+        const __m256 vtop = _mm256_set1_ps(top);
+        for (t = t0; t < t1; t += 8) { /* the last 8 masked: every weight through exp256 */
+            const int64_t left = t1 - t;
+            const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(left > 8 ? 8 : (int)left),
+                                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            _mm256_maskstore_ps(sc + (t - t0), lanes,
+                                exp256(_mm256_sub_ps(_mm256_maskload_ps(sc + (t - t0), lanes), vtop)));
+        }
+        for (t = t0; t < t1; t++) total += sc[t - t0];
+#else
+        for (t = t0; t < t1; t++) {
             sc[t - t0] = expf(sc[t - t0] - top);
             total += sc[t - t0];
         }
+#endif
         pmax[j * stride] = top, psum[j * stride] = total;
         memset(pout + (int64_t)j * stride * hd, 0, (size_t)hd * sizeof(float));
     }
+#if HEARTH_AVX2
+    if (kv_bf16 && hd % 8 == 0) {
+        for (int j = 0; j < group; j++)
+            attend_values(pout + (int64_t)j * stride * hd, scores + (int64_t)j * SPAN, vbase, hd, t0, t1);
+        return;
+    }
+#endif
     for (int64_t t = t0; t < t1; t++) {
         const char *vrow = vbase + (size_t)t * hd * elem;
         for (int j = 0; j < group; j++) axpy_kv(pout + (int64_t)j * stride * hd, scores[(int64_t)j * SPAN + t - t0], vrow, kv_bf16, hd);
