@@ -40,6 +40,9 @@ QUESTIONS = (
 )
 
 
+SCRATCH_ENV = "HEARTH_SCREENS_SCRATCH"  # where a child writes the files it attaches (its parent removes the folder)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), help="screen sizes, WxH (default: both)")
@@ -57,6 +60,7 @@ def main() -> int:
                 **os.environ,
                 "QT_QPA_PLATFORM": offscreen_screen(Path(folder), *(int(n) for n in size.split("x"))),
                 "HEARTH_HOME": str(Path(folder) / "home"),  # a new user: no settings, history or engines
+                SCRATCH_ENV: folder,  # the child's dragged files: removed with the folder
                 "HEARTH_CACHE_DIR": os.environ.get("HEARTH_CACHE_DIR", str(REPO / ".cache" / "test-models")),
                 "HF_HUB_OFFLINE": "1",
                 "TQDM_DISABLE": "1",
@@ -76,6 +80,7 @@ class ScreenRun:
         self.size, self.out, self.scripted = size, out, scripted
         self.app = QApplication.instance() or QApplication([sys.argv[0]])
         self.problems: dict[str, list[str]] = {}
+        self.scratch = Path(os.environ.get(SCRATCH_ENV) or tempfile.mkdtemp(prefix="hearth-screens-"))
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def wait_until(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -172,9 +177,9 @@ class ScreenRun:
 
     def _attachments(self) -> None:
         """Two files, one of them a link to a file elsewhere, with a remote engine named as their destination."""
-        folder = Path(tempfile.mkdtemp(prefix="attach-"))
+        folder = Path(tempfile.mkdtemp(prefix="attach-", dir=self.scratch))
         (folder / "meeting-notes.md").write_text("# Notes\n\nShip on Friday.\n" * 40, encoding="utf-8")
-        elsewhere = Path(tempfile.mkdtemp(prefix="elsewhere-")) / "budget-2027.csv"
+        elsewhere = Path(tempfile.mkdtemp(prefix="elsewhere-", dir=self.scratch)) / "budget-2027.csv"
         elsewhere.write_text("item,cost\nlaptop,1200\n" * 30, encoding="utf-8")
         (folder / "budget.csv").symlink_to(elsewhere)
         bar = self.window.attachments
@@ -250,7 +255,7 @@ class ScreenRun:
         connections.reject()
         assert isinstance(connections, ConnectionsDialog)
 
-        notes = Path(tempfile.mkdtemp(prefix="fit-")) / "handbook.md"
+        notes = Path(tempfile.mkdtemp(prefix="fit-", dir=self.scratch)) / "handbook.md"
         notes.write_text("A long handbook.\n" * 400, encoding="utf-8")
         document = extract_document(notes)
         decision = FitDecision(document_tokens=(6_400,), question_tokens=12, remaining_tokens=2_000)

@@ -7,6 +7,7 @@ import json
 
 from app.cli import Subparsers
 from app.cli.common import quant_help
+from app.core.engines.batching import MAX_PARALLEL
 from app.core.errors import InvalidSettingError
 from app.core.memory.types import MemoryPlan, format_bytes, parse_size
 from app.core.models.quant import QUANTIZATIONS
@@ -33,6 +34,10 @@ def register(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--cpu-free", metavar="SIZE", help="RAM available for CPU offload on CUDA (default: measured now)"
     )
+    parser.add_argument(
+        "--parallel", type=int, default=1, metavar="N",
+        help=f"plan N served replies decoded together, each with its own KV cache (1-{MAX_PARALLEL}; default 1)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object (fields in the README)")
     parser.set_defaults(handler=run)
 
@@ -51,11 +56,13 @@ def run(args: argparse.Namespace) -> int:
     cpu_free = _size("--cpu-free", args.cpu_free)
     if args.context is not None and args.context < 1:
         raise InvalidSettingError(f"--context must be at least 1 token (got {args.context}).")
+    if not 1 <= args.parallel <= MAX_PARALLEL:
+        raise InvalidSettingError(f"--parallel must be between 1 and {MAX_PARALLEL} (got {args.parallel}).")
     from app.core.engines.backend import LoadRequest
     from app.core.engines.opening import plan_load
 
     request = LoadRequest(args.model, quantization=args.quant, device=args.device, context_length=args.context)
-    plan = plan_load(request, free, cpu_free)
+    plan = plan_load(request, free, cpu_free, args.parallel)
     if args.json:
         print(json.dumps(plan.to_json_dict()))
     else:
@@ -70,10 +77,12 @@ def format_plan(plan: MemoryPlan) -> str:
     for device, size in plan.weights_by_device.items():
         rows.append((f"weights on {device}", format_bytes(size)))
     sliding = f", {plan.kv_sliding_layers} capped by a sliding window" if plan.kv_sliding_layers else ""
+    replies = f" for {plan.replies} replies" if plan.replies > 1 else ""
+    each = " each" if plan.replies > 1 else ""
     rows.append(
         (
             "KV cache",
-            f"{format_bytes(plan.kv_bytes)} at {plan.context:,} tokens "
+            f"{format_bytes(plan.kv_bytes)}{replies} at {plan.context:,} tokens{each} "
             f"({format_bytes(plan.kv_bytes_per_token)}/token, {plan.kv_dtype}, {plan.kv_layers} layers{sliding})",
         )
     )
@@ -85,7 +94,7 @@ def format_plan(plan: MemoryPlan) -> str:
     rows.append(("free after", format_bytes(plan.free_after_bytes)))
     rows.append(("verdict", VERDICTS[plan.fits]))
     cap = " (the model's maximum)" if plan.max_context == plan.model_max_context else ""
-    rows.append(("largest context", f"{plan.max_context:,} tokens{cap}"))
+    rows.append(("largest context", f"{plan.max_context:,} tokens{' per reply' if plan.replies > 1 else ''}{cap}"))
     width = max(len(label) for label, _ in rows)
     lines = [f"{plan.model} · {plan.quantization} · {plan.device} · {plan.context:,} tokens of context"]
     lines += [f"  {label:<{width}}  {value}" for label, value in rows]

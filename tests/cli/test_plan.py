@@ -102,3 +102,42 @@ def test_the_default_gguf_plan_says_what_served_replies_may_reserve(capsys: pyte
     assert (
         "reserve at most 256.0 MiB of KV cache, a quarter of the memory free at load: 4 at once of up to 2,912" in out
     )
+
+
+def test_a_plan_for_several_served_replies_counts_a_cache_for_each(capsys: pytest.CaptureFixture[str]) -> None:
+    """4 replies of 4,096 tokens: four caches in the KV figure and the total, the largest context per reply a quarter
+    of one reply's, and the note says how many of them the server's budget (a quarter of 1 GiB: 256 MiB, 90 MiB a
+    reply) runs together."""
+    base = ["plan", "--free", "1GiB", "--context", "4096", "--json"]
+    assert main(base) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert main([*base, "--parallel", "4"]) == 0
+    four = json.loads(capsys.readouterr().out)
+    assert one["replies"] == 1 and four["replies"] == 4
+    assert four["kv_bytes"] == 4 * one["kv_bytes"] == 4 * 4096 * 23_040
+    assert four["total_bytes"] == one["total_bytes"] + 3 * one["kv_bytes"]
+    room = one["free_bytes"] - (one["total_bytes"] - one["kv_bytes"])
+    assert four["max_context"] == min(room // (4 * 23_040), four["model_max_context"])
+    assert "At 4,096 tokens each, 2 of the 4 run together and the others wait" in four["notes"][-1]
+    assert main(["plan", "--free", "1GiB", "--context", "4096", "--parallel", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "360.0 MiB for 4 replies at 4,096 tokens each" in out and "tokens per reply" in out
+
+
+def test_the_torch_runtime_plans_one_cache_whatever_parallel_says(
+    tiny_model_dir, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tiny_model_dir("llama")
+    command = ["plan", str(folder), "--quant", "nf4", "--context", "256", "--device", "cpu", "--free", "1GiB", "--json"]
+    assert main(command) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main([*command, "--parallel", "4"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["replies"] == 1 and data["kv_bytes"] == alone["kv_bytes"]
+    assert "served replies decode one at a time on this runtime" in data["notes"][-1]
+
+
+@pytest.mark.parametrize("count", ["0", "17"])
+def test_parallel_out_of_range_is_refused(count: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--parallel", count]) == 2
+    assert f"--parallel must be between 1 and 16 (got {count})." in capsys.readouterr().err

@@ -17,6 +17,7 @@ from app.core.chat.events import Event
 from app.core.engines.backend import ModelInfo, ReplyRequest
 
 DEFAULT_PARALLEL = 4  # replies a server decodes together where the model can (llama-server's --parallel)
+MAX_PARALLEL = 16  # the most `hearth serve --parallel` and `hearth plan --parallel` take
 
 
 @dataclass(eq=False)

@@ -19,6 +19,10 @@ from app.core.engines.lite.backend import GGUF_DECLINED, LiteRefused, open_lite_
 from app.core.memory.types import MemoryPlan
 
 log = logging.getLogger(__name__)
+ONE_AT_A_TIME_NOTE = (
+    "served replies decode one at a time on this runtime (only the torch-free runtime on a GGUF file batches them): "
+    "one KV cache, whatever --parallel"
+)
 
 
 def open_backend(
@@ -56,14 +60,20 @@ def open_backend(
     return backend
 
 
-def plan_load(request: LoadRequest, free_bytes: int | None = None, cpu_free_bytes: int | None = None) -> MemoryPlan:
+def plan_load(
+    request: LoadRequest, free_bytes: int | None = None, cpu_free_bytes: int | None = None, replies: int = 1
+) -> MemoryPlan:
     """The memory plan of the runtime this load will take: the torch-free runtime's own figures where it takes the
     model (a GGUF file's blocks to the byte; no torch imported), else the memory planner's (imports torch). What the
-    window shows before loading and what `hearth plan` prints. HearthError for the user's errors."""
+    window shows before loading and what `hearth plan` prints. `replies`: served replies decoded together, each
+    with its own KV cache, where the runtime batches them (the torch runtimes decode one at a time: one cache).
+    HearthError for the user's errors."""
     from app.core.engines.lite.backend import lite_plan
 
-    plan = lite_plan(request, free_bytes)
+    plan = lite_plan(request, free_bytes, replies)
     if not isinstance(plan, str):
+        if plan.replies < replies:
+            plan = replace(plan, notes=(*plan.notes, ONE_AT_A_TIME_NOTE))
         return plan
     from app.core.models.model_source import read_config, resolve_model
 
@@ -72,7 +82,7 @@ def plan_load(request: LoadRequest, free_bytes: int | None = None, cpu_free_byte
         read_config(source.path)  # a damaged or hostile config is refused here, before torch is imported
     from app.core.memory.planner import plan_memory
 
-    return plan_memory(
+    plan = plan_memory(
         request.model,
         quantization=request.quantization,
         context=request.context_length,
@@ -80,3 +90,4 @@ def plan_load(request: LoadRequest, free_bytes: int | None = None, cpu_free_byte
         free_bytes=free_bytes,
         cpu_free_bytes=cpu_free_bytes,
     )
+    return replace(plan, notes=(*plan.notes, ONE_AT_A_TIME_NOTE)) if replies > 1 else plan

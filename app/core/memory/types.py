@@ -42,6 +42,7 @@ class MemoryPlan:
     max_context: int  # largest context that fits (capped at model_max_context); 0: not even one token
     cpu_free_bytes: int | None = None  # the host's available memory, when offloading to it was considered
     notes: tuple[str, ...] = ()
+    replies: int = 1  # replies planned at once, each with its own KV cache of `context` tokens (kv_bytes counts all)
 
     def to_json_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from app.core.engines.batching import DEFAULT_PARALLEL
+from app.core.engines.batching import DEFAULT_PARALLEL, MAX_PARALLEL
 from app.core.errors import HearthError
 from app.core.server.api import Policy, RequestLog, RequestRecord, ServerApp
 from app.core.server.protocol import Limits
@@ -24,7 +24,6 @@ from app.core.server.security import check_bind, check_cors_origins
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8080
-MAX_PARALLEL = 16
 START_TIMEOUT_S = 15.0
 
 
@@ -130,4 +129,4 @@ class ServerHandle:
         self._port = None
 
 
-__all__ = ["DEFAULT_PARALLEL", "RequestRecord", "ServerConfig", "ServerHandle"]
+__all__ = ["DEFAULT_PARALLEL", "MAX_PARALLEL", "RequestRecord", "ServerConfig", "ServerHandle"]

@@ -171,9 +171,10 @@ def lite_candidate(request: LoadRequest) -> LiteCandidate | str:
     return LiteCandidate(source, source.path, packed, notices)
 
 
-def lite_plan(request: LoadRequest, free_bytes: int | None = None) -> MemoryPlan | str:
+def lite_plan(request: LoadRequest, free_bytes: int | None = None, replies: int = 1) -> MemoryPlan | str:
     """The memory plan of the torch-free runtime for this request (what the window shows before loading), read from
-    the config and the packed copy's size without opening the model; else why the runtime would not take it."""
+    the config and the packed copy's size without opening the model; else why the runtime would not take it.
+    `replies`: served replies decoded together, each with its own KV cache (a packed copy decodes one at a time)."""
     candidate = lite_candidate(request)
     if isinstance(candidate, str):
         return candidate
@@ -190,7 +191,7 @@ def lite_plan(request: LoadRequest, free_bytes: int | None = None) -> MemoryPlan
     except (LiteUnavailable, HearthError, OSError) as exc:
         return str(exc)
     window = min(config.context_window, request.context_length or config.context_window)
-    return memory_plan(candidate.source.display_name, config, weights, window, label, free_bytes, counts)
+    return memory_plan(candidate.source.display_name, config, weights, window, label, free_bytes, counts, replies)
 
 
 def memory_plan(
@@ -201,11 +202,14 @@ def memory_plan(
     gguf_type: str = "",
     free_bytes: int | None = None,
     parameters: tuple[int, int] = (0, 0),
+    replies: int = 1,
 ) -> MemoryPlan:
     """The planner's plan for this runtime's own figures: the weights as mapped (a GGUF file's tensors to the byte,
-    or the packed copy and norms), a bf16 KV cache, one prefill chunk's activations and the runtime's floor, against
-    the memory available now. `gguf_type`: the GGUF file's type (e.g. Q4_K_M), "" for a packed copy."""
+    or the packed copy and norms), a bf16 KV cache per reply, one prefill chunk's activations (a batched step's rows
+    take less) and the runtime's floor, against the memory available now. `gguf_type`: the GGUF file's type (e.g.
+    Q4_K_M), "" for a packed copy, which has no batched step: its replies decode one at a time, in one cache."""
     free = int(psutil.virtual_memory().available) if free_bytes is None else free_bytes
+    replies = replies if gguf_type else 1
     per_token = config.kv_bytes_per_token
     if gguf_type:  # the C forward's scratch for a full prefill chunk, the tokenizer by its vocabulary, and the
         # prompt cache's block being read back and the one being copied out
@@ -216,8 +220,8 @@ def memory_plan(
         activations = PREFILL_CHUNK * (2 * config.inter + 3 * config.hidden + config.heads * config.head_dim) * 4 * 3
         runtime = RUNTIME_FLOOR_BYTES
     fixed = weights + activations + runtime
-    room = int(min(max(0, (free - fixed) // per_token), config.context_window))
-    total = fixed + per_token * window
+    room = int(min(max(0, (free - fixed) // (per_token * replies)), config.context_window))
+    total = fixed + per_token * window * replies
     return MemoryPlan(
         model=name,
         model_type="llama",
@@ -231,7 +235,7 @@ def memory_plan(
         weights_by_device={"cpu": weights},
         kv_bytes_per_token=per_token,
         kv_bytes_per_token_long=per_token,
-        kv_bytes=per_token * window,
+        kv_bytes=per_token * window * replies,
         kv_dtype="bf16",
         kv_layers=config.layers,
         kv_sliding_layers=0,
@@ -247,21 +251,28 @@ def memory_plan(
             f"torch-free runtime: the GGUF file's {gguf_type} blocks, mapped"
             if gguf_type
             else "torch-free runtime: the packed Q4_1 copy, mapped",
-            *([serving_note(config, free)] if gguf_type else []),
+            *([serving_note(config, free, replies, window)] if gguf_type else []),
         ),
+        replies=replies,
     )
 
 
-def serving_note(config: LiteConfig, free: int) -> str:
+def serving_note(config: LiteConfig, free: int, replies: int = 1, window: int = 0) -> str:
     """What `hearth serve` lets replies decoded together reserve (LiteBackend.reply_steps: a quarter of the memory
-    free at load), and how long each of DEFAULT_PARALLEL replies may then be."""
+    free at load), and how long each of `replies` (DEFAULT_PARALLEL where 1) replies may then be; planned for
+    several replies of `window` tokens, how many of them the budget runs together."""
     budget = int(free * POOL_MEMORY_SHARE)
-    each = min(config.context_window, budget // (DEFAULT_PARALLEL * config.kv_bytes_per_token))
-    return (
+    together = replies if replies > 1 else DEFAULT_PARALLEL
+    each = min(config.context_window, budget // (together * config.kv_bytes_per_token))
+    note = (
         f"served (`hearth serve`): replies decoded together reserve at most {format_bytes(budget)} of KV cache, a "
-        f"quarter of the memory free at load: {DEFAULT_PARALLEL} at once of up to {each:,} tokens each (prompt plus "
+        f"quarter of the memory free at load: {together} at once of up to {each:,} tokens each (prompt plus "
         "max_tokens); a request beyond that waits for a running one to end"
     )
+    if replies > 1 and window > each:
+        running = max(1, budget // (window * config.kv_bytes_per_token))
+        note += f". At {window:,} tokens each, {running} of the {replies} run together and the others wait"
+    return note
 
 
 def open_lite_backend(
