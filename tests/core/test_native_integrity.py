@@ -72,6 +72,9 @@ def load_build_kernels() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules["hearth_build_kernels"] = module
     spec.loader.exec_module(module)
+    # These tests are about the manifest, the checks and the fallbacks: -O1 builds the same floats in a third of -O3's
+    # time (see compiled_only); the packaging test builds the real thing.
+    module.COMMON_FLAGS = tuple("-O1" if flag == "-O3" else flag for flag in module.COMMON_FLAGS)
     return module
 
 
@@ -160,7 +163,10 @@ def test_a_damaged_compiled_library_is_moved_aside_rebuilt_and_never_loaded(
 @needs_kernel
 def test_a_cut_short_library_no_longer_crashes_the_next_process(compiled_only: Path) -> None:
     """Before: dlopen mapped the cut-short file and the process died of SIGBUS (exit 135) on every run."""
-    script = "from app.core.fastpath import kernel; lib = kernel.load_library(); print(lib.origin, lib.threaded)"
+    script = (  # -O1 as in compiled_only, in each process
+        "from app.core.fastpath import kernel; kernel.EXTRA_FLAGS = ('-O1',); lib = kernel.load_library(); "
+        "print(lib.origin, lib.threaded)"
+    )
     env = {**os.environ, kernel.KERNEL_ENV: "compile", "HEARTH_CACHE_DIR": str(compiled_only)}
     first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
