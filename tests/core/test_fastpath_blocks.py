@@ -107,8 +107,8 @@ def test_products_agree_with_the_exact_product_in_every_build(kind: int, precise
 def test_a_rows_result_does_not_depend_on_its_batch_tile_or_threads(
     kind: int, precise: bool, builds: dict[str, Any]
 ) -> None:
-    # 7 inputs: one tile of 4, one of 2, one alone; 130 rows of 1024 values: several row blocks (GG_BLOCK_BYTES) for
-    # the float and 8-bit types, each tile meeting a block's rows in turn
+    # 7 inputs (tiles of 4 and 3) against each alone, the last 4 (one tile) and the first 2; 130 rows of 1024 values:
+    # several row blocks (GG_BLOCK_BYTES) for the float and 8-bit types, each tile meeting a block's rows in turn
     rows, cols, n = 130, 1024, 7
     data = weights_of(kind, rows, cols).reshape(-1)
     x = np.random.default_rng(3).standard_normal((n, cols)).astype(np.float32)
@@ -119,6 +119,8 @@ def test_a_rows_result_does_not_depend_on_its_batch_tile_or_threads(
             assert np.array_equal(alone, together[k]), f"{name}, input {k}"
         shifted = blocks.matmul(library, kind, data, rows, x[3:], threads=2, precise=precise)
         assert np.array_equal(shifted, together[3:]), name
+        pair = blocks.matmul(library, kind, data, rows, x[:2], threads=2, precise=precise)
+        assert np.array_equal(pair, together[:2]), name
 
 
 def test_the_simd_builds_agree_with_the_scalar_loops(builds: dict[str, Any]) -> None:

@@ -2085,8 +2085,9 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
 #endif
 
 /* y[k * ystride + r] (op)= row r . x[k] (+ bias[r]) for rows [r0, r1) and inputs [0, count); `accumulate` adds.
- * Inputs go GG_TILE at a time, then 2, then 1 (a prompt-lookup check runs 2 to 9 rows: each weight block is
- * unpacked once per tile): each input's arithmetic is the same whatever its tile. */
+ * Inputs go GG_TILE at a time, then the 3, 2 or 1 left (a prompt-lookup check runs 2 to 9 rows, a batched step
+ * one per reply: each weight block is unpacked once per tile): each input's arithmetic is the same whatever its
+ * tile. */
 static inline __attribute__((always_inline)) void gg_rows_of(int type, int precise, const uint8_t *w,
                                                              int64_t row_bytes, int cols, int r0, int r1,
                                                              const gvec *x, int count, float *y, int64_t ystride,
@@ -2097,11 +2098,13 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
     for (int rb = r0; rb < r1; rb += block_rows) {
         const int re = r1 - rb < block_rows ? r1 : rb + block_rows;
         for (int k0 = 0; k0 < count;) {
-            const int tile = count - k0 >= GG_TILE ? GG_TILE : count - k0 >= 2 ? 2 : 1;
+            const int tile = count - k0 >= GG_TILE ? GG_TILE : count - k0;
             for (int r = rb; r < re; r++) {
                 const uint8_t *row = w + (int64_t)r * row_bytes;
                 if (tile == GG_TILE)
                     gg_row_dot(type, row, cols, x + k0, GG_TILE, precise, out);
+                else if (tile == 3)
+                    gg_row_dot(type, row, cols, x + k0, 3, precise, out);
                 else if (tile == 2)
                     gg_row_dot(type, row, cols, x + k0, 2, precise, out);
                 else
