@@ -32,7 +32,7 @@ def events(stdout: str) -> list[dict[str, object]]:
 
 def test_chat_streams_a_real_answer_as_json_lines() -> None:
     result = hearth(
-        "chat", "--json", "-t", "0", "--quant", "bf16", "--max-tokens", "24", "What is the capital of France?"
+        "chat", "--json", "-t", "0", "--max-tokens", "24", "What is the capital of France?"
     )
     assert result.returncode == 0, result.stderr
     lines = events(result.stdout)
@@ -54,7 +54,7 @@ def test_chat_streams_a_real_answer_as_json_lines() -> None:
 
 def test_json_stdin_turns_share_one_conversation_and_its_cache() -> None:
     result = hearth(
-        "chat", "--json", "-t", "0", "--quant", "bf16", "--max-tokens", "8", "--no-response-cache",
+        "chat", "--json", "-t", "0", "--max-tokens", "8", "--no-response-cache",
         stdin="My name is Ada.\nWhat is my name?\n",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -67,7 +67,7 @@ def test_json_stdin_turns_share_one_conversation_and_its_cache() -> None:
 
 def test_a_turn_that_cannot_run_is_explained_and_the_chat_goes_on() -> None:
     too_long = "word " * 200  # over the 64-token window: refused whole, never truncated
-    flags = ("chat", "-t", "0", "--quant", "bf16", "--context", "64", "--max-tokens", "4", "--no-response-cache")
+    flags = ("chat", "-t", "0", "--context", "64", "--max-tokens", "4", "--no-response-cache")
     plain = hearth(*flags, stdin=f"{too_long}\nSay hi.\n")
     assert plain.returncode == 0, plain.stderr
     refusal = [line for line in plain.stderr.splitlines() if line.startswith("hearth: The prompt is")]
@@ -81,6 +81,7 @@ def test_a_turn_that_cannot_run_is_explained_and_the_chat_goes_on() -> None:
 
 
 def test_stats_flag_prints_the_figures(tmp_path: Path) -> None:
+    """On the torch runtime (--quant bf16); the tests above run the default, torch-free one."""
     result = hearth(
         "chat", "--stats", "-t", "0", "--quant", "bf16", "--max-tokens", "4", "--no-response-cache", "Hello"
     )

@@ -81,7 +81,7 @@ def test_a_damaged_response_cache_is_rebuilt_with_a_note(
 ) -> None:
     damaged = random_bytes(64 * 1024)
     (cache_dir() / "responses.sqlite").write_bytes(damaged)
-    code = main(["chat", "-t", "0", "--quant", "bf16", "--max-tokens", "3", "Hi"])
+    code = main(["chat", "-t", "0", "--max-tokens", "3", "Hi"])  # the torch-free runtime reads the same cache
     err = capsys.readouterr().err
     assert code == 0, err
     assert "hearth: note: The response cache" in err and "moved to responses.sqlite.damaged and rebuilt" in err
