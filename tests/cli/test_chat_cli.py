@@ -31,9 +31,7 @@ def events(stdout: str) -> list[dict[str, object]]:
 
 
 def test_chat_streams_a_real_answer_as_json_lines() -> None:
-    result = hearth(
-        "chat", "--json", "-t", "0", "--max-tokens", "24", "What is the capital of France?"
-    )
+    result = hearth("chat", "--json", "-t", "0", "--max-tokens", "24", "What is the capital of France?")
     assert result.returncode == 0, result.stderr
     lines = events(result.stdout)
     tokens = [e for e in lines if e["type"] == "token"]
