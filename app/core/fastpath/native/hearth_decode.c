@@ -60,7 +60,7 @@
 #define HEARTH_AVX512 0
 #endif
 
-#define HEARTH_ABI 8
+#define HEARTH_ABI 9 /* also the numerics' version, which the prompt and response caches key on (9: exp256) */
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
