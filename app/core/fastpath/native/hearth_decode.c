@@ -132,6 +132,17 @@ static inline float hsum256(__m256 v) {
     s = _mm_add_ss(s, h);
     return _mm_cvtss_f32(s);
 }
+
+static inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
+}
+
+/* 8 bf16 values as floats (exact: bf16 is a float's upper half) */
+static inline __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
 #endif
 
 #if HEARTH_NEON
@@ -217,10 +228,7 @@ static void quantize_q8(const float *x, int n, int8_t *q, float *d, float *sums,
         _mm256_storeu_si256((__m256i *)qb, p);
         const __m256i ones = _mm256_set1_epi16(1);
         const __m256i pair = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), ones);
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-        totals[b] = _mm_cvtsi128_si32(t);
+        totals[b] = hsum_epi32(pair);
         sums[b] = scale * (float)totals[b];
 #elif HEARTH_NEON
         float32x4_t v[8];
@@ -812,10 +820,7 @@ static float dot_kv(const void *k, int bf16, const float *q, int n) {
         const uint16_t *kb = (const uint16_t *)k;
 #if HEARTH_AVX2
         __m256 acc = _mm256_setzero_ps();
-        for (; i + 8 <= n; i += 8) {
-            __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(kb + i)));
-            acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(q + i), acc);
-        }
+        for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(bf16x8(kb + i), _mm256_loadu_ps(q + i), acc);
         s = hsum256(acc);
 #elif HEARTH_NEON /* 8 at a time like AVX2, so the scalar tail and the sum order match */
         f32x8 acc = f32x8_zero();
@@ -852,11 +857,8 @@ static void axpy_kv(float *out, float p, const void *v, int bf16, int n) {
         const uint16_t *vb = (const uint16_t *)v;
 #if HEARTH_AVX2
         __m256 pp = _mm256_set1_ps(p);
-        for (; i + 8 <= n; i += 8) {
-            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(vb + i)));
-            __m256 o = _mm256_loadu_ps(out + i);
-            _mm256_storeu_ps(out + i, _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), pp, o));
-        }
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_fmadd_ps(bf16x8(vb + i), pp, _mm256_loadu_ps(out + i)));
 #elif HEARTH_NEON /* fused like AVX2's fmadd; 8 at a time so the unfused scalar tail covers the same elements */
         const float32x4_t pp = vdupq_n_f32(p);
         for (; i + 8 <= n; i += 8) {
@@ -1648,11 +1650,6 @@ static inline void store_bytes8(int8_t *out, __m256i v) {
     _mm_storel_epi64((__m128i *)out, _mm_packs_epi16(words, words));
 }
 
-static inline int32_t hsum_epi32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
-}
 #endif
 
 static void gg_quantize(const float *x, int cols, int precise, int8_t *q, int8_t *l, float *d, float *s,
@@ -1661,20 +1658,18 @@ static void gg_quantize(const float *x, int cols, int precise, int8_t *q, int8_t
         const float *xb = x + b * QBLOCK;
         float amax = 0.0f;
 #if HEARTH_AVX2 /* the scalar loop's values, 8 lanes at a time: max is exact, the rounding is nearbyintf's */
-        const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-        __m256 top = _mm256_setzero_ps();
-        for (int i = 0; i < QBLOCK; i += 8) top = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + i), magnitude), top);
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        const __m256 block[4] = {_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8), _mm256_loadu_ps(xb + 16),
+                                 _mm256_loadu_ps(xb + 24)};
+        amax = absmax32(block);
         const float step = amax / (precise ? Q15_STEPS : 127.0f), inverse = step > 0.0f ? 1.0f / step : 0.0f;
         int32_t sums[2] = {0, 0};
         for (int i = 0; i < QBLOCK; i += 8) {
-            __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i), _mm256_set1_ps(inverse)));
+            __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(block[i / 8], _mm256_set1_ps(inverse)));
             if (precise) {
                 v = _mm256_min_epi32(_mm256_max_epi32(v, _mm256_set1_epi32(-32512)), _mm256_set1_epi32(32512));
                 const __m256i high = _mm256_srai_epi32(_mm256_add_epi32(v, _mm256_set1_epi32(128)), 8);
-                const __m256i low = _mm256_max_epi32(_mm256_sub_epi32(v, _mm256_slli_epi32(high, 8)), _mm256_set1_epi32(-127));
+                const __m256i low =
+                    _mm256_max_epi32(_mm256_sub_epi32(v, _mm256_slli_epi32(high, 8)), _mm256_set1_epi32(-127));
                 store_bytes8(q + b * QBLOCK + i, high), store_bytes8(l + b * QBLOCK + i, low);
                 v = _mm256_add_epi32(_mm256_slli_epi32(high, 8), low);
             } else {
@@ -1808,8 +1803,7 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
                 else if (type == GG_F16)
                     w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
                 else
-                    w = _mm256_castsi256_ps(_mm256_slli_epi32(
-                        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))), 16));
+                    w = bf16x8((const uint16_t *)row + i);
                 acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x[k].f + i), acc);
             }
             total = hsum256(acc);
@@ -2284,12 +2278,8 @@ static void dot_kv4(const char *k, size_t row_bytes, const float *q, int n, floa
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 qv = _mm256_loadu_ps(q + i);
-        for (int r = 0; r < 4; r++) {
-            const char *row = k + r * row_bytes;
-            const __m256 kv = _mm256_castsi256_ps(_mm256_slli_epi32(
-                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))), 16));
-            acc[r] = _mm256_fmadd_ps(kv, qv, acc[r]);
-        }
+        for (int r = 0; r < 4; r++)
+            acc[r] = _mm256_fmadd_ps(bf16x8((const uint16_t *)(k + r * row_bytes) + i), qv, acc[r]);
     }
     for (int r = 0; r < 4; r++) {
         float total = hsum256(acc[r]);
@@ -2310,10 +2300,7 @@ static void attend_values(float *out, const float *p, const char *vbase, int hd,
         for (int64_t t = t0; t < t1; t++) {
             const __m256 pp = _mm256_set1_ps(p[t - t0]);
             const uint16_t *row = (const uint16_t *)vbase + (size_t)t * hd + seg;
-            for (int b = 0; b < vectors; b++) {
-                const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 8 * b)));
-                acc[b] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), pp, acc[b]);
-            }
+            for (int b = 0; b < vectors; b++) acc[b] = _mm256_fmadd_ps(bf16x8(row + 8 * b), pp, acc[b]);
         }
         for (int b = 0; b < vectors; b++) _mm256_storeu_ps(out + seg + 8 * b, acc[b]);
     }
