@@ -12,11 +12,6 @@ from app.core.engines.local import EngineBackend
 from app.core.settings import Settings
 
 
-def stats_generated(reply: object) -> int:
-    stats = getattr(reply, "stats", None) or {}
-    return int(stats.get("generated_tokens", 0))
-
-
 def test_real_model_streams_an_answer_with_stats_and_memory(make_window, qtbot, default_loaded) -> None:
     def factory(request: LoadRequest, progress, cancel: threading.Event) -> EngineBackend:  # type: ignore[no-untyped-def]
         return EngineBackend(default_loaded)  # the session's model: never loaded twice
@@ -33,10 +28,10 @@ def test_real_model_streams_an_answer_with_stats_and_memory(make_window, qtbot, 
     assert blocker.args[0] in ("stop", "length")
     reply = window.chat_model.item(1)
     assert reply.role == "assistant" and "paris" in reply.content.lower()
-    assert stats_generated(reply) >= 20  # long enough to span several batches on any CPU this runs on
-    assert text_updates.count(1) >= 3  # streamed into the view in several batches, not in one block
     stats = reply.stats
-    assert stats is not None and stats["prompt_tokens"] > 10 and stats["generated_tokens"] >= 2
+    assert stats is not None and stats["prompt_tokens"] > 10
+    assert stats["generated_tokens"] >= 20  # long enough to span several batches on any CPU this runs on
+    assert text_updates.count(1) >= 3  # streamed into the view in several batches, not in one block
     assert stats["decode_tokens_per_s"] > 0 and stats["ttft_s"] > 0
     stats_label = window.chat_view.widgets()[1].stats_label
     # The decode path that ran (fused-q4 on an AVX2 CPU with a C compiler) is named, and why on hover.
