@@ -49,6 +49,7 @@ from app.core.engines.lite.gguf_model import (
     resident_weight_bytes,
     runtime_bytes,
 )
+from app.core.engines.lite.packed_model import open_model, packed_copy
 from app.core.engines.lite.prefix_store import (
     CacheShape,
     PrefixCache,
@@ -64,8 +65,6 @@ from app.core.engines.lite.runtime import (
     LiteConfig,
     LiteUnavailable,
     default_threads,
-    open_model,
-    packed_copy,
 )
 from app.core.errors import HearthError, LoadCancelled
 from app.core.fastpath.kernel import ABI as KERNEL_ABI

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from app.core.engines.lite import runtime
-from app.core.engines.lite.runtime import LiteUnavailable, from_bf16, open_model, rope_inv_freq, to_bf16
+from app.core.engines.lite.packed_model import open_model
+from app.core.engines.lite.runtime import LiteUnavailable, from_bf16, rope_inv_freq, to_bf16
 from app.core.engines.loader import load_model
 from app.core.fastpath import kernel
 from app.core.fastpath.native import new_slab_cache
