@@ -1,19 +1,26 @@
 """Batched decode in the server's queue, without HTTP: C requests at once through `RequestQueue` decoded together
 (`parallel` C) against the same requests one at a time (`parallel` 1), in one process, rounds interleaved.
 
-    python bench/batching.py [--model FILE.gguf] [--clients 1,2,4,8] [--tokens 64] [--rounds 3]
+    python bench/batching.py [--model FILE.gguf] [--clients 1,2,4,8] [--tokens 64] [--rounds 3] [--late]
 
 Printed per C: aggregate decode tok/s (every reply's tokens after its first over the wall time from the first
 reply's first token to the last reply's end: the other replies' prefills included), its paired ratio to one at a
-time and to one client alone; the decode steps' own rate (tokens over the time inside the queue's batched steps,
-where replies run together: what a batch buys, prefills aside); the median TTFT (from the submit, so it includes the
-wait for a turn), the median batch size, and whether every reply's text equals its one-at-a-time text (greedy: it
-must). The server's HTTP and the clients' parsing are left out: bench/server.py --clients measures them too.
+time and to one client alone; the decode steps' own rate (tokens over the time inside the queue's batched steps
+where replies decode together and no prompt runs beside them: what a batch buys); the median TTFT (from the submit,
+so it includes the wait for a turn), the median batch size, and whether every reply's text equals its one-at-a-time
+text (greedy: it must). The server's HTTP and the clients' parsing are left out: bench/server.py --clients measures
+them too.
+
+`--late` measures instead a long prompt (a ~1,000-token document question) arriving while three replies decode: the
+longest pause in their streams while it is prefilled, their tokens/s over that time, and its own TTFT, with its
+prompt run PROMPT_TOKENS_BESIDE_DECODE tokens a step beside their tokens (Hearth's way) against run whole in one step
+(as before: every stream waits for the whole prompt). Rounds interleaved; the texts must match.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import threading
@@ -52,11 +59,12 @@ def run(backend: Any, count: int, parallel: int, tokens: int) -> dict[str, Any]:
     step_s: list[float] = []
     real = backend.decode_batch
 
-    def counted(steps: Sequence[DecodeStep]) -> None:
-        sizes.append(len(steps))
+    def counted(steps: Sequence[Any]) -> None:
         started = time.perf_counter()
         real(steps)
-        step_s.append(time.perf_counter() - started)
+        if all(isinstance(step, DecodeStep) for step in steps):  # decode steps alone (a prompt's chunk aside)
+            sizes.append(len(steps))
+            step_s.append(time.perf_counter() - started)
 
     backend.decode_batch = counted
     queue = RequestQueue(backend, parallel=parallel)
@@ -104,6 +112,88 @@ def run(backend: Any, count: int, parallel: int, tokens: int) -> dict[str, Any]:
     }
 
 
+DOCUMENT = "Summarise this report in three lines:\n" + " ".join(
+    f"In week {n} the {color} team shipped {n * 3} fixes, closed {n + 7} tickets and wrote {n % 5} design notes."
+    for n, color in enumerate(["red", "blue", "green", "amber", "violet"] * 8)
+)
+
+
+def late(backend: Any, beside: int, tokens: int) -> dict[str, Any]:
+    """Three replies decoding; the document's request arrives at the first one's 8th token, its prompt run `beside`
+    tokens a step beside their decode tokens."""
+    from app.core.chat.events import ChatMessage, DoneEvent, TokenEvent
+    from app.core.chat.sampling import SamplingParams
+    from app.core.engines import batching
+    from app.core.engines.backend import ReplyRequest
+    from app.core.server.queue import End, RequestQueue
+
+    queue = RequestQueue(backend, parallel=4)
+    stamps: list[list[float]] = [[], [], [], []]
+    texts = [""] * 4
+    ended = [threading.Event() for _ in range(4)]
+    submitted = [0.0]
+
+    def request(text: str, most: int) -> Any:
+        params = SamplingParams(temperature=0.0, max_new_tokens=most)
+        return ReplyRequest([ChatMessage("user", text)], params, use_response_cache=False)
+
+    def sink_for(index: int) -> Any:
+        def sink(item: Any) -> None:
+            if isinstance(item, TokenEvent):
+                stamps[index].append(time.perf_counter())
+                if index == 0 and len(stamps[0]) == 8:
+                    submitted[0] = time.perf_counter()
+                    queue.submit(request(DOCUMENT, 16), threading.Event(), sink_for(3))
+            elif isinstance(item, DoneEvent):
+                texts[index] = item.text
+            elif isinstance(item, End):
+                ended[index].set()
+
+        return sink
+
+    backend.clear_caches()
+    for index in range(3):
+        queue.submit(request(PROMPTS[index], tokens), threading.Event(), sink_for(index))
+    saved, batching.PROMPT_TOKENS_BESIDE_DECODE = batching.PROMPT_TOKENS_BESIDE_DECODE, beside
+    try:
+        queue.start()
+        for event in ended:
+            event.wait()
+    finally:
+        batching.PROMPT_TOKENS_BESIDE_DECODE = saved
+        queue.stop()
+    start, first = submitted[0], stamps[3][0]
+    during = [[at for at in times if start <= at <= first] for times in stamps[:3]]
+    gaps = [b - a for times in stamps[:3] for a, b in itertools.pairwise(times) if b >= start and a <= first]
+    return {
+        "pause_ms": max(gaps) * 1000,
+        "tok/s": sum(len(times) for times in during) / (first - start),
+        "ttft_ms": (first - start) * 1000,
+        "prompt": len(backend.engine.prepare(request(DOCUMENT, 16)).ids),
+        "texts": texts,
+    }
+
+
+def late_table(backend: Any, rounds: int, tokens: int) -> None:
+    from app.core.engines.batching import PROMPT_TOKENS_BESIDE_DECODE
+
+    late(backend, PROMPT_TOKENS_BESIDE_DECODE, 16)  # warm
+    modes = {f"{PROMPT_TOKENS_BESIDE_DECODE} tokens a step beside them": PROMPT_TOKENS_BESIDE_DECODE,
+             "whole, in one step": 1 << 30}  # fmt: skip
+    results: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for _ in range(rounds):
+        for mode, beside in modes.items():
+            results[mode].append(late(backend, beside, tokens))
+    reference = results[next(iter(modes))][0]["texts"]
+    print(f"a {results[next(iter(modes))][0]['prompt']}-token prompt arriving while 3 replies decode")
+    print("its prompt run | longest pause in their streams ms | their tok/s meanwhile | its TTFT ms | same text")
+    for mode, rows in results.items():
+        same = all(row["texts"] == reference for row in rows)
+        pause, rate = (statistics.median(r[key] for r in rows) for key in ("pause_ms", "tok/s"))
+        print(f"{mode} | {pause:.0f} | {rate:.1f} | {statistics.median(r['ttft_ms'] for r in rows):.0f} | "
+              f"{'yes' if same else 'NO'}")  # fmt: skip
+
+
 def steps_rate(rows: list[dict[str, Any]]) -> str:
     rates = [row["step tok/s"] for row in rows if row["step tok/s"] > 0]
     return f"{statistics.median(rates):.1f}" if rates else "–"
@@ -120,6 +210,7 @@ def main() -> int:
     parser.add_argument("--clients", default="1,2,4,8")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--late", action="store_true", help="a long prompt arriving while replies decode")
     args = parser.parse_args()
     from app.core.engines.backend import LoadRequest
     from app.core.engines.lite.backend import LiteBackend, open_lite_backend
@@ -132,6 +223,10 @@ def main() -> int:
     print(f"model: {args.model or 'the embedded default model'}; {backend.engine.decode_path_note}")
     print(f"{args.tokens} tokens at most per reply, greedy, {args.rounds} rounds interleaved; "
           f"at most {backend.max_batch} together")  # fmt: skip
+    if args.late:
+        late_table(backend, args.rounds, args.tokens)
+        backend.close()
+        return 0
     counts = [int(count) for count in args.clients.split(",")]
     run(backend, 1, 1, 8)  # warm: the first pass maps the weights
     results: dict[tuple[int, str], list[dict[str, Any]]] = {}

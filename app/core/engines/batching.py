@@ -1,10 +1,11 @@
 """Batched decode: several replies' next tokens in one forward, every weight block read once for all of them.
 
-A reply asked for batched (ReplyEngine.reply_steps) runs as usual up to its first token, then, instead of computing
-each decode step itself, yields a DecodeStep and waits. Whoever drives the replies (app.core.server.queue) collects
-the pending step of each running reply, has the engine run them together (decode_batch), and resumes each reply with
-its row of logits. So new requests join after their prefill, finished ones leave, and each reply keeps its own KV
-cache, sampler, stop strings and cancel check (within one token). Torch-free.
+A reply asked for batched (ReplyEngine.reply_steps) computes none of its model steps itself: it yields its prompt as
+a PrefillStep and each decode step as a DecodeStep, and waits. Whoever drives the replies (app.core.server.queue)
+collects the pending step of each running reply, has the engine run them together (decode_batch), and resumes each
+reply with its logits. So a new request's prompt runs in the same forward as the running replies' next tokens (a
+chunk of it per step while others decode, so their streams never stall behind a long prompt), finished ones leave,
+and each reply keeps its own KV cache, sampler, stop strings and cancel check (within one token). Torch-free.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from app.core.engines.backend import ModelInfo, ReplyRequest
 
 DEFAULT_PARALLEL = 4  # replies a server decodes together where the model can (llama-server's --parallel)
 MAX_PARALLEL = 16  # the most `hearth serve --parallel` and `hearth plan --parallel` take
+# Prompt tokens one batched step runs beside other replies' decode tokens: their next token waits for the whole
+# forward, so a long prompt is cut in chunks of this many (the running replies' streams slow, never stall); a step of
+# prompts alone takes PREFILL_CHUNK tokens, as a reply alone does.
+PROMPT_TOKENS_BESIDE_DECODE = 32
 
 
 @dataclass(eq=False)
@@ -37,7 +42,32 @@ class DecodeStep:
         return self.logits
 
 
-ReplyItem = Event | DecodeStep
+@dataclass(eq=False)
+class PrefillStep:
+    """A batched reply's prompt tokens not yet run, on top of `kv`: the driver runs the first `ran` of them with the
+    other replies' steps, and the reply yields the rest again. `logits`: after the last token, once all have run."""
+
+    tokens: list[int]
+    kv: Any
+    ran: int = 0
+    logits: Any = None
+
+
+BatchStep = DecodeStep | PrefillStep
+ReplyItem = Event | DecodeStep | PrefillStep
+
+
+def prompt_takes(steps: Sequence[BatchStep], alone: int) -> list[int]:
+    """How many prompt tokens each PrefillStep among `steps` runs in this step (0 for a DecodeStep): in the order
+    given, PROMPT_TOKENS_BESIDE_DECODE in all where decode tokens run too, `alone` (the engine's prefill chunk) where
+    only prompts do; the first prompt always runs at least one token."""
+    budget = PROMPT_TOKENS_BESIDE_DECODE if any(isinstance(step, DecodeStep) for step in steps) else alone
+    takes = []
+    for step in steps:
+        take = min(len(step.tokens), budget) if isinstance(step, PrefillStep) else 0
+        budget -= take
+        takes.append(take)
+    return takes
 
 
 class NoRoomYet(Exception):
@@ -54,4 +84,4 @@ class BatchedModel(Protocol):
 
     def reply_steps(self, request: ReplyRequest, cancel: Any) -> Iterator[ReplyItem]: ...
 
-    def decode_batch(self, steps: Sequence[DecodeStep]) -> None: ...
+    def decode_batch(self, steps: Sequence[BatchStep]) -> None: ...

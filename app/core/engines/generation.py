@@ -31,7 +31,7 @@ from app.core.chat.events import (
 from app.core.chat.response_cache import CachedReply, ResponseCache, cache_key
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
-from app.core.engines.batching import DecodeStep, ReplyItem
+from app.core.engines.batching import BatchStep, DecodeStep, PrefillStep, ReplyItem, prompt_takes
 from app.core.engines.constrained import GrammarCompiler, GrammarSpec, grammar_for_format, grammar_for_tool_calls
 from app.core.engines.lookup import LookupDecoder, LookupPlanner, LookupTally, NgramIndex
 from app.core.engines.tool_prompt import TOOL_CALL_FORMAT, fallback_messages, forced_tool_name
@@ -326,26 +326,35 @@ class ReplyEngine(ABC):
             batched=batched,
         )
 
-    def decode_batch(self, steps: Sequence[DecodeStep]) -> None:
-        """Run the pending decode steps of several batched replies (each on its own cache) and set their logits. A
-        reply alone checks its prompt-lookup guesses as in a chat; in a batch, a reply whose last check guessed
-        this token takes that row and the others run (`_decode_rows`)."""
+    def decode_batch(self, steps: Sequence[BatchStep]) -> None:
+        """Run the pending steps of several batched replies (each on its own cache): decode steps get their logits,
+        prompts run a chunk (`prompt_takes`) and get theirs after their last token. A reply decoding alone checks its
+        prompt-lookup guesses as in a chat; in a batch, a reply whose last check guessed this token takes that row
+        and the others run (`_decode_rows`)."""
         with self._inference():
-            if len(steps) == 1 and steps[0].lookup is not None:
+            if len(steps) == 1 and isinstance(steps[0], DecodeStep) and steps[0].lookup is not None:
                 steps[0].logits = steps[0].lookup.next_logits(steps[0].token)
                 return
-            running = []
+            running: list[BatchStep] = []
             for step in steps:
-                step.logits = step.lookup.take_row(step.token) if step.lookup is not None else None
-                if step.logits is None:
-                    running.append(step)
+                if isinstance(step, DecodeStep):
+                    step.logits = step.lookup.take_row(step.token) if step.lookup is not None else None
+                    if step.logits is not None:
+                        continue
+                running.append(step)
             if running:
-                self._decode_rows(running)
+                self._decode_rows(running, prompt_takes(running, PREFILL_CHUNK))
 
-    def _decode_rows(self, steps: Sequence[DecodeStep]) -> None:
-        """Set each step's logits: one after another here; an engine with a batched forward runs them together."""
-        for step in steps:
-            step.logits = self._decode_step(step.token, step.kv)
+    def _decode_rows(self, steps: Sequence[BatchStep], takes: Sequence[int]) -> None:
+        """Run each step (a prompt its `takes` tokens) and set its logits: one after another here; an engine with a
+        batched forward runs them together."""
+        for step, take in zip(steps, takes, strict=True):
+            if isinstance(step, DecodeStep):
+                step.logits = self._decode_step(step.token, step.kv)
+            elif take:
+                logits = self._prefill(step.tokens[:take], step.kv)
+                step.ran = take
+                step.logits = logits if take == len(step.tokens) else None
 
     def generate_from_ids(
         self,
@@ -485,12 +494,17 @@ class ReplyEngine(ABC):
         with nullcontext() if batched else self._inference():
             pending = prompt_ids[reused:]
             logits = None
-            with self._inference() if batched else nullcontext():
-                for start in range(0, len(pending), PREFILL_CHUNK):
-                    if cancel is not None and cancel.is_set():
-                        finish = "cancelled"
-                        break
-                    logits = self._prefill(pending[start : start + PREFILL_CHUNK], kv)
+            while pending:
+                if cancel is not None and cancel.is_set():
+                    finish = "cancelled"
+                    break
+                if batched:  # the driver runs it with the other replies' steps, a chunk at a time
+                    prompt_step = PrefillStep(pending, kv)
+                    yield prompt_step
+                    pending, logits = pending[prompt_step.ran :], prompt_step.logits
+                else:
+                    logits = self._prefill(pending[:PREFILL_CHUNK], kv)
+                    pending = pending[PREFILL_CHUNK:]
             self._synchronize()
             prefill_done = time.perf_counter()
             peak = max(peak, self._memory_now())

@@ -82,7 +82,7 @@ def declare(lib: Any) -> str:
     lib.hearth_gg_forward.restype = flag
     lib.hearth_gg_forward.argtypes = [pointer] * 6 + [size] * 3 + [pointer, size, pointer, size]
     lib.hearth_gg_forward_rows.restype = flag
-    lib.hearth_gg_forward_rows.argtypes = [pointer] * 6 + [size] + [pointer] * 5 + [size]
+    lib.hearth_gg_forward_rows.argtypes = [pointer] * 6 + [size] + [pointer] * 4 + [size, pointer, size]
     layout = tuple(lib.hearth_gg_layout(i) for i in range(4))
     if layout != (len(STEP_SIZES), len(STEP_GLOBALS), len(STEP_TYPES), len(STEP_LAYER)):
         return f"its GGUF step layout {layout} does not match this Hearth"
@@ -203,13 +203,14 @@ class GGForward:
         capacities: npt.NDArray[np.int64],
         logits: Floats,
     ) -> int:
-        """One token of each of len(tokens) sequences (a batched decode step): row i at positions[i] of its own K/V
-        slabs (slabs [rows, layers, 2] addresses, capacities[i] positions each); every row's logits into `logits`
-        [rows, vocab]; hearth_gg_forward_rows's code (0: done)."""
+        """Rows of several sequences in one forward (a server's batched step): row i at positions[i] of its own K/V
+        slabs (slabs [rows, layers, 2] addresses, capacities[i] positions each); a sequence may have several rows
+        (a prompt chunk). The logits of the last logits.shape[0] rows into `logits` [rows, vocab];
+        hearth_gg_forward_rows's code (0: done)."""
         scratch = self._scratch_for(len(tokens), int(capacities.max()))
         return int(
             self.lib.hearth_gg_forward_rows(
                 *self._model(), tokens.ctypes.data, len(tokens), slabs.ctypes.data, positions.ctypes.data,
-                capacities.ctypes.data, logits.ctypes.data, *scratch,
+                capacities.ctypes.data, logits.ctypes.data, logits.shape[0], *scratch,
             )
         )  # fmt: skip

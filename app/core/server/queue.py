@@ -2,10 +2,10 @@
 (the window's own before any client's); a request whose client went away is skipped (while waiting) or cancelled
 (while generating, within one token).
 
-A model that decodes replies together (app.core.engines.batching) runs up to `parallel` of them at once: a new
-request joins after its prefill, every decode step runs the pending steps of all running replies in one call (each
-weight block read once for all), and a finished or cancelled reply leaves at the next step. Other models run one
-reply at a time.
+A model that decodes replies together (app.core.engines.batching) runs up to `parallel` of them at once: every step
+runs the pending steps of all running replies in one call (each weight block read once for all): a decode token of
+each running reply and a chunk of each new request's prompt, so a request joins without stalling the others, and a
+finished or cancelled reply leaves at the next step. Other models run one reply at a time.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Protocol, cast
 
 from app.core.chat.events import Event
 from app.core.engines.backend import MemoryReading, ModelInfo, ReplyRequest
-from app.core.engines.batching import BatchedModel, DecodeStep, NoRoomYet, ReplyItem
+from app.core.engines.batching import BatchedModel, BatchStep, DecodeStep, NoRoomYet, PrefillStep, ReplyItem
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,12 @@ class Job:
 
 @dataclass(eq=False)
 class _Running:
-    """A started job: its reply's items, and the decode step it waits on (batched replies)."""
+    """A started job: its reply's items, and the model step it waits on (batched replies: its prompt, then each
+    decode step)."""
 
     job: Job
     items: Generator[ReplyItem, None, None]
-    step: DecodeStep | None = None
+    step: BatchStep | None = None
 
 
 class RequestQueue:
@@ -203,8 +204,10 @@ class RequestQueue:
             running = self._step(running)
 
     def _step(self, running: list[_Running]) -> list[_Running]:
-        """One decode step of every running reply, in one call; the replies still running after it."""
-        steps = [slot.step for slot in running if slot.step is not None]
+        """One step of every running reply, in one call (a decode token each, a chunk of each new prompt); the replies
+        still running after it."""
+        # the window's own first: its prompt's chunk is taken before any client's
+        steps = [slot.step for slot in sorted(running, key=lambda slot: not slot.job.priority) if slot.step is not None]
         failure: BaseException | None = None
         try:
             cast(BatchedModel, self.model).decode_batch(steps)
@@ -221,14 +224,14 @@ class RequestQueue:
             yield from self.model.generate(job.request, job.cancel)
 
     def _advance(self, slot: _Running, failure: BaseException | None = None) -> bool:
-        """Run a reply to its next decode step, delivering its events; False once it has ended (its sink then has
+        """Run a reply to its next model step, delivering its events; False once it has ended (its sink then has
         END)."""
         job = slot.job
         slot.step = None
         try:
             item = slot.items.throw(failure) if failure is not None else next(slot.items)
             while True:
-                if isinstance(item, DecodeStep):
+                if isinstance(item, DecodeStep | PrefillStep):
                     slot.step = item
                     return True
                 _deliver(job, item)

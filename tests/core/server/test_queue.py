@@ -16,7 +16,7 @@ import pytest
 from app.core.chat.events import ChatMessage, DoneEvent, StatsEvent, TokenEvent
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import LoadRequest, MemoryReading, ModelInfo, ReplyRequest
-from app.core.engines.batching import DecodeStep, NoRoomYet, ReplyItem
+from app.core.engines.batching import PROMPT_TOKENS_BESIDE_DECODE, DecodeStep, NoRoomYet, ReplyItem
 from app.core.engines.lite.backend import LiteBackend, open_lite_backend
 from app.core.server.queue import End, JobItem, RequestQueue
 from tests.helpers.lookup_planners import CheapForwards
@@ -415,3 +415,61 @@ def test_a_served_reply_checks_prompt_lookup_guesses_alone_and_takes_confirmed_r
     assert [collected.done.text for _, collected in jobs] == alone
     stats = next(item for item in jobs[0][1].items if isinstance(item, StatsEvent)).stats
     assert stats.lookup == "on" and stats.lookup_accepted > 0
+
+
+def test_a_long_prompt_runs_in_chunks_beside_the_running_replies_and_changes_no_reply(
+    lite_default: LiteBackend,
+) -> None:
+    """A document question arrives while two replies decode: its prompt runs PROMPT_TOKENS_BESIDE_DECODE tokens a
+    step in the same forward as their next tokens (they keep streaming), and every reply is the one it gets alone."""
+    document = "Summarise this report in one line:\n" + " ".join(
+        f"In week {n} the {color} team shipped {n * 3} fixes and closed {n + 7} tickets." for n, color in
+        enumerate(["red", "blue", "green", "amber"] * 3)
+    )  # fmt: skip
+    requests = [
+        ReplyRequest(
+            messages=[ChatMessage("user", text)], params=SamplingParams(temperature=0.0, max_new_tokens=tokens),
+            use_response_cache=False,
+        )
+        for text, tokens in ((QUESTIONS[0], 40), (QUESTIONS[2], 40), (document, 8))
+    ]  # fmt: skip
+    model = lite_default.engine.model
+    steps: list[list[tuple[int, bool]]] = []  # each forward's parts: (tokens, wants logits)
+    real_run = model.run_sequences
+
+    def recorded(parts: Sequence[tuple[Sequence[int], Any, bool]]) -> Any:
+        steps.append([(len(tokens), wants) for tokens, _, wants in parts])
+        return real_run(parts)
+
+    queue = RequestQueue(lite_default, parallel=4)
+    late = Collected()
+
+    class SubmitsTheDocument(Collected):
+        def sink(self, item: JobItem) -> None:
+            super().sink(item)
+            if sum(isinstance(seen, TokenEvent) for seen in self.items) == 3 and isinstance(item, TokenEvent):
+                queue.submit(requests[2], threading.Event(), late.sink)
+
+    lite_default.clear_caches()
+    jobs = [(requests[0], SubmitsTheDocument()), (requests[1], Collected())]
+    model.run_sequences = recorded  # type: ignore[method-assign]
+    try:
+        for reply, collected in jobs:
+            queue.submit(reply, threading.Event(), collected.sink)
+        queue.start()
+        for collected in (*(collected for _, collected in jobs), late):  # the document joins at the third token
+            collected.wait()
+    finally:
+        queue.stop()
+        del model.run_sequences
+    prompt = len(lite_default.engine.prepare(requests[2]).ids)
+    assert prompt > 2 * PROMPT_TOKENS_BESIDE_DECODE
+    beside = [step for step in steps if any(tokens > 1 for tokens, _ in step) and (1, True) in step]
+    assert len(beside) >= 2  # the prompt took several steps, each beside the others' decode tokens
+    assert all(max(tokens for tokens, _ in step) <= PROMPT_TOKENS_BESIDE_DECODE for step in beside)
+    lite_default.clear_caches()
+    alone = [
+        next(e for e in lite_default.generate(reply, threading.Event()) if isinstance(e, DoneEvent)).text
+        for reply in requests
+    ]
+    assert [jobs[0][1].done.text, jobs[1][1].done.text, late.done.text] == alone

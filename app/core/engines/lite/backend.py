@@ -34,7 +34,7 @@ from app.core.engines.backend import (
     ProgressCallback,
     ReplyRequest,
 )
-from app.core.engines.batching import DEFAULT_PARALLEL, DecodeStep, NoRoomYet, ReplyItem
+from app.core.engines.batching import DEFAULT_PARALLEL, BatchStep, NoRoomYet, ReplyItem
 from app.core.engines.generation import token_ids
 from app.core.engines.kv_pool import MAX_POOLED, POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
 from app.core.engines.lite.engine import LiteEngine, LiteKV, eos_ids, load_tokenizer
@@ -407,7 +407,7 @@ class LiteBackend:
             self._reserved.pop(id(kv), None)
             self._pool.release(kv)
 
-    def decode_batch(self, steps: Sequence[DecodeStep]) -> None:
+    def decode_batch(self, steps: Sequence[BatchStep]) -> None:
         self.engine.decode_batch(steps)
 
     @property

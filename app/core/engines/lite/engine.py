@@ -18,7 +18,7 @@ import psutil
 
 from app.core.chat.response_cache import ResponseCache
 from app.core.chat.sampling import SamplingParams
-from app.core.engines.batching import DecodeStep
+from app.core.engines.batching import BatchStep, DecodeStep, PrefillStep
 from app.core.engines.generation import ReplyEngine, token_ids
 from app.core.engines.lite.prefix_store import PrefixCache
 from app.core.engines.lite.runtime import DecoderRuntime, LiteCache, LiteUnavailable
@@ -231,14 +231,26 @@ class LiteEngine(ReplyEngine):
     def _forward_rows(self, tokens: list[int], kv: LiteKV) -> Floats:
         return self.model.forward(tokens, kv.current(), len(tokens))
 
-    def _decode_rows(self, steps: Sequence[DecodeStep]) -> None:
-        """Several replies' steps in one forward where the model has one (each row bit for bit its own step)."""
-        if len(steps) < 2 or not self.model.batched_step:
-            super()._decode_rows(steps)
+    def _decode_rows(self, steps: Sequence[BatchStep], takes: Sequence[int]) -> None:
+        """Several replies' steps in one forward where the model has one (each row bit for bit its own step or
+        prefill computes it): decode tokens and prompt chunks together."""
+        if not self.model.batched_step or (len(steps) < 2 and not isinstance(steps[0], PrefillStep)):
+            super()._decode_rows(steps, takes)
             return
-        logits = self.model.step_rows([step.token for step in steps], [step.kv.current() for step in steps])
-        for step, row in zip(steps, logits, strict=True):
-            step.logits = row
+        parts: list[tuple[Sequence[int], LiteCache, bool]] = []
+        ran: list[BatchStep] = []
+        for step, take in zip(steps, takes, strict=True):
+            if isinstance(step, DecodeStep):
+                parts.append(([step.token], step.kv.current(), True))
+                ran.append(step)
+            elif take:
+                parts.append((step.tokens[:take], step.kv.current(), take == len(step.tokens)))
+                ran.append(step)
+        logits = iter(self.model.run_sequences(parts))
+        for step, (tokens, _, wants) in zip(ran, parts, strict=True):
+            if isinstance(step, PrefillStep):
+                step.ran = len(tokens)
+            step.logits = next(logits) if wants else None
 
     def _truncate(self, kv: LiteKV, length: int) -> None:
         kv.current().truncate(length)

@@ -328,35 +328,53 @@ class GGUFModel(DecoderRuntime):
             self.arguments.set_threads(threads)
             return self.arguments.run(np.array([token], dtype=np.int64), position, logits[None, :])
 
-    def step_rows(self, tokens: Sequence[int], caches: Sequence[LiteCache]) -> Floats:
-        """One token of each sequence at its cache's next position, every weight block read once for all of them (a
-        server's batched decode step); the logits [rows, vocab], row i bit for bit what step(tokens[i], caches[i])
-        gives."""
-        if len(tokens) != len(caches) or not caches:
-            raise ValueError("a batched step takes one token for each cache")
-        if len({id(cache) for cache in caches}) != len(caches):
+    def run_sequences(self, parts: Sequence[tuple[Sequence[int], LiteCache, bool]]) -> list[Floats]:
+        """Several sequences' next tokens in one forward (a server's batched step: one reply's decode token, another's
+        prompt chunk): part (tokens, cache, wants_logits) runs `tokens` at its cache's next positions, every weight
+        block read once for all rows. Each row is computed bit for bit as that sequence's own step or prefill
+        computes it. The logits after each wanting part's last token [vocab], in the parts' order."""
+        if not parts:
+            raise ValueError("a batched step needs at least one sequence")
+        if len({id(cache) for _, cache, _ in parts}) != len(parts):
             raise ValueError("a batched step's rows need distinct caches")
-        ids = np.asarray(tokens, dtype=np.int64)
-        bad = ids[(ids < 0) | (ids >= self.config.vocab)]
-        if bad.size:
-            raise ValueError(f"token id {int(bad[0])} is outside the model's {self.config.vocab}-token vocabulary")
-        for cache in caches:
-            cache.reserve(cache.length + 1)
-        slabs = np.empty((len(caches), self.config.layers, 2), dtype=np.uint64)
-        for row, cache in enumerate(caches):
-            slabs[row, :, 0], slabs[row, :, 1] = cache.slab_addresses()
-        positions = np.array([cache.length for cache in caches], dtype=np.int64)
-        capacities = np.array([cache.capacity for cache in caches], dtype=np.int64)
-        logits = np.empty((len(caches), self.config.vocab), dtype=np.float32)
-        with self.batch_team.timed(len(caches)) as threads:
+        layers = self.config.layers
+        ordered: list[tuple[int, int, LiteCache]] = []  # (token, position, cache): rows without logits first
+        last_rows: list[tuple[int, int, LiteCache]] = []
+        for tokens, cache, wants in parts:
+            if not tokens:
+                raise ValueError("every sequence of a batched step needs a token")
+            ids = np.asarray(tokens, dtype=np.int64)
+            bad = ids[(ids < 0) | (ids >= self.config.vocab)]
+            if bad.size:
+                raise ValueError(f"token id {int(bad[0])} is outside the model's {self.config.vocab}-token vocabulary")
+            rows = [(int(token), cache.length + offset, cache) for offset, token in enumerate(ids)]
+            if wants:
+                ordered.extend(rows[:-1])
+                last_rows.append(rows[-1])
+            else:
+                ordered.extend(rows)
+        for tokens, cache, _ in parts:
+            cache.reserve(cache.length + len(tokens))
+        ordered.extend(last_rows)
+        slabs = np.empty((len(ordered), layers, 2), dtype=np.uint64)
+        addresses = {id(cache): cache.slab_addresses() for _, cache, _ in parts}
+        for row, (_, _, cache) in enumerate(ordered):
+            slabs[row, :, 0], slabs[row, :, 1] = addresses[id(cache)]
+        ids = np.array([token for token, _, _ in ordered], dtype=np.int64)
+        positions = np.array([position for _, position, _ in ordered], dtype=np.int64)
+        capacities = np.array([cache.capacity for _, _, cache in ordered], dtype=np.int64)
+        logits = np.empty((len(last_rows), self.config.vocab), dtype=np.float32)
+        # a prompt's chunk makes it a prefill call (its time per token a prefill's): timed as one, apart from steps
+        team = self.prefill_team if len(ordered) > len(parts) else self.batch_team
+        with team.timed(len(ordered)) as threads:
             self.arguments.set_threads(threads)
             code = self.arguments.run_rows(ids, slabs, positions, capacities, logits)
         if code != 0:
-            raise RuntimeError(f"the GGUF forward refused a batched step of {len(caches)} sequences (code {code})")
-        for cache, token in zip(caches, ids, strict=True):
-            cache.length += 1
-            cache.ids.append(int(token))
-        return logits
+            raise RuntimeError(f"the GGUF forward refused a batched step of {len(ordered)} rows (code {code})")
+        for tokens, cache, _ in parts:
+            cache.length += len(tokens)
+            cache.ids.extend(int(token) for token in tokens)
+        return list(logits)
 
     # -- prefill: the decode step's own C forward, PREFILL_CHUNK tokens a call (each token computed as one step is)
     def prefill(self, ids: Sequence[int], cache: LiteCache) -> Floats:

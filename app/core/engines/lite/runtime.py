@@ -258,7 +258,7 @@ class DecoderRuntime:
     rope_pairs = False  # RoPE on adjacent pairs (GGUF llama Q/K rows) instead of halves (Hugging Face's)
     path_name = "lite-q4"  # the stats' and the response cache's name for how its steps run
     exact_forward = False  # whether forward() computes each row bit for bit as step() does (prompt lookup needs it)
-    batched_step = False  # whether step_rows() runs several sequences' steps in one call (a server's batch)
+    batched_step = False  # whether run_sequences() runs several sequences' steps in one call (a server's batch)
     attn_norms: list[Floats]
     mlp_norms: list[Floats]
     final_norm: Floats
@@ -326,9 +326,19 @@ class DecoderRuntime:
         a decode step computes it (only where `exact_forward`)."""
         raise NotImplementedError(f"{type(self).__name__} computes no exact multi-row forward")
 
-    def step_rows(self, tokens: Sequence[int], caches: Sequence[LiteCache]) -> Floats:
-        """One token of each sequence at its cache's next position in one call (only where `batched_step`)."""
+    def run_sequences(self, parts: Sequence[tuple[Sequence[int], LiteCache, bool]]) -> list[Floats]:
+        """Several sequences' tokens (tokens, cache, wants_logits) in one forward, each row as its own step computes
+        it; the logits after each wanting part's last token (only where `batched_step`)."""
         raise NotImplementedError(f"{type(self).__name__} computes no batched step")
+
+    def step_rows(self, tokens: Sequence[int], caches: Sequence[LiteCache]) -> Floats:
+        """One token of each sequence at its cache's next position in one call (a server's batched decode step); the
+        logits [rows, vocab], row i bit for bit what step(tokens[i], caches[i]) gives."""
+        if len(tokens) != len(caches) or not caches:
+            raise ValueError("a batched step takes one token for each cache")
+        return np.stack(
+            self.run_sequences([([token], cache, True) for token, cache in zip(tokens, caches, strict=True)])
+        )
 
     # -- decode
     def step(self, token: int, cache: LiteCache) -> Floats:

@@ -60,7 +60,8 @@
 #define HEARTH_AVX512 0
 #endif
 
-#define HEARTH_ABI 9 /* also the numerics' version, which the prompt and response caches key on (9: exp256) */
+#define HEARTH_ABI 10 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
+                          * 10: hearth_gg_forward_rows takes several tokens of a sequence and its logit rows) */
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -2624,16 +2625,18 @@ int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
     return gg_forward(cfg, cfgf, glob, types, layers, tokens, n, &rk, logits, logit_rows, scratch, scratch_floats);
 }
 
-/* One token of each of n sequences (a batched decode step): row i at positions[i] of its own slabs kv[i][layer][k, v]
- * of capacities[i] positions, every weight block read once for all of them; each row's logits into logits[i]. The
- * scratch is sized for the widest slab (hearth_gg_scratch_floats(cfg, n, max capacity)). */
+/* Rows of several sequences in one forward (a server's batched step: decode tokens and prompt chunks together): row i
+ * at positions[i] of its sequence's slabs kv[i][layer][k, v] of capacities[i] positions, every weight block read once
+ * for all rows; a sequence's rows may be several (a prompt chunk, its positions consecutive), in any order, as its
+ * K/V are all stored before any row attends. The logits of the last logit_rows rows go to logits[0..]. The scratch is
+ * sized for the widest slab (hearth_gg_scratch_floats(cfg, n, max capacity)). */
 int hearth_gg_forward_rows(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types,
                            void *const *layers, const int64_t *tokens, int64_t n, void *const *kv,
-                           const int64_t *positions, const int64_t *capacities, float *logits, float *scratch,
-                           int64_t scratch_floats) {
+                           const int64_t *positions, const int64_t *capacities, float *logits, int64_t logit_rows,
+                           float *scratch, int64_t scratch_floats) {
     if (n < 1 || !kv || !positions || !capacities) return -1;
     int64_t widest = 0;
     for (int64_t i = 0; i < n; i++) widest = capacities[i] > widest ? capacities[i] : widest;
     const gg_rows_kv rk = {kv, positions, capacities, 0, widest};
-    return gg_forward(cfg, cfgf, glob, types, layers, tokens, n, &rk, logits, n, scratch, scratch_floats);
+    return gg_forward(cfg, cfgf, glob, types, layers, tokens, n, &rk, logits, logit_rows, scratch, scratch_floats);
 }

@@ -431,6 +431,36 @@ def test_a_batched_step_gives_each_sequence_the_bits_of_its_own_step(rows: int, 
         model.close()
 
 
+def test_prompt_chunks_and_decode_tokens_in_one_forward_give_each_sequence_its_own_bits(tmp_path: Path) -> None:
+    """A server step: one reply's decode token, the middle chunk of a second's prompt (no logits wanted) and the last
+    chunk of a third's, in one forward. Each sequence's logits and K/V bits are those of its own step and prefill."""
+    model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K))
+    try:
+        rng = np.random.default_rng(3)
+        prompts = [[int(i) for i in rng.integers(3, 400, size=length)] for length in (40, 90, 300)]
+        alone, together = [model.new_cache() for _ in prompts], [model.new_cache() for _ in prompts]
+        model.prefill(prompts[0], alone[0])
+        expected_step = model.step(7, alone[0])
+        model.prefill(prompts[1], alone[1])
+        expected_last = model.prefill(prompts[2], alone[2])
+        model.prefill(prompts[0], together[0])
+        model.prefill(prompts[1][:30], together[1])
+        model.prefill(prompts[2][:280], together[2])
+        logits = model.run_sequences(
+            [([7], together[0], True), (prompts[1][30:], together[1], False), (prompts[2][280:], together[2], True)]
+        )
+        assert len(logits) == 2
+        assert np.array_equal(logits[0], expected_step) and np.array_equal(logits[1], expected_last)
+        for one, many in zip(alone, together, strict=True):
+            assert many.ids == one.ids and many.length == one.length
+            for a, b in zip(one.keys + one.values, many.keys + many.values, strict=True):
+                assert np.array_equal(a[:, : one.length], b[:, : one.length])
+        with pytest.raises(ValueError, match="needs a token"):
+            model.run_sequences([([], together[0], True)])
+    finally:
+        model.close()
+
+
 @pytest.mark.parametrize(("tokens", "capacity"), [(1, 512), (7, 512), (256, 8192)])
 def test_the_plan_counts_the_forward_s_scratch_exactly(tokens: int, capacity: int, tmp_path: Path) -> None:
     from app.core.engines.lite.gguf_model import forward_scratch_bytes
