@@ -57,6 +57,9 @@ def fresh_library(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Forget the process's library for one test (and again after it, so later tests rebuild cleanly); compile from
     source, as a source install without prebuilt kernels does (tests/core/test_native_integrity.py tests those)."""
     monkeypatch.setenv(kernel.KERNEL_ENV, "compile")
+    # what these tests check is the build, its cache and its fallbacks: -O1 compiles in a third of -O3's time, and
+    # the same floats (the order is fixed by -ffp-contract=off and the intrinsics; tests/core/test_native_arm.py)
+    monkeypatch.setattr(kernel, "EXTRA_FLAGS", ("-O1",))
     kernel.reset_library_for_tests()
     yield native
     kernel.reset_library_for_tests()

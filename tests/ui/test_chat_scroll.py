@@ -30,8 +30,9 @@ def long_chat(make_window, qtbot, backend: ScriptedBackend) -> MainWindow:  # ty
 
 
 def test_a_message_sent_while_scrolled_up_comes_into_view(make_window, qtbot) -> None:
-    backend = ScriptedBackend(replies=[LONG] * 4 + ["A slow reply " * 40], tokens_per_s=60)
+    backend = ScriptedBackend(replies=[LONG] * 4 + ["A slow reply " * 40])
     window = long_chat(make_window, qtbot, backend)
+    backend.tokens_per_s = 60  # only the last reply streams slowly: it is still streaming when checked
     view = window.chat_view
     view.verticalScrollBar().setValue(0)  # the user scrolled up to read an earlier answer
     qtbot.wait(20)
