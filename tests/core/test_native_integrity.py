@@ -106,6 +106,28 @@ def compiled_only(monkeypatch: pytest.MonkeyPatch, isolated_cache: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
+def compiled_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache folder holding the library as compiled_only builds it, compiled once for the module."""
+    cache = tmp_path_factory.mktemp("compiled-once")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(kernel.KERNEL_ENV, "compile")
+        patch.setenv("HEARTH_CACHE_DIR", str(cache))
+        patch.setattr(kernel, "EXTRA_FLAGS", ("-O1",))
+        kernel.reset_library_for_tests()
+        assert isinstance(kernel.load_library(), kernel.NativeLibrary)
+    kernel.reset_library_for_tests()
+    return cache / "native"
+
+
+@pytest.fixture
+def compiled_before(compiled_only: Path, compiled_once: Path) -> Path:
+    """compiled_only with the library already in its cache, as an earlier run left it (each test then compiles only
+    what it damages)."""
+    shutil.copytree(compiled_once, compiled_only / "native")
+    return compiled_only
+
+
+@pytest.fixture(scope="module")
 def prebuilt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (IS_X86 and HAS_CC):
         pytest.skip("needs an x86-64 machine with a C compiler")
@@ -136,12 +158,12 @@ def with_flags(monkeypatch: pytest.MonkeyPatch, flags: frozenset[str]) -> None:
 @needs_kernel
 @pytest.mark.parametrize("case", list(LIBRARY_DAMAGE))
 def test_a_damaged_compiled_library_is_moved_aside_rebuilt_and_never_loaded(
-    case: str, default_loaded: Any, compiled_only: Path, dlopened: list[tuple[Path, str]]
+    case: str, default_loaded: Any, compiled_before: Path, dlopened: list[tuple[Path, str]]
 ) -> None:
     clean = Engine(default_loaded)
     assert clean.decode_path == "fused-q4", clean.decode_path_note
     clean_text = reply(clean)
-    (library,) = (compiled_only / "native").glob("hearth_decode-*.so")
+    (library,) = (compiled_before / "native").glob("hearth_decode-*.so")
     good = library.read_bytes()
     damaged = LIBRARY_DAMAGE[case](good)
     damage(library, damaged)
@@ -161,16 +183,16 @@ def test_a_damaged_compiled_library_is_moved_aside_rebuilt_and_never_loaded(
 
 
 @needs_kernel
-def test_a_cut_short_library_no_longer_crashes_the_next_process(compiled_only: Path) -> None:
+def test_a_cut_short_library_no_longer_crashes_the_next_process(compiled_before: Path) -> None:
     """Before: dlopen mapped the cut-short file and the process died of SIGBUS (exit 135) on every run."""
     script = (  # -O1 as in compiled_only, in each process
         "from app.core.fastpath import kernel; kernel.EXTRA_FLAGS = ('-O1',); lib = kernel.load_library(); "
         "print(lib.origin, lib.threaded)"
     )
-    env = {**os.environ, kernel.KERNEL_ENV: "compile", "HEARTH_CACHE_DIR": str(compiled_only)}
+    env = {**os.environ, kernel.KERNEL_ENV: "compile", "HEARTH_CACHE_DIR": str(compiled_before)}
     first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
-    (library,) = (compiled_only / "native").glob("hearth_decode-*.so")
+    (library,) = (compiled_before / "native").glob("hearth_decode-*.so")
     damage(library, truncated(library.read_bytes(), 4096))
     second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
@@ -179,9 +201,9 @@ def test_a_cut_short_library_no_longer_crashes_the_next_process(compiled_only: P
 
 
 @needs_kernel
-def test_a_library_whose_checksum_file_is_gone_is_rebuilt(default_loaded: Any, compiled_only: Path) -> None:
+def test_a_library_whose_checksum_file_is_gone_is_rebuilt(default_loaded: Any, compiled_before: Path) -> None:
     assert isinstance(kernel.load_library(), kernel.NativeLibrary)
-    (library,) = (compiled_only / "native").glob("hearth_decode-*.so")
+    (library,) = (compiled_before / "native").glob("hearth_decode-*.so")
     integrity.sidecar(library).unlink()
     kernel.reset_library_for_tests()
     assert isinstance(kernel.load_library(), kernel.NativeLibrary)
@@ -322,14 +344,20 @@ def test_the_choice_follows_the_cpu_flags_not_the_build_machine(
     assert re.findall(r"would load (\S+?\.so)", found)[0] == f"hearth_decode-{target}.so"
 
 
-def test_a_cpu_without_avx2_compiles_from_source_and_says_why(
+def test_a_cpu_without_avx2_is_told_why_and_nothing_is_compiled_for_nothing(
     prebuilt: Path, monkeypatch: pytest.MonkeyPatch, default_loaded: Any
 ) -> None:
+    """No prebuilt kernel fits and a compile here could only build the plain C kernel, which is refused (slower than
+    torch's): the reasons, at once, instead of a build thrown away."""
     with_flags(monkeypatch, frozenset({"sse2", "avx"}))
+    compiles: list[int] = []
+    monkeypatch.setattr(kernel, "_compile_and_load", lambda: compiles.append(1) or "(test) compiled")
     library = kernel.load_library()
-    assert isinstance(library, kernel.NativeLibrary) and library.origin.startswith("compiled here")
-    assert "x86-64-avx512 needs " in library.fallback and "x86-64-avx2 needs abm, avx2," in library.fallback
+    assert isinstance(library, str) and library.startswith(kernel.NO_SIMD), library
+    assert "x86-64-avx512 needs " in library and "x86-64-avx2 needs abm, avx2," in library
+    assert compiles == []
     choice = fastpath.apply_decode_path(default_loaded.model, "cpu", "bf16")
+    assert choice.name == "eager" and "lacks AVX2+FMA" in choice.note
     assert "prebuilt kernels: x86-64-avx512 needs" in choice.note
 
 

@@ -77,6 +77,7 @@ KERNEL_CHOICES = ("auto", "compile", "prebuilt")
 # that misbehaves. "scalar" builds the plain C code, which the fused step refuses (slower than torch's kernels).
 TARGET_ENV = "HEARTH_KERNEL_TARGET"
 TARGETS: dict[str, tuple[str, ...]] = {"x86_64": ("avx512", "avx2", "scalar"), "aarch64": ("dotprod", "neon")}
+NO_SIMD = "this CPU lacks AVX2+FMA: the fused decode kernel would be slower than the plain path"
 TARGET_FLAGS = {"avx2": ("-mno-avx512f",), "scalar": ("-mno-avx2", "-mno-fma"), "neon": ("-march=armv8-a",)}
 # Which caps each prebuilt target (packaging/build_kernels.py) fits under.
 PREBUILT_TARGET_CAPS = {
@@ -347,10 +348,21 @@ def _build_and_load() -> NativeLibrary | str:
         fallback = found
         if mode == "prebuilt":
             return f"no usable prebuilt kernel ({fallback})"
+    if _plain_build_only():  # what a compile would give is refused on load: no 10-second build to throw away
+        return f"{NO_SIMD}; no prebuilt kernel either ({fallback})" if fallback else NO_SIMD
     compiled = _compile_and_load()
     if isinstance(compiled, str):
         return f"{compiled}; no prebuilt kernel either ({fallback})"
     return dataclasses.replace(compiled, fallback=fallback)
+
+
+def _plain_build_only() -> bool:
+    """Whether a compile here could only build the plain C kernel (x86-64 without AVX2+FMA, or capped to `scalar`),
+    which is refused. Unknown flags (an OS without a flag list and no torch) are left to the compile to find out."""
+    if machine_arch() != "x86_64":
+        return False
+    flags = cpu_flags()
+    return kernel_target() == "scalar" or (bool(flags) and not {"avx2", "fma"} <= flags)
 
 
 def read_manifest(folder: Path | None = None) -> dict[str, Any] | str:
@@ -556,7 +568,7 @@ def _load(path: Path, threaded: bool, built: float, compiler: str, sha256: str, 
     if mismatch:
         return f"the fused decode kernel at {path}: {mismatch}"
     if not lib.hearth_simd():
-        return "this CPU lacks AVX2+FMA: the fused decode kernel would be slower than the plain path"
+        return NO_SIMD
     return NativeLibrary(
         lib, path, threaded and bool(lib.hearth_openmp()), built, compiler, sha256=sha256, origin=origin
     )
