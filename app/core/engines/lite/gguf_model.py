@@ -31,12 +31,14 @@ from app.core.fastpath import blocks
 from app.core.fastpath.kernel import NativeLibrary, library_origin, load_library
 from app.core.models.gguf_meta import GGUFHeader, TensorExtent, check_gguf_complete, read_gguf_header
 
-# Which matrix inputs are quantized to 15 bits instead of 8 (blocks.PRECISE_*), in prefill and decode alike. Measured
-# on the default model as Q4_0 (KL divergence from the exact forward of the same file, 21 positions): all at 8 bits,
-# as llama.cpp's Q8_0 activations, 0.031; the attention's input alone at 15 bits, 0.0063; every input, 0.0001.
-PRECISE_INPUTS = (
-    blocks.PRECISE_QKV | blocks.PRECISE_O | blocks.PRECISE_GATE_UP | blocks.PRECISE_DOWN | blocks.PRECISE_HEAD
-)
+# Which matrix inputs are quantized to 15 bits instead of 8 (blocks.PRECISE_*), in prefill and decode alike: the
+# attention's (q/k/v and o) and the head's; the MLP's, most of the products, at 8 (each 15-bit input costs twice the
+# integer work). KL divergence from the exact forward of the same file (bench/quality.py's text, 512 positions, the
+# default model's Q4_1 / Q4_K_M / Q8_0 files): every input at 15 bits 0.00009 / 0.00008 / 0.00008; this split
+# 0.0018 / 0.0020 / 0.0016; every input at 8 bits 0.0045 / 0.0043 / 0.0040; llama.cpp on the same files (8-bit
+# inputs, 1,024 positions) 0.0036 / 0.0054 / 0.0036.
+PRECISE_ALL = blocks.PRECISE_QKV | blocks.PRECISE_O | blocks.PRECISE_GATE_UP | blocks.PRECISE_DOWN | blocks.PRECISE_HEAD
+PRECISE_INPUTS = blocks.PRECISE_QKV | blocks.PRECISE_O | blocks.PRECISE_HEAD
 # GGUF architectures the runtime runs, and whether llama.cpp's converter interleaved their Q/K rows for RoPE on
 # adjacent pairs (llama's "normal" rope) or kept the halves (qwen2's "neox" rope).
 ROPE_PAIRS = {"llama": True, "qwen2": False}
@@ -273,13 +275,11 @@ class GGUFModel(DecoderRuntime):
             if self.threads > 1 and self.decode_team.explore_every
             else f"{self.threads} thread{'s' if self.threads > 1 else ''}"
         )
-        activations = (
-            "activations at 15 bits per 32 values"
-            if self.precise == PRECISE_INPUTS
-            else "activations at 8 bits per 32 values"
-            if not self.precise
-            else f"activations at 15 bits (inputs {self.precise:#x}) or 8 bits per 32 values"
-        )
+        activations = {
+            PRECISE_INPUTS: "activations per 32 values at 15 bits into attention and the head, 8 into the MLP",
+            PRECISE_ALL: "activations at 15 bits per 32 values",
+            0: "activations at 8 bits per 32 values",
+        }.get(self.precise, f"activations at 15 bits (inputs {self.precise:#x}) or 8 bits per 32 values")
         return (
             f"torch-free runtime on the GGUF file's own blocks ({mix}; head {blocks.type_name(self.head.kind)}), "
             f"{kernel} ({library_origin(self.library)}), {activations}; decode in one C step, prefill in chunks of "
