@@ -289,15 +289,7 @@ class GGUFModel(DecoderRuntime):
     def _bind_step(self) -> None:
         config = self.config
         sizes = {
-            "layers": config.layers,
-            "hidden": config.hidden,
-            "heads": config.heads,
-            "kv_heads": config.kv_heads,
-            "head_dim": config.head_dim,
-            "inter": config.inter,
-            "vocab": config.vocab,
-            "kv_bf16": 1,
-            "threads": self.threads,
+            **config.step_sizes(self.threads),
             "rope_pairs": int(self.rope_pairs),
             "embed_type": self.embedding.kind,
             "head_type": self.head.kind,
@@ -328,6 +320,14 @@ class GGUFModel(DecoderRuntime):
             self.arguments.set_threads(threads)
             return self.arguments.run(np.array([token], dtype=np.int64), position, logits[None, :])
 
+    def _token_ids(self, tokens: Sequence[int]) -> npt.NDArray[np.int64]:
+        """`tokens` as the kernel's int64 ids, each checked to be in the vocabulary."""
+        ids = np.asarray(tokens, dtype=np.int64)
+        bad = ids[(ids < 0) | (ids >= self.config.vocab)]
+        if bad.size:
+            raise ValueError(f"token id {int(bad[0])} is outside the model's {self.config.vocab}-token vocabulary")
+        return ids
+
     def run_sequences(self, parts: Sequence[tuple[Sequence[int], LiteCache, bool]]) -> list[Floats]:
         """Several sequences' next tokens in one forward (a server's batched step: one reply's decode token, another's
         prompt chunk): part (tokens, cache, wants_logits) runs `tokens` at its cache's next positions, every weight
@@ -343,10 +343,7 @@ class GGUFModel(DecoderRuntime):
         for tokens, cache, wants in parts:
             if not tokens:
                 raise ValueError("every sequence of a batched step needs a token")
-            ids = np.asarray(tokens, dtype=np.int64)
-            bad = ids[(ids < 0) | (ids >= self.config.vocab)]
-            if bad.size:
-                raise ValueError(f"token id {int(bad[0])} is outside the model's {self.config.vocab}-token vocabulary")
+            ids = self._token_ids(tokens)
             rows = [(int(token), cache.length + offset, cache) for offset, token in enumerate(ids)]
             if wants:
                 ordered.extend(rows[:-1])
@@ -386,10 +383,7 @@ class GGUFModel(DecoderRuntime):
         [logit_rows, vocab] (the quality bench and a speculative check read every position's)."""
         if not ids:
             raise ValueError("prefill needs at least one token")
-        tokens = np.asarray(ids, dtype=np.int64)
-        bad = tokens[(tokens < 0) | (tokens >= self.config.vocab)]
-        if bad.size:
-            raise ValueError(f"token id {int(bad[0])} is outside the model's {self.config.vocab}-token vocabulary")
+        tokens = self._token_ids(ids)
         logits = np.empty((logit_rows, self.config.vocab), dtype=np.float32)
         cache.reserve(cache.length + len(ids))
         self._bind(cache)

@@ -225,16 +225,8 @@ class LiteModel(DecoderRuntime):
         else:
             self._row_f32 = None
         sizes = {
-            "layers": config.layers,
-            "hidden": config.hidden,
-            "heads": config.heads,
-            "kv_heads": config.kv_heads,
-            "head_dim": config.head_dim,
-            "inter": config.inter,
-            "vocab": config.vocab,
+            **config.step_sizes(self.threads),
             "embed_bf16": int(self.embedding.dtype == "BF16"),
-            "kv_bf16": 1,
-            "threads": self.threads,
             "q4": 1,
         }
         row = self._row_f32 if self._row_f32 is not None else self._row

@@ -77,6 +77,20 @@ class LiteConfig:
         """Every layer's keys and values for one token, in the cache's bf16."""
         return self.layers * AttentionShape(self.heads, self.kv_heads, self.head_dim).kv_bytes_per_token(2)
 
+    def step_sizes(self, threads: int) -> dict[str, int]:
+        """The kernel's size fields every model's step binds (a bf16 KV cache, `threads` at most)."""
+        return {
+            "layers": self.layers,
+            "hidden": self.hidden,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "inter": self.inter,
+            "vocab": self.vocab,
+            "kv_bf16": 1,
+            "threads": threads,
+        }
+
     def weight_bytes(self, packed_bytes: int) -> int:
         """What the model holds: its packed copy (every decode step reads all of it) and its fp32 norms."""
         return packed_bytes + 4 * self.hidden * (2 * self.layers + 1)
