@@ -8,7 +8,10 @@ two threads ran at a third of one thread's speed, and llama.cpp's likewise. A de
 size is measured, not assumed.
 
 The policy: time every call per token, keep a moving average per team size, use the fastest, and now and then (after
-the first few calls, then every `explore_every`) try another size for a few calls so a change in load is noticed.
+the first few calls, then every `explore_every`) try another size for a few calls so a change in load is noticed. A
+size that measured clearly slower is tried half as often each time (down to one try in MAX_BACKOFF intervals: on a
+quiet machine the tries of one thread cost 7 % of a 4-reply batch's rate), and any clear change in the chosen size's
+own time per token (a load that came or went) brings the next try forward.
 Decode steps and prefill chunks each have their own chooser (their times per token differ a hundredfold). The
 kernel's results do not depend on the team size (row-invariant products, attention in fixed chunks), so switching
 never changes a reply.
@@ -25,6 +28,9 @@ SMOOTHING = 0.3  # weight of the newest measurement in a team size's average
 EXPLORE_EVERY = 48  # calls between tries of another team size
 EXPLORE_CALLS = 3  # calls per try
 FIRST_TRY = 4  # the first try comes early: a machine may be busy from the start
+SLOWER = 1.25  # a tried size this much slower per token than the best is tried less often
+MAX_BACKOFF = 8  # explore_every intervals at most between tries
+LOAD_CHANGE = 1.3  # the best size's time per token moved this far (either way) since the last try: try again now
 
 
 @dataclass
@@ -39,9 +45,13 @@ class TeamChooser:
     _calls: int = 0
     _trying: int = 0  # the size under trial, 0 when none
     _tried: int = 0  # calls of the current trial so far
+    _next: int = FIRST_TRY  # the call count at which the next try starts
+    _interval: int = 0  # calls between tries now (explore_every, doubled while the tries measure clearly slower)
+    _baseline: float | None = None  # the best size's time per token when the last try ended
 
     def __post_init__(self) -> None:
         self.largest = max(1, self.largest)
+        self._interval = self.explore_every
 
     def candidates(self) -> list[int]:
         """Team sizes worth trying: the largest, halvings of it, and one."""
@@ -72,13 +82,21 @@ class TeamChooser:
         if self._trying:
             self._tried += 1
             if self._tried >= self.explore_calls:
-                self._trying = 0
+                tried, self._trying = self._trying, 0
+                best = self.best
+                if tried != best and self.average[tried] > SLOWER * self.average[best]:
+                    self._interval = min(2 * self._interval, MAX_BACKOFF * self.explore_every)
+                else:
+                    self._interval = self.explore_every
+                self._baseline = self.average[best]
+                self._next = self._calls + self._interval
             return
-        if (
-            self.largest > 1
-            and self.explore_every > 0
-            and (self._calls == FIRST_TRY or self._calls % self.explore_every == 0)
-        ):
+        if self.largest <= 1 or self.explore_every <= 0:
+            return
+        now = self.average.get(self.best)
+        if self._baseline and now and not 1 / LOAD_CHANGE < now / self._baseline < LOAD_CHANGE:
+            self._next, self._interval, self._baseline = self._calls, self.explore_every, None  # conditions changed
+        if self._calls >= self._next:
             others = [candidate for candidate in self.candidates() if candidate != self.best]
             untried = [candidate for candidate in others if candidate not in self.average]
             # the least recently sure: an untried size first, else the next one in turn
