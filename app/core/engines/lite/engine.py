@@ -233,8 +233,8 @@ class LiteEngine(ReplyEngine):
 
     def _decode_rows(self, steps: Sequence[BatchStep], takes: Sequence[int]) -> None:
         """Several replies' steps in one forward where the model has one (each row bit for bit its own step or
-        prefill computes it): decode tokens and prompt chunks together."""
-        if not self.model.batched_step or (len(steps) < 2 and not isinstance(steps[0], PrefillStep)):
+        prefill computes it): decode tokens and prompt chunks together. One step alone runs as a chat's would."""
+        if not self.model.batched_step or len(steps) < 2:
             super()._decode_rows(steps, takes)
             return
         parts: list[tuple[Sequence[int], LiteCache, bool]] = []
