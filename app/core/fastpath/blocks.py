@@ -27,6 +27,10 @@ GEOMETRY = {
     F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
     Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
 }  # fmt: skip
+# A type's 16-row layout (hearth_gg_repack_x16): its code is the file type's plus X16, its row bytes these per block.
+X16 = 100
+X16_ROWS = 16
+X16_BLOCK_BYTES = {Q4_K: 148, Q6_K: 210}
 # hearth_gg_step's argument tables, in the C enums' order (checked against hearth_gg_layout)
 STEP_SIZES = (
     "layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "kv_bf16", "threads", "rope_pairs",
@@ -44,8 +48,15 @@ STEP_LAYER = (
 Floats = npt.NDArray[np.float32]
 
 
+def file_type(kind: int) -> int:
+    """The file's type of a matrix (the type itself, or the one a 16-row layout was repacked from)."""
+    return kind - X16 if kind - X16 in X16_BLOCK_BYTES else kind
+
+
 def type_name(kind: int) -> str:
     """ggml's name for a type number, also for the types the kernel does not compute on."""
+    if kind - X16 in X16_BLOCK_BYTES:
+        return f"{TYPE_NAMES[kind - X16]} (16-row layout)"
     if kind in TYPE_NAMES:
         return TYPE_NAMES[kind]
     try:
@@ -58,6 +69,8 @@ def type_name(kind: int) -> str:
 
 def row_bytes(kind: int, cols: int) -> int:
     """Bytes of one row of `cols` values; ValueError when the kernel does not take that type or row length."""
+    if kind - X16 in X16_BLOCK_BYTES and cols % 256 == 0:
+        return cols // 256 * X16_BLOCK_BYTES[kind - X16]
     if kind not in GEOMETRY:
         raise ValueError(f"{type_name(kind)} is not a type the kernel computes on")
     values, size = GEOMETRY[kind]
@@ -75,6 +88,10 @@ def declare(lib: Any) -> str:
     lib.hearth_gg_dequant.argtypes = [flag, pointer, size, pointer]
     lib.hearth_gg_matmul.restype = flag
     lib.hearth_gg_matmul.argtypes = [flag, pointer, size, size, pointer, size, pointer, pointer, flag, flag]
+    lib.hearth_gg_x16_bytes.restype = size
+    lib.hearth_gg_x16_bytes.argtypes = [flag, size, size]
+    lib.hearth_gg_repack_x16.restype = flag
+    lib.hearth_gg_repack_x16.argtypes = [flag, pointer, size, size, pointer, flag]
     lib.hearth_gg_layout.restype = flag
     lib.hearth_gg_layout.argtypes = [flag]
     lib.hearth_gg_scratch_floats.restype = size
@@ -99,6 +116,22 @@ def dequantize(lib: Any, kind: int, data: npt.NDArray[np.uint8], count: int) -> 
     if lib.hearth_gg_dequant(kind, data.ctypes.data, count, out.ctypes.data) != 0:
         raise ValueError(f"{count} values are not whole {type_name(kind)} blocks")
     return out
+
+
+def repack_x16(
+    lib: Any, kind: int, weights: npt.NDArray[np.uint8], rows: int, cols: int, threads: int
+) -> tuple[int, npt.NDArray[np.uint8]] | None:
+    """The matrix in its 16-row layout (the same blocks' bits, rows interleaved 16 at a time so that one vector
+    instruction steps 16 rows' dot products): (its type code, its bytes); None where this build or this matrix has
+    none (not an AVX-512 build, not Q4_K or Q6_K, rows not a multiple of 16)."""
+    size = int(lib.hearth_gg_x16_bytes(kind, rows, cols))
+    if size < 0:
+        return None
+    if weights.nbytes < rows * row_bytes(kind, cols):
+        raise ValueError(f"the {type_name(kind)} tensor holds {weights.nbytes} bytes, not {rows} rows of {cols}")
+    out = np.empty(size, dtype=np.uint8)
+    code = int(lib.hearth_gg_repack_x16(kind, weights.ctypes.data, rows, cols, out.ctypes.data, threads))
+    return (code, out) if code >= 0 else None
 
 
 def matmul(

@@ -68,6 +68,7 @@ from app.core.engines.lite.runtime import (
 )
 from app.core.errors import HearthError, LoadCancelled
 from app.core.fastpath.kernel import ABI as KERNEL_ABI
+from app.core.fastpath.kernel import NativeLibrary, load_library
 from app.core.fastpath.packed_cache import torch_version
 from app.core.memory.fit import window_that_fits
 from app.core.memory.types import DeviceMemory, MemoryPlan, format_bytes
@@ -181,7 +182,9 @@ def lite_plan(request: LoadRequest, free_bytes: int | None = None, replies: int 
         if candidate.gguf is not None:
             header = read_gguf_header(candidate.gguf)
             config, _ = gguf_config(header)
-            weights, label = resident_weight_bytes(header), file_type_label(header)
+            library = load_library()
+            weights = resident_weight_bytes(header, library.lib if isinstance(library, NativeLibrary) else None)
+            label = file_type_label(header)
             counts = parameter_counts(header)
         else:
             assert candidate.folder is not None and candidate.packed is not None

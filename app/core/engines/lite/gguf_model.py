@@ -10,6 +10,7 @@ the file's length before any pointer reaches the kernel.
 from __future__ import annotations
 
 import math
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -220,6 +221,7 @@ class GGUFModel(DecoderRuntime):
                 raise LiteUnavailable("its rope_freqs.weight holds factors that are not positive numbers")
             self.config = config = replace(config, inv_freq=(config.inv_freq / factors).astype(np.float32))
         self.weight_file_bytes = sum(tensor_bytes(tensor) for tensor in header.tensors)
+        self.layout_bytes = self._lay_out_matrices()
         self._bind_step()
 
     # -- the file's tensors, checked before any pointer into the map is made
@@ -243,6 +245,58 @@ class GGUFModel(DecoderRuntime):
             raise LiteUnavailable(f"tensor {name}: {exc}") from exc
         return Matrix(name, tensor.kind, rows, cols, self.map[start : start + size])
 
+    def _lay_out_matrices(self) -> int:
+        """Each Q4_K and Q6_K matrix in the kernel's 16-row layout where this build has one (AVX-512): the file's
+        blocks, bit for bit, with 16 rows interleaved so that one vector instruction steps 16 rows' dot products. A
+        tied embedding then reads its rows from the head's layout. Done in slices, each slice's file pages released
+        once copied, so memory holds the model once (plus a slice) while it happens. Returns the layouts' bytes."""
+        laid_out = 0
+
+        def lay_out(matrix: Matrix) -> Matrix:
+            nonlocal laid_out
+            size = int(self.lib.hearth_gg_x16_bytes(matrix.kind, matrix.rows, matrix.cols))
+            if size < 0:
+                return matrix
+            out = np.empty(size, dtype=np.uint8)
+            in_row, out_row = matrix.data.nbytes // matrix.rows, size // matrix.rows
+            step = max(blocks.X16_ROWS, LAYOUT_SLICE_BYTES // in_row // blocks.X16_ROWS * blocks.X16_ROWS)
+            kind = -1
+            for first in range(0, matrix.rows, step):
+                rows = min(step, matrix.rows - first)
+                source = matrix.data[first * in_row : (first + rows) * in_row]
+                kind = int(
+                    self.lib.hearth_gg_repack_x16(
+                        matrix.kind, source.ctypes.data, rows, matrix.cols,
+                        out[first * out_row :].ctypes.data, self.threads,
+                    )
+                )  # fmt: skip
+                if kind < 0:
+                    return matrix
+                self._release(source)
+            laid_out += size
+            return Matrix(matrix.name, kind, matrix.rows, matrix.cols, out)
+
+        for layer in self.layers:
+            for name, matrix in layer.items():
+                layer[name] = lay_out(matrix)
+        tied = self.head is self.embedding
+        self.head = lay_out(self.head)
+        if tied:
+            self.embedding = self.head
+        return laid_out
+
+    def _release(self, part: npt.NDArray[np.uint8]) -> None:
+        """Drop the mapped file pages wholly inside `part` from this process's memory (they stay in the page cache; a
+        later read maps them again). Where the system has no madvise, the pages stay until the map is closed."""
+        handle = getattr(self.map, "_mmap", None)
+        if handle is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = part.ctypes.data - self.map.ctypes.data
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = (start + part.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if last > first:
+            handle.madvise(mmap.MADV_DONTNEED, first, last - first)
+
     def _vector(self, name: str, size: int) -> Floats:
         tensor, start = self._extent(name)
         if tensor.elements != size or len(tensor.dims) != 1:
@@ -264,7 +318,7 @@ class GGUFModel(DecoderRuntime):
         kinds: dict[str, int] = {}
         for layer in self.layers:
             for matrix in layer.values():
-                name = blocks.type_name(matrix.kind)
+                name = blocks.type_name(blocks.file_type(matrix.kind))
                 kinds[name] = kinds.get(name, 0) + 1
         mix = ", ".join(f"{name} x{count}" for name, count in sorted(kinds.items(), key=lambda item: -item[1]))
         kernel = {4: "AVX-512 VNNI", 3: "AVX2", 2: "NEON DotProd", 1: "NEON", 0: "scalar"}.get(
@@ -275,13 +329,15 @@ class GGUFModel(DecoderRuntime):
             if self.threads > 1 and self.decode_team.explore_every
             else f"{self.threads} thread{'s' if self.threads > 1 else ''}"
         )
+        layout = ", Q4_K/Q6_K rows 16 at a time" if self.layout_bytes else ""
+        head = blocks.type_name(blocks.file_type(self.head.kind))
         activations = {
             PRECISE_INPUTS: "activations per 32 values at 15 bits into attention and the head, 8 into the MLP",
             PRECISE_ALL: "activations at 15 bits per 32 values",
             0: "activations at 8 bits per 32 values",
         }.get(self.precise, f"activations at 15 bits (inputs {self.precise:#x}) or 8 bits per 32 values")
         return (
-            f"torch-free runtime on the GGUF file's own blocks ({mix}; head {blocks.type_name(self.head.kind)}), "
+            f"torch-free runtime on the GGUF file's own blocks ({mix}; head {head}{layout}), "
             f"{kernel} ({library_origin(self.library)}), {activations}; decode in one C step, prefill in chunks of "
             f"up to {PREFILL_CHUNK} tokens; {threads}"
         )
@@ -430,15 +486,21 @@ def gguf_support(path: Path) -> str:
     return ""
 
 
-def resident_weight_bytes(header: GGUFHeader) -> int:
-    """What the model's mapped weights hold once every matrix has been read: each tensor's bytes in the file, to the
-    byte, except an untied input embedding, of which only the rows of the tokens seen are ever read."""
+def resident_weight_bytes(header: GGUFHeader, library: Any = None) -> int:
+    """What the model's weights hold in memory once every matrix has been read: each tensor's bytes in the file, to
+    the byte, except an untied input embedding, of which only the rows of the tokens seen are ever read; a matrix the
+    kernel `library` lays out 16 rows at a time (GGUFModel._lay_out_matrices) counts its layout's bytes instead."""
     tied = not any(tensor.name == "output.weight" for tensor in header.tensors)
-    return sum(
-        tensor_bytes(tensor)
-        for tensor in header.tensors
-        if tensor.kind in blocks.GEOMETRY and (tied or tensor.name != "token_embd.weight")
-    )
+    total = 0
+    for tensor in header.tensors:
+        if tensor.kind not in blocks.GEOMETRY or (not tied and tensor.name == "token_embd.weight"):
+            continue
+        size = tensor_bytes(tensor)
+        if library is not None and len(tensor.dims) == 2:
+            laid_out = int(library.hearth_gg_x16_bytes(tensor.kind, tensor.dims[1], tensor.dims[0]))
+            size = laid_out if laid_out >= 0 else size
+        total += size
+    return total
 
 
 def file_type_label(header: GGUFHeader) -> str:
@@ -464,6 +526,7 @@ def parameter_counts(header: GGUFHeader) -> tuple[int, int]:
     return header.parameters, quantized
 
 
+LAYOUT_SLICE_BYTES = 8 << 20  # file bytes laid out (and released) at a time: what a load stages beside the model
 SPAN = 256  # positions per attention chunk (hearth_decode.c's SPAN)
 TOKENIZER_FLOOR_BYTES = 16 << 20  # a GGUF's tokenizer before its vocabulary (measured: 27 MiB at 49k, 44 at 128k)
 TOKENIZER_BYTES_PER_TOKEN = 220

@@ -60,8 +60,9 @@
 #define HEARTH_AVX512 0
 #endif
 
-#define HEARTH_ABI 10 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
-                          * 10: hearth_gg_forward_rows takes several tokens of a sequence and its logit rows) */
+#define HEARTH_ABI 11 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
+                          * 10: hearth_gg_forward_rows takes several tokens of a sequence and its logit rows;
+                          * 11: Q4_K and Q6_K matrices in 16-row layouts, their sums chunk after chunk) */
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -1592,6 +1593,25 @@ static int gg_unpack(int type, const uint8_t *p, gg_block *out) {
     }
 }
 
+/* An unpacked block's values as fp32 (`chunks` chunks of 32). */
+static void gg_block_floats(int type, int chunks, const gg_block *block, float *out) {
+    for (int j = 0; j < chunks; j++)
+        for (int l = 0; l < 32; l++) {
+            const int v = 32 * j + l;
+            float *o = out + v;
+            if (type == GG_Q4_0 || type == GG_Q5_0)
+                *o = block->a[0] * (float)((int)block->q[v] - (type == GG_Q4_0 ? 8 : 16));
+            else if (type == GG_Q4_1 || type == GG_Q5_1)
+                *o = block->a[0] * (float)block->q[v] + block->b[0];
+            else if (type == GG_Q8_0)
+                *o = block->a[0] * (float)(int8_t)block->q[v];
+            else if (type == GG_Q6_K)
+                *o = (block->a[0] * (float)block->sc16[v / 16]) * (float)((int)block->q[v] - 32);
+            else
+                *o = block->a[j] * (float)block->q[v] + block->b[j]; /* b = -(dmin * m) */
+        }
+}
+
 /* n values (whole blocks) of `src` as fp32, exactly as gguf.quants (numpy) and ggml's dequantize_row_* compute them:
  * every product below is exact in fp32 (at most 24 significant bits), so one rounding at most (the + m, K's - dm). */
 int hearth_gg_dequant(int type, const void *src, int64_t n, float *out) {
@@ -1611,24 +1631,7 @@ int hearth_gg_dequant(int type, const void *src, int64_t n, float *out) {
         return 0;
     }
     gg_block block;
-    for (int64_t at = 0; at < n; at += geometry[0], p += geometry[1]) {
-        const int chunks = gg_unpack(type, p, &block);
-        for (int j = 0; j < chunks; j++)
-            for (int l = 0; l < 32; l++) {
-                const int v = 32 * j + l;
-                float *o = out + at + v;
-                if (type == GG_Q4_0 || type == GG_Q5_0)
-                    *o = block.a[0] * (float)((int)block.q[v] - (type == GG_Q4_0 ? 8 : 16));
-                else if (type == GG_Q4_1 || type == GG_Q5_1)
-                    *o = block.a[0] * (float)block.q[v] + block.b[0];
-                else if (type == GG_Q8_0)
-                    *o = block.a[0] * (float)(int8_t)block.q[v];
-                else if (type == GG_Q6_K)
-                    *o = (block.a[0] * (float)block.sc16[v / 16]) * (float)((int)block.q[v] - 32);
-                else
-                    *o = block.a[j] * (float)block.q[v] + block.b[j]; /* b = -(dmin * m) */
-            }
-    }
+    for (int64_t at = 0; at < n; at += geometry[0], p += geometry[1]) gg_block_floats(type, gg_unpack(type, p, &block), &block, out + at);
     return 0;
 }
 
@@ -2113,8 +2116,283 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
     }
 }
 
+/* ---- Q4_K and Q6_K rows 16 at a time (AVX-512 builds) ----
+ * A matrix whose rows are a multiple of 16 is repacked at load from the file's blocks (the same bits: values, scales
+ * and d are copied, nothing is rounded) so that a group of 16 rows keeps, per 256-value block, its rows' scales side
+ * by side and its quantized values 4 bytes per row in turn: one 64-byte vector holds 4 consecutive values of each of
+ * the 16 rows, one vpdpbusd against 4 broadcast input bytes is a step of 16 rows' dot products (lane = row), and a
+ * chunk's scale multiplies 16 rows' integer sums at once. Row by row, each 64 values cost an input load, a lane
+ * permute, a conversion and a multiply-add per row; here they are shared by 16 rows.
+ *   Q4_K x16, per group and block (2,368 bytes = 16 x 148): d[16], dmin[16] (fp16), sc[8][16], m[8][16] (the 6-bit
+ *     scales and mins as bytes), then for chunk pair c (0..3) and step i (0..7) 64 bytes: lane r = row r's qs bytes
+ *     32c + 4i .. 32c + 4i + 3 (low nibbles: chunk 2c, high: chunk 2c + 1).
+ *   Q6_K x16 (3,360 bytes = 16 x 210): d[16] (fp16), sc[16][16] (int8), then for half h (0, 1) and step i (0..7)
+ *     three 64-byte vectors: lane r = row r's ql bytes 64h + 4i.., ql 64h + 32 + 4i.. and qh 32h + 4i...
+ * Per row the sums run chunk after chunk (a chunk's exact integer dot, converted, times its scale), so a row's
+ * result still depends only on the row and its input. */
+#define GG_X16 100 /* a type code plus this: its 16-row layout */
+#define GG_Q4_K_X16 (GG_X16 + GG_Q4_K)
+#define GG_Q6_K_X16 (GG_X16 + GG_Q6_K)
+#define X16_ROWS 16
+
+static inline int gg_is_x16(int type) { return type == GG_Q4_K_X16 || type == GG_Q6_K_X16; }
+
+/* Bytes per row of a 16-row layout (a group is 16 of them): Q4_K's scales unpacked to bytes take 4 more per block. */
+static int64_t x16_row_bytes(int type, int64_t cols) {
+    if (cols % QK) return -1;
+    return type == GG_Q4_K_X16 ? cols / QK * 148 : type == GG_Q6_K_X16 ? cols / QK * 210 : -1;
+}
+
+/* Row r's block b of a 16-row layout as a gg_block (gg_unpack's values for the file's block). */
+static int x16_unpack(int type, const uint8_t *w, int64_t cols, int64_t r, int64_t b, gg_block *out) {
+    const int64_t group_bytes = X16_ROWS * x16_row_bytes(type, cols), blocks = cols / QK;
+    const int lane = (int)(r % X16_ROWS);
+    const uint8_t *blk = w + (r / X16_ROWS) * group_bytes + b * (group_bytes / blocks);
+    if (type == GG_Q4_K_X16) {
+        const float d = gg_half(blk + 2 * lane), dmin = gg_half(blk + 32 + 2 * lane);
+        for (int c = 0; c < 4; c++)
+            for (int i = 0; i < 8; i++)
+                for (int t = 0; t < 4; t++) {
+                    const uint8_t byte = blk[320 + 64 * (8 * c + i) + 4 * lane + t];
+                    out->q[64 * c + 4 * i + t] = byte & 15, out->q[64 * c + 32 + 4 * i + t] = byte >> 4;
+                }
+        for (int j = 0; j < 8; j++)
+            out->a[j] = d * (float)blk[64 + 16 * j + lane], out->b[j] = -(dmin * (float)blk[192 + 16 * j + lane]);
+        return 8;
+    }
+    const float d = gg_half(blk + 2 * lane);
+    for (int s = 0; s < 16; s++) out->sc16[s] = (int8_t)blk[32 + 16 * s + lane];
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 8; i++) {
+            const uint8_t *v = blk + 288 + 192 * (8 * h + i) + 4 * lane;
+            for (int t = 0; t < 4; t++) {
+                const uint8_t l1 = v[t], l2 = v[64 + t], qh = v[128 + t];
+                out->q[128 * h + 4 * i + t] = (uint8_t)((l1 & 15) | ((qh & 3) << 4));
+                out->q[128 * h + 32 + 4 * i + t] = (uint8_t)((l2 & 15) | (((qh >> 2) & 3) << 4));
+                out->q[128 * h + 64 + 4 * i + t] = (uint8_t)((l1 >> 4) | (((qh >> 4) & 3) << 4));
+                out->q[128 * h + 96 + 4 * i + t] = (uint8_t)((l2 >> 4) | (((qh >> 6) & 3) << 4));
+            }
+        }
+    for (int j = 0; j < 8; j++) out->a[j] = d, out->b[j] = 0.0f;
+    return 8;
+}
+
+/* Bytes of `type`'s 16-row layout for a rows x cols matrix; -1 where this build does not compute on it (not an
+ * AVX-512 build, not Q4_K or Q6_K, rows not a multiple of 16). */
+int64_t hearth_gg_x16_bytes(int type, int64_t rows, int64_t cols) {
+    if (!HEARTH_AVX512 || (type != GG_Q4_K && type != GG_Q6_K) || rows < 1 || rows % X16_ROWS || cols % QK) return -1;
+    return rows * x16_row_bytes(GG_X16 + type, cols);
+}
+
+/* The file's rows x cols matrix of `type` (src, rows contiguous) into its 16-row layout at dst
+ * (hearth_gg_x16_bytes of it). Returns the layout's type code; -1 where there is none. */
+int hearth_gg_repack_x16(int type, const void *src, int64_t rows, int64_t cols, void *dst, int threads) {
+    if (hearth_gg_x16_bytes(type, rows, cols) < 0) return -1;
+    const int x16 = GG_X16 + type, blocks = (int)(cols / QK), in_bytes = type == GG_Q4_K ? 144 : 210;
+    const int64_t out_block = X16_ROWS * x16_row_bytes(x16, cols) / blocks;
+    if (threads < 1) threads = 1;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t g = 0; g < rows / X16_ROWS; g++)
+        for (int b = 0; b < blocks; b++) {
+            uint8_t *blk = (uint8_t *)dst + (g * blocks + b) * out_block;
+            for (int r = 0; r < X16_ROWS; r++) {
+                const uint8_t *p = (const uint8_t *)src + ((g * X16_ROWS + r) * blocks + b) * in_bytes;
+                if (type == GG_Q4_K) {
+                    memcpy(blk + 2 * r, p, 2), memcpy(blk + 32 + 2 * r, p + 2, 2);
+                    for (int j = 0; j < 8; j++) {
+                        int sc, m;
+                        k4_scale_min(j, p + 4, &sc, &m);
+                        blk[64 + 16 * j + r] = (uint8_t)sc, blk[192 + 16 * j + r] = (uint8_t)m;
+                    }
+                    for (int c = 0; c < 4; c++)
+                        for (int i = 0; i < 8; i++) memcpy(blk + 320 + 64 * (8 * c + i) + 4 * r, p + 16 + 32 * c + 4 * i, 4);
+                } else {
+                    memcpy(blk + 2 * r, p + 208, 2);
+                    for (int s = 0; s < 16; s++) blk[32 + 16 * s + r] = p[192 + s];
+                    for (int h = 0; h < 2; h++)
+                        for (int i = 0; i < 8; i++) {
+                            uint8_t *v = blk + 288 + 192 * (8 * h + i) + 4 * r;
+                            memcpy(v, p + 64 * h + 4 * i, 4);
+                            memcpy(v + 64, p + 64 * h + 32 + 4 * i, 4);
+                            memcpy(v + 128, p + 128 + 32 * h + 4 * i, 4);
+                        }
+                }
+            }
+        }
+    return x16;
+}
+
+/* Row r of a 16-row layout as fp32, the same values hearth_gg_dequant gives for the file's row. */
+static void x16_dequant_row(int type, const uint8_t *w, int64_t cols, int64_t r, float *out) {
+    gg_block block;
+    for (int64_t b = 0; b < cols / QK; b++)
+        gg_block_floats(type - GG_X16, x16_unpack(type, w, cols, r, b, &block), &block, out + b * QK);
+}
+
+#if HEARTH_AVX512
+static inline __m512i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+static inline __m512 scales16(const uint8_t *p, int is_signed) { /* 16 bytes as 16 float lanes */
+    const __m128i raw = _mm_loadu_si128((const __m128i *)p);
+    return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw));
+}
+
+/* The 16 rows of one group of a Q4_K or Q6_K 16-row layout (`blocks` blocks of 256 values) against `count` inputs:
+ * result[k] lane r = row r . input k. Always inlined with constant type, count and precise. */
+static inline __attribute__((always_inline)) void x16_group(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
+                                                            const gvec *x, int count, int precise, __m512 *result) {
+    __m512 acc[GG_TILE], off[GG_TILE];
+    for (int k = 0; k < count; k++) acc[k] = off[k] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(15), bits45 = _mm512_set1_epi8(0x30);
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = grp + (int64_t)b * block_bytes;
+        _mm_prefetch((const char *)blk + 2 * block_bytes, _MM_HINT_T0);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        if (type == GG_Q4_K_X16) {
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+            const uint8_t *qs = blk + 320;
+            for (int c = 0; c < 4; c++) {
+                const int ja = b * 8 + 2 * c, jb = ja + 1;
+                __m512i ia[GG_TILE], ib[GG_TILE], la[GG_TILE], lb[GG_TILE];
+                for (int k = 0; k < count; k++) ia[k] = ib[k] = la[k] = lb[k] = _mm512_setzero_si512();
+                for (int i = 0; i < 8; i++) {
+                    const uint8_t *at = qs + 64 * (8 * c + i);
+                    _mm_prefetch((const char *)at + 4 * block_bytes, _MM_HINT_T0);
+                    const __m512i raw = _mm512_loadu_si512((const void *)at);
+                    const __m512i wa = _mm512_and_si512(raw, low4), wb = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                    for (int k = 0; k < count; k++) {
+                        ia[k] = _mm512_dpbusd_epi32(ia[k], wa, bcast4(x[k].q + 32 * ja + 4 * i));
+                        ib[k] = _mm512_dpbusd_epi32(ib[k], wb, bcast4(x[k].q + 32 * jb + 4 * i));
+                        if (precise) {
+                            la[k] = _mm512_dpbusd_epi32(la[k], wa, bcast4(x[k].l + 32 * ja + 4 * i));
+                            lb[k] = _mm512_dpbusd_epi32(lb[k], wb, bcast4(x[k].l + 32 * jb + 4 * i));
+                        }
+                    }
+                }
+                const __m512 a0 = _mm512_mul_ps(d, scales16(blk + 64 + 16 * (2 * c), 0));
+                const __m512 a1 = _mm512_mul_ps(d, scales16(blk + 64 + 16 * (2 * c + 1), 0));
+                const __m512 m0 = _mm512_mul_ps(dmin, scales16(blk + 192 + 16 * (2 * c), 0));
+                const __m512 m1 = _mm512_mul_ps(dmin, scales16(blk + 192 + 16 * (2 * c + 1), 0));
+                for (int k = 0; k < count; k++) {
+                    if (precise) {
+                        ia[k] = _mm512_add_epi32(_mm512_slli_epi32(ia[k], 8), la[k]);
+                        ib[k] = _mm512_add_epi32(_mm512_slli_epi32(ib[k], 8), lb[k]);
+                    }
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[k]), _mm512_mul_ps(a0, _mm512_set1_ps(x[k].d[ja])), acc[k]);
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[k]), _mm512_mul_ps(a1, _mm512_set1_ps(x[k].d[jb])), acc[k]);
+                    off[k] = _mm512_fnmadd_ps(m0, _mm512_set1_ps(x[k].s[ja]), off[k]);
+                    off[k] = _mm512_fnmadd_ps(m1, _mm512_set1_ps(x[k].s[jb]), off[k]);
+                }
+            }
+        } else { /* Q6_K: a scale per 16 values; the -32 offset folded into the integer sum (exact) */
+            const uint8_t *qv = blk + 288;
+            for (int h = 0; h < 2; h++)
+                for (int t = 0; t < 4; t++) {
+                    const int j = b * 8 + 4 * h + t;
+                    for (int s = 0; s < 2; s++) {
+                        __m512i ia[GG_TILE], la[GG_TILE];
+                        for (int k = 0; k < count; k++) ia[k] = la[k] = _mm512_setzero_si512();
+                        for (int i = 4 * s; i < 4 * s + 4; i++) {
+                            const uint8_t *v = qv + 192 * (8 * h + i);
+                            if (t == 0) _mm_prefetch((const char *)v + 4 * block_bytes, _MM_HINT_T0);
+                            const __m512i ql = _mm512_loadu_si512((const void *)(v + (t & 1) * 64));
+                            const __m512i qh = _mm512_loadu_si512((const void *)(v + 128));
+                            const __m512i low = _mm512_and_si512(t >= 2 ? _mm512_srli_epi16(ql, 4) : ql, low4);
+                            const __m512i high = _mm512_and_si512(t == 0 ? _mm512_slli_epi16(qh, 4)
+                                                                  : t == 1 ? _mm512_slli_epi16(qh, 2)
+                                                                  : t == 2 ? qh
+                                                                           : _mm512_srli_epi16(qh, 2),
+                                                                  bits45);
+                            const __m512i w = _mm512_or_si512(low, high);
+                            for (int k = 0; k < count; k++) {
+                                ia[k] = _mm512_dpbusd_epi32(ia[k], w, bcast4(x[k].q + 32 * j + 4 * i));
+                                if (precise) la[k] = _mm512_dpbusd_epi32(la[k], w, bcast4(x[k].l + 32 * j + 4 * i));
+                            }
+                        }
+                        const __m512 a = _mm512_mul_ps(d, scales16(blk + 32 + 16 * (8 * h + 2 * t + s), 1));
+                        for (int k = 0; k < count; k++) {
+                            __m512i dot = precise ? _mm512_add_epi32(_mm512_slli_epi32(ia[k], 8), la[k]) : ia[k];
+                            dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(32 * x[k].n16[2 * j + s]));
+                            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a, _mm512_set1_ps(x[k].d[j])), acc[k]);
+                        }
+                    }
+                }
+        }
+    }
+    for (int k = 0; k < count; k++) result[k] = _mm512_add_ps(acc[k], off[k]);
+}
+
+static inline __attribute__((always_inline)) void x16_rows_of(int type, int precise, const uint8_t *w, int64_t row_bytes,
+                                                              int cols, int r0, int r1, const gvec *x, int count, float *y,
+                                                              int64_t ystride, const float *bias, int accumulate) {
+    const int blocks = cols / QK;
+    const int64_t group_bytes = X16_ROWS * row_bytes, block_bytes = group_bytes / blocks;
+    int block_groups = (int)(GG_BLOCK_BYTES / group_bytes);
+    if (block_groups < 1) block_groups = 1;
+    const int g0 = r0 / X16_ROWS, g1 = r1 / X16_ROWS;
+    __m512 res[GG_TILE];
+    for (int gb = g0; gb < g1; gb += block_groups) {
+        const int ge = g1 - gb < block_groups ? g1 : gb + block_groups;
+        for (int k0 = 0; k0 < count;) {
+            const int tile = count - k0 >= GG_TILE ? GG_TILE : count - k0;
+            for (int g = gb; g < ge; g++) {
+                const uint8_t *grp = w + (int64_t)g * group_bytes;
+                if (tile == 4)
+                    x16_group(type, grp, blocks, block_bytes, x + k0, 4, precise, res);
+                else if (tile == 3)
+                    x16_group(type, grp, blocks, block_bytes, x + k0, 3, precise, res);
+                else if (tile == 2)
+                    x16_group(type, grp, blocks, block_bytes, x + k0, 2, precise, res);
+                else
+                    x16_group(type, grp, blocks, block_bytes, x + k0, 1, precise, res);
+                for (int k = 0; k < tile; k++) {
+                    float *target = y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS;
+                    __m512 v = res[k];
+                    if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + (int64_t)g * X16_ROWS));
+                    if (accumulate) v = _mm512_add_ps(_mm512_loadu_ps(target), v);
+                    _mm512_storeu_ps(target, v);
+                }
+            }
+            k0 += tile;
+        }
+    }
+}
+#endif
+
+/* Rows [r0, r1) (multiples of 16) of a 16-row layout; nothing in a build without one (hearth_gg_x16_bytes says -1
+ * there, so no such matrix is ever made). */
+static void x16_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
+                     const gvec *x, int count, float *y, int64_t ystride, const float *bias, int accumulate) {
+#if HEARTH_AVX512
+#define X16_OF(t, p) x16_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate)
+    if (type == GG_Q4_K_X16) {
+        if (precise)
+            X16_OF(GG_Q4_K_X16, 1);
+        else
+            X16_OF(GG_Q4_K_X16, 0);
+    } else {
+        if (precise)
+            X16_OF(GG_Q6_K_X16, 1);
+        else
+            X16_OF(GG_Q6_K_X16, 0);
+    }
+#undef X16_OF
+#else
+    (void)type, (void)precise, (void)w, (void)row_bytes, (void)cols, (void)r0, (void)r1, (void)x, (void)count, (void)y;
+    (void)ystride, (void)bias, (void)accumulate;
+#endif
+}
+
 static void gg_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
                     const gvec *x, int count, float *y, int64_t ystride, const float *bias, int accumulate) {
+    if (gg_is_x16(type)) {
+        x16_rows(type, precise, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate);
+        return;
+    }
 #define GG_ROWS_OF(t, p) gg_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate)
 #define GG_BOTH(t)                                                                                                     \
     if (precise)                                                                                                       \
@@ -2141,6 +2419,7 @@ static void gg_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, 
 
 static int64_t gg_row_bytes(int type, int64_t cols) {
     int64_t geometry[2];
+    if (gg_is_x16(type)) return HEARTH_AVX512 ? x16_row_bytes(type, cols) : -1;
     if (hearth_gg_geometry(type, geometry) != 0 || cols % geometry[0]) return -1;
     if (!gg_is_float(type) && cols % QBLOCK) return -1;
     return cols / geometry[0] * geometry[1];
@@ -2197,7 +2476,7 @@ int hearth_gg_matmul(int type, const void *w, int64_t rows, int64_t cols, const 
             inputs[k] = gg_input(x + k * cols, cols, type, precise, gbuf_at(memory + k * per_input, cols));
         int tid, team, lo, hi;
         team_position(&tid, &team);
-        split_rows((int)rows, team, tid, 4, &lo, &hi);
+        split_rows((int)rows, team, tid, X16_ROWS, &lo, &hi);
         gg_rows(type, precise, (const uint8_t *)w, row_bytes, (int)cols, lo, hi, inputs, (int)n, y, rows, bias, 0);
     }
     free(memory), free(inputs);
@@ -2474,8 +2753,11 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
     gvec *inputs = malloc((size_t)n * sizeof(gvec));
     if (!inputs) return -3;
     for (int64_t i = 0; i < n; i++) {
-        hearth_gg_dequant(embed_type, (const uint8_t *)glob[GG_EMBED] + tokens[i] * embed_row, hidden,
-                          s.x + i * hidden);
+        if (gg_is_x16(embed_type)) /* a tied embedding read from the head's 16-row layout */
+            x16_dequant_row(embed_type, (const uint8_t *)glob[GG_EMBED], hidden, tokens[i], s.x + i * hidden);
+        else
+            hearth_gg_dequant(embed_type, (const uint8_t *)glob[GG_EMBED] + tokens[i] * embed_row, hidden,
+                              s.x + i * hidden);
         for (int k = 0; k < half; k++) {
             const float angle = (float)row_pos(rk, i) * inv_freq[k];
             s.cosv[i * half + k] = cosf(angle);
@@ -2501,7 +2783,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
             }
             for (int which = 0; which < 3; which++) { /* q, k, v: each thread its rows of each, for every token */
                 const int kind = (int)t[GT_Q + which], rows = which == 0 ? qdim : kvdim;
-                split_rows(rows, team, tid, 4, &lo, &hi);
+                split_rows(rows, team, tid, X16_ROWS, &lo, &hi);
                 gg_rows(kind, qkv_precise && !gg_is_float(kind), (const uint8_t *)p[GL_Q + which], gg_row_bytes(kind, hidden),
                         hidden, lo, hi, inputs, (int)n, s.qkv + (which == 0 ? 0 : which == 1 ? qdim : qdim + kvdim),
                         (int64_t)units * hd, (const float *)p[GL_Q_BIAS + which], 0);
@@ -2568,7 +2850,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < n; i++)
                 inputs[i] = gg_input(s.att + i * qdim, qdim, (int)t[GT_O], o_precise, gbuf_at(s.quant + i * s.quant_stride, qdim));
-            split_rows(hidden, team, tid, 4, &lo, &hi);
+            split_rows(hidden, team, tid, X16_ROWS, &lo, &hi);
             gg_rows((int)t[GT_O], o_precise, (const uint8_t *)p[GL_O], gg_row_bytes((int)t[GT_O], qdim), qdim, lo, hi,
                     inputs, (int)n, s.x, hidden, NULL, 1);
 #pragma omp barrier
@@ -2579,7 +2861,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                 rmsnorm(s.x + i * hidden, (const float *)p[GL_FFN_NORM], s.xn + i * hidden, hidden, eps);
                 inputs[i] = gg_input(s.xn + i * hidden, hidden, gu_type, gu_precise, gbuf_at(s.quant + i * s.quant_stride, hidden));
             }
-            split_rows(inter, team, tid, 4, &lo, &hi);
+            split_rows(inter, team, tid, X16_ROWS, &lo, &hi);
             gg_rows((int)t[GT_GATE], gu_precise && !gg_is_float((int)t[GT_GATE]), (const uint8_t *)p[GL_GATE],
                     gg_row_bytes((int)t[GT_GATE], hidden), hidden, lo, hi, inputs, (int)n, s.gate, inter, NULL, 0);
             gg_rows((int)t[GT_UP], gu_precise && !gg_is_float((int)t[GT_UP]), (const uint8_t *)p[GL_UP],
@@ -2594,7 +2876,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < n; i++)
                 inputs[i] = gg_input(s.gate + i * inter, inter, (int)t[GT_DOWN], down_precise, gbuf_at(s.quant + i * s.quant_stride, inter));
-            split_rows(hidden, team, tid, 4, &lo, &hi);
+            split_rows(hidden, team, tid, X16_ROWS, &lo, &hi);
             gg_rows((int)t[GT_DOWN], down_precise, (const uint8_t *)p[GL_DOWN], gg_row_bytes((int)t[GT_DOWN], inter), inter,
                     lo, hi, inputs, (int)n, s.x, hidden, NULL, 1);
 #pragma omp barrier
@@ -2607,7 +2889,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                 rmsnorm(s.x + i * hidden, (const float *)glob[GG_FINAL_NORM], s.xn + i * hidden, hidden, eps);
                 inputs[i] = gg_input(s.xn + i * hidden, hidden, head_type, head_precise, gbuf_at(s.quant + i * s.quant_stride, hidden));
             }
-            split_rows(vocab, team, tid, 4, &lo, &hi);
+            split_rows(vocab, team, tid, X16_ROWS, &lo, &hi);
             gg_rows(head_type, head_precise, (const uint8_t *)glob[GG_HEAD], head_row, hidden, lo, hi, inputs + first,
                     (int)logit_rows, logits, vocab, NULL, 0);
         }

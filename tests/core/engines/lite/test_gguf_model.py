@@ -341,10 +341,16 @@ def test_a_load_writes_nothing_but_a_small_tokenizer_file_and_plans_the_files_by
     plan = lite_plan(request)
     assert not isinstance(plan, str)
     header = read_gguf_header(path)
-    expected = sum(
-        blocks.row_bytes(tensor.kind, tensor.dims[0]) * (tensor.elements // tensor.dims[0]) for tensor in header.tensors
-    )
-    assert plan.weights_bytes == expected  # tied: every tensor, to the byte
+    model = open_gguf_model(path)
+    try:  # tied: every tensor, to the byte; a matrix in a 16-row layout counts that layout, as the load holds it
+        laid_out = [m for layer in model.layers for m in layer.values() if m.kind >= blocks.X16] + [model.head]
+        files_bytes = {m.name: m.data.nbytes for m in laid_out if m.kind >= blocks.X16}
+        in_file = {t.name: blocks.row_bytes(t.kind, t.dims[0]) * (t.elements // t.dims[0]) for t in header.tensors}
+        expected = sum(files_bytes.get(name, size) for name, size in in_file.items())
+        assert model.layout_bytes == sum(files_bytes.values())
+    finally:
+        model.close()
+    assert plan.weights_bytes == expected
     assert plan.quantization == file_type_label(header)
     from app.core.engines.opening import open_backend
 
