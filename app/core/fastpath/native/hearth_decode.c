@@ -62,7 +62,7 @@
 
 #define HEARTH_ABI 11 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
                           * 10: hearth_gg_forward_rows takes several tokens of a sequence and its logit rows;
-                          * 11: Q4_K and Q6_K matrices in 16-row layouts, their sums chunk after chunk) */
+                          * 11: Q4_K, Q5_K and Q6_K matrices in 16-row layouts, their sums chunk after chunk) */
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -2116,7 +2116,7 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
     }
 }
 
-/* ---- Q4_K and Q6_K rows 16 at a time (AVX-512 builds) ----
+/* ---- Q4_K, Q5_K and Q6_K rows 16 at a time (AVX-512 and AVX2 builds) ----
  * A matrix whose rows are a multiple of 16 is repacked at load from the file's blocks (the same bits: values, scales
  * and d are copied, nothing is rounded) so that a group of 16 rows keeps, per 256-value block, its rows' scales side
  * by side and its quantized values 4 bytes per row in turn: one 64-byte vector holds 4 consecutive values of each of
@@ -2126,21 +2126,24 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
  *   Q4_K x16, per group and block (2,368 bytes = 16 x 148): d[16], dmin[16] (fp16), sc[8][16], m[8][16] (the 6-bit
  *     scales and mins as bytes), then for chunk pair c (0..3) and step i (0..7) 64 bytes: lane r = row r's qs bytes
  *     32c + 4i .. 32c + 4i + 3 (low nibbles: chunk 2c, high: chunk 2c + 1).
+ *   Q5_K x16 (2,880 bytes = 16 x 180): Q4_K's, then for step i 64 bytes: lane r = row r's qh bytes 4i .. 4i + 3 (bit j:
+ *     the fifth bit of chunk j's value).
  *   Q6_K x16 (3,360 bytes = 16 x 210): d[16] (fp16), sc[16][16] (int8), then for half h (0, 1) and step i (0..7)
  *     three 64-byte vectors: lane r = row r's ql bytes 64h + 4i.., ql 64h + 32 + 4i.. and qh 32h + 4i...
  * Per row the sums run chunk after chunk (a chunk's exact integer dot, converted, times its scale), so a row's
  * result still depends only on the row and its input. */
 #define GG_X16 100 /* a type code plus this: its 16-row layout */
 #define GG_Q4_K_X16 (GG_X16 + GG_Q4_K)
+#define GG_Q5_K_X16 (GG_X16 + GG_Q5_K)
 #define GG_Q6_K_X16 (GG_X16 + GG_Q6_K)
 #define X16_ROWS 16
 
-static inline int gg_is_x16(int type) { return type == GG_Q4_K_X16 || type == GG_Q6_K_X16; }
+static inline int gg_is_x16(int type) { return type == GG_Q4_K_X16 || type == GG_Q5_K_X16 || type == GG_Q6_K_X16; }
 
 /* Bytes per row of a 16-row layout (a group is 16 of them): Q4_K's scales unpacked to bytes take 4 more per block. */
 static int64_t x16_row_bytes(int type, int64_t cols) {
     if (cols % QK) return -1;
-    return type == GG_Q4_K_X16 ? cols / QK * 148 : type == GG_Q6_K_X16 ? cols / QK * 210 : -1;
+    return type == GG_Q4_K_X16 ? cols / QK * 148 : type == GG_Q5_K_X16 ? cols / QK * 180 : type == GG_Q6_K_X16 ? cols / QK * 210 : -1;
 }
 
 /* Row r's block b of a 16-row layout as a gg_block (gg_unpack's values for the file's block). */
@@ -2148,7 +2151,7 @@ static int x16_unpack(int type, const uint8_t *w, int64_t cols, int64_t r, int64
     const int64_t group_bytes = X16_ROWS * x16_row_bytes(type, cols), blocks = cols / QK;
     const int lane = (int)(r % X16_ROWS);
     const uint8_t *blk = w + (r / X16_ROWS) * group_bytes + b * (group_bytes / blocks);
-    if (type == GG_Q4_K_X16) {
+    if (type != GG_Q6_K_X16) {
         const float d = gg_half(blk + 2 * lane), dmin = gg_half(blk + 32 + 2 * lane);
         for (int c = 0; c < 4; c++)
             for (int i = 0; i < 8; i++)
@@ -2156,6 +2159,10 @@ static int x16_unpack(int type, const uint8_t *w, int64_t cols, int64_t r, int64
                     const uint8_t byte = blk[320 + 64 * (8 * c + i) + 4 * lane + t];
                     out->q[64 * c + 4 * i + t] = byte & 15, out->q[64 * c + 32 + 4 * i + t] = byte >> 4;
                 }
+        if (type == GG_Q5_K_X16)
+            for (int j = 0; j < 8; j++)
+                for (int l = 0; l < 32; l++)
+                    out->q[32 * j + l] |= (uint8_t)(((blk[2368 + 64 * (l / 4) + 4 * lane + l % 4] >> j) & 1) << 4);
         for (int j = 0; j < 8; j++)
             out->a[j] = d * (float)blk[64 + 16 * j + lane], out->b[j] = -(dmin * (float)blk[192 + 16 * j + lane]);
         return 8;
@@ -2178,9 +2185,9 @@ static int x16_unpack(int type, const uint8_t *w, int64_t cols, int64_t r, int64
 }
 
 /* Bytes of `type`'s 16-row layout for a rows x cols matrix; -1 where this build does not compute on it (not an
- * AVX-512 build, not Q4_K or Q6_K, rows not a multiple of 16). */
+ * AVX2 or AVX-512 build, not Q4_K, Q5_K or Q6_K, rows not a multiple of 16). */
 int64_t hearth_gg_x16_bytes(int type, int64_t rows, int64_t cols) {
-    if (!HEARTH_AVX512 || (type != GG_Q4_K && type != GG_Q6_K) || rows < 1 || rows % X16_ROWS || cols % QK) return -1;
+    if (!HEARTH_AVX2 || (type != GG_Q4_K && type != GG_Q5_K && type != GG_Q6_K) || rows < 1 || rows % X16_ROWS || cols % QK) return -1;
     return rows * x16_row_bytes(GG_X16 + type, cols);
 }
 
@@ -2188,7 +2195,7 @@ int64_t hearth_gg_x16_bytes(int type, int64_t rows, int64_t cols) {
  * (hearth_gg_x16_bytes of it). Returns the layout's type code; -1 where there is none. */
 int hearth_gg_repack_x16(int type, const void *src, int64_t rows, int64_t cols, void *dst, int threads) {
     if (hearth_gg_x16_bytes(type, rows, cols) < 0) return -1;
-    const int x16 = GG_X16 + type, blocks = (int)(cols / QK), in_bytes = type == GG_Q4_K ? 144 : 210;
+    const int x16 = GG_X16 + type, blocks = (int)(cols / QK), in_bytes = type == GG_Q4_K ? 144 : type == GG_Q5_K ? 176 : 210;
     const int64_t out_block = X16_ROWS * x16_row_bytes(x16, cols) / blocks;
     if (threads < 1) threads = 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -2197,7 +2204,8 @@ int hearth_gg_repack_x16(int type, const void *src, int64_t rows, int64_t cols, 
             uint8_t *blk = (uint8_t *)dst + (g * blocks + b) * out_block;
             for (int r = 0; r < X16_ROWS; r++) {
                 const uint8_t *p = (const uint8_t *)src + ((g * X16_ROWS + r) * blocks + b) * in_bytes;
-                if (type == GG_Q4_K) {
+                if (type != GG_Q6_K) {
+                    const int qs = type == GG_Q4_K ? 16 : 48;
                     memcpy(blk + 2 * r, p, 2), memcpy(blk + 32 + 2 * r, p + 2, 2);
                     for (int j = 0; j < 8; j++) {
                         int sc, m;
@@ -2205,7 +2213,9 @@ int hearth_gg_repack_x16(int type, const void *src, int64_t rows, int64_t cols, 
                         blk[64 + 16 * j + r] = (uint8_t)sc, blk[192 + 16 * j + r] = (uint8_t)m;
                     }
                     for (int c = 0; c < 4; c++)
-                        for (int i = 0; i < 8; i++) memcpy(blk + 320 + 64 * (8 * c + i) + 4 * r, p + 16 + 32 * c + 4 * i, 4);
+                        for (int i = 0; i < 8; i++) memcpy(blk + 320 + 64 * (8 * c + i) + 4 * r, p + qs + 32 * c + 4 * i, 4);
+                    if (type == GG_Q5_K)
+                        for (int i = 0; i < 8; i++) memcpy(blk + 2368 + 64 * i + 4 * r, p + 16 + 4 * i, 4);
                 } else {
                     memcpy(blk + 2 * r, p + 208, 2);
                     for (int s = 0; s < 16; s++) blk[32 + 16 * s + r] = p[192 + s];
@@ -2241,7 +2251,7 @@ static inline __m512 scales16(const uint8_t *p, int is_signed) { /* 16 bytes as 
     return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw));
 }
 
-/* The 16 rows of one group of a Q4_K or Q6_K 16-row layout (`blocks` blocks of 256 values) against `count` inputs:
+/* The 16 rows of one group of a K-quant 16-row layout (`blocks` blocks of 256 values) against `count` inputs:
  * result[k] lane r = row r . input k. Always inlined with constant type, count and precise. */
 static inline __attribute__((always_inline)) void x16_group(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                             const gvec *x, int count, int precise, __m512 *result) {
@@ -2252,7 +2262,7 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
         _mm_prefetch((const char *)blk + 2 * block_bytes, _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        if (type == GG_Q4_K_X16) {
+        if (type != GG_Q6_K_X16) {
             const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
             const uint8_t *qs = blk + 320;
             for (int c = 0; c < 4; c++) {
@@ -2263,7 +2273,12 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                     const uint8_t *at = qs + 64 * (8 * c + i);
                     _mm_prefetch((const char *)at + 4 * block_bytes, _MM_HINT_T0);
                     const __m512i raw = _mm512_loadu_si512((const void *)at);
-                    const __m512i wa = _mm512_and_si512(raw, low4), wb = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                    __m512i wa = _mm512_and_si512(raw, low4), wb = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                    if (type == GG_Q5_K_X16) { /* bit 2c (2c + 1) of the step's qh bytes, moved to bit 4 */
+                        const __m512i qh = _mm512_loadu_si512((const void *)(blk + 2368 + 64 * i)), bit4 = _mm512_set1_epi8(16);
+                        wa = _mm512_or_si512(wa, _mm512_and_si512(2 * c <= 4 ? _mm512_slli_epi16(qh, 4 - 2 * c) : _mm512_srli_epi16(qh, 2 * c - 4), bit4));
+                        wb = _mm512_or_si512(wb, _mm512_and_si512(2 * c + 1 <= 4 ? _mm512_slli_epi16(qh, 3 - 2 * c) : _mm512_srli_epi16(qh, 2 * c - 3), bit4));
+                    }
                     for (int k = 0; k < count; k++) {
                         ia[k] = _mm512_dpbusd_epi32(ia[k], wa, bcast4(x[k].q + 32 * ja + 4 * i));
                         ib[k] = _mm512_dpbusd_epi32(ib[k], wb, bcast4(x[k].q + 32 * jb + 4 * i));
@@ -2288,39 +2303,50 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                     off[k] = _mm512_fnmadd_ps(m1, _mm512_set1_ps(x[k].s[jb]), off[k]);
                 }
             }
-        } else { /* Q6_K: a scale per 16 values; the -32 offset folded into the integer sum (exact) */
+        } else { /* Q6_K: a scale per 16 values; the -32 offset folded into the integer sum (exact). A step's four
+                  * chunks come from the same three vectors: one input takes all four at once (decode), a tile of
+                  * several one chunk at a time (registers); the chunks' sums are added in the same order either way. */
             const uint8_t *qv = blk + 288;
+            const int together = count == 1 ? 4 : 1;
             for (int h = 0; h < 2; h++)
-                for (int t = 0; t < 4; t++) {
-                    const int j = b * 8 + 4 * h + t;
-                    for (int s = 0; s < 2; s++) {
-                        __m512i ia[GG_TILE], la[GG_TILE];
-                        for (int k = 0; k < count; k++) ia[k] = la[k] = _mm512_setzero_si512();
+                for (int s = 0; s < 2; s++)
+                    for (int t0 = 0; t0 < 4; t0 += together) {
+                        __m512i ia[GG_TILE][4], la[GG_TILE][4];
+                        for (int k = 0; k < count; k++)
+                            for (int tt = 0; tt < together; tt++) ia[k][tt] = la[k][tt] = _mm512_setzero_si512();
                         for (int i = 4 * s; i < 4 * s + 4; i++) {
                             const uint8_t *v = qv + 192 * (8 * h + i);
-                            if (t == 0) _mm_prefetch((const char *)v + 4 * block_bytes, _MM_HINT_T0);
-                            const __m512i ql = _mm512_loadu_si512((const void *)(v + (t & 1) * 64));
+                            if (t0 == 0) _mm_prefetch((const char *)v + 4 * block_bytes, _MM_HINT_T0);
+                            const __m512i ql0 = _mm512_loadu_si512((const void *)v);
+                            const __m512i ql1 = _mm512_loadu_si512((const void *)(v + 64));
                             const __m512i qh = _mm512_loadu_si512((const void *)(v + 128));
-                            const __m512i low = _mm512_and_si512(t >= 2 ? _mm512_srli_epi16(ql, 4) : ql, low4);
-                            const __m512i high = _mm512_and_si512(t == 0 ? _mm512_slli_epi16(qh, 4)
-                                                                  : t == 1 ? _mm512_slli_epi16(qh, 2)
-                                                                  : t == 2 ? qh
-                                                                           : _mm512_srli_epi16(qh, 2),
-                                                                  bits45);
-                            const __m512i w = _mm512_or_si512(low, high);
-                            for (int k = 0; k < count; k++) {
-                                ia[k] = _mm512_dpbusd_epi32(ia[k], w, bcast4(x[k].q + 32 * j + 4 * i));
-                                if (precise) la[k] = _mm512_dpbusd_epi32(la[k], w, bcast4(x[k].l + 32 * j + 4 * i));
+                            for (int tt = 0; tt < together; tt++) {
+                                const int t = t0 + tt, j = b * 8 + 4 * h + t;
+                                const __m512i ql = t & 1 ? ql1 : ql0;
+                                const __m512i low = _mm512_and_si512(t >= 2 ? _mm512_srli_epi16(ql, 4) : ql, low4);
+                                const __m512i high = _mm512_and_si512(t == 0 ? _mm512_slli_epi16(qh, 4)
+                                                                      : t == 1 ? _mm512_slli_epi16(qh, 2)
+                                                                      : t == 2 ? qh
+                                                                               : _mm512_srli_epi16(qh, 2),
+                                                                      bits45);
+                                const __m512i w = _mm512_or_si512(low, high);
+                                for (int k = 0; k < count; k++) {
+                                    ia[k][tt] = _mm512_dpbusd_epi32(ia[k][tt], w, bcast4(x[k].q + 32 * j + 4 * i));
+                                    if (precise)
+                                        la[k][tt] = _mm512_dpbusd_epi32(la[k][tt], w, bcast4(x[k].l + 32 * j + 4 * i));
+                                }
                             }
                         }
-                        const __m512 a = _mm512_mul_ps(d, scales16(blk + 32 + 16 * (8 * h + 2 * t + s), 1));
-                        for (int k = 0; k < count; k++) {
-                            __m512i dot = precise ? _mm512_add_epi32(_mm512_slli_epi32(ia[k], 8), la[k]) : ia[k];
-                            dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(32 * x[k].n16[2 * j + s]));
-                            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a, _mm512_set1_ps(x[k].d[j])), acc[k]);
+                        for (int tt = 0; tt < together; tt++) {
+                            const int t = t0 + tt, j = b * 8 + 4 * h + t;
+                            const __m512 a = _mm512_mul_ps(d, scales16(blk + 32 + 16 * (8 * h + 2 * t + s), 1));
+                            for (int k = 0; k < count; k++) {
+                                __m512i dot = precise ? _mm512_add_epi32(_mm512_slli_epi32(ia[k][tt], 8), la[k][tt]) : ia[k][tt];
+                                dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(32 * x[k].n16[2 * j + s]));
+                                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a, _mm512_set1_ps(x[k].d[j])), acc[k]);
+                            }
                         }
                     }
-                }
         }
     }
     for (int k = 0; k < count; k++) result[k] = _mm512_add_ps(acc[k], off[k]);
@@ -2361,19 +2387,177 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
         }
     }
 }
+#elif HEARTH_AVX2
+/* The same layouts 8 rows at a time (each 64-byte vector's two halves in turn). maddubs pairs stay within int16
+ * (15 * 127 * 2 for Q4_K, 63 * 127 * 2 for Q6_K), so a chunk's steps are summed in int16 (8 for Q4_K, 2 for Q6_K)
+ * before one widening: the same exact integer sums, and so the same bits as the AVX-512 build. */
+static inline __m256i bcast4_256(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __m256 scales8(const uint8_t *p, int is_signed) { /* 8 bytes as 8 float lanes */
+    const __m128i raw = _mm_loadl_epi64((const __m128i *)p);
+    return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(raw) : _mm256_cvtepu8_epi32(raw));
+}
+
+static inline __m256i widen16(__m256i v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
+
+static inline __attribute__((always_inline)) void x16_half(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
+                                                           int half, const gvec *x, int count, int precise,
+                                                           __m256 *result) {
+    __m256 acc[GG_TILE], off[GG_TILE];
+    for (int k = 0; k < count; k++) acc[k] = off[k] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15), bits45 = _mm256_set1_epi8(0x30);
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = grp + (int64_t)b * block_bytes;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
+        if (type != GG_Q6_K_X16) {
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * half)));
+            const uint8_t *qs = blk + 320 + 32 * half;
+            for (int j8 = 0; j8 < 8; j8++) { /* chunk j8 of the block: pair j8 / 2, its low or high nibbles */
+                const int c = j8 >> 1, high = j8 & 1, j = b * 8 + j8;
+                __m256i s16[GG_TILE], l16[GG_TILE];
+                for (int k = 0; k < count; k++) s16[k] = l16[k] = _mm256_setzero_si256();
+                for (int i = 0; i < 8; i++) {
+                    if (!high) _mm_prefetch((const char *)(qs + 64 * (8 * c + i)) + 4 * block_bytes, _MM_HINT_T0);
+                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 64 * (8 * c + i)));
+                    __m256i w = _mm256_and_si256(high ? _mm256_srli_epi16(raw, 4) : raw, low4);
+                    if (type == GG_Q5_K_X16) { /* bit j8 of the step's qh bytes, moved to bit 4 */
+                        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 2368 + 64 * i + 32 * half));
+                        w = _mm256_or_si256(w, _mm256_and_si256(j8 <= 4 ? _mm256_slli_epi16(qh, 4 - j8) : _mm256_srli_epi16(qh, j8 - 4),
+                                                                _mm256_set1_epi8(16)));
+                    }
+                    for (int k = 0; k < count; k++) {
+                        s16[k] = _mm256_add_epi16(s16[k], _mm256_maddubs_epi16(w, bcast4_256(x[k].q + 32 * j + 4 * i)));
+                        if (precise)
+                            l16[k] = _mm256_add_epi16(l16[k], _mm256_maddubs_epi16(w, bcast4_256(x[k].l + 32 * j + 4 * i)));
+                    }
+                }
+                const __m256 a = _mm256_mul_ps(d, scales8(blk + 64 + 16 * j8 + 8 * half, 0));
+                const __m256 m = _mm256_mul_ps(dmin, scales8(blk + 192 + 16 * j8 + 8 * half, 0));
+                for (int k = 0; k < count; k++) {
+                    __m256i dot = widen16(s16[k]);
+                    if (precise) dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 8), widen16(l16[k]));
+                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a, _mm256_set1_ps(x[k].d[j])), acc[k]);
+                    off[k] = _mm256_fnmadd_ps(m, _mm256_set1_ps(x[k].s[j]), off[k]);
+                }
+            }
+        } else { /* as the AVX-512 loop: four chunks at once for one input, one at a time for a tile */
+            const uint8_t *qv = blk + 288 + 32 * half;
+            const int together = count == 1 ? 4 : 1;
+            for (int h = 0; h < 2; h++)
+                for (int s = 0; s < 2; s++)
+                    for (int t0 = 0; t0 < 4; t0 += together) {
+                        __m256i ia[GG_TILE][4], la[GG_TILE][4];
+                        for (int k = 0; k < count; k++)
+                            for (int tt = 0; tt < together; tt++) ia[k][tt] = la[k][tt] = _mm256_setzero_si256();
+                        for (int i = 4 * s; i < 4 * s + 4; i += 2) { /* two steps summed in int16, then widened */
+                            __m256i s16[GG_TILE][4], l16[GG_TILE][4];
+                            for (int k = 0; k < count; k++)
+                                for (int tt = 0; tt < together; tt++) s16[k][tt] = l16[k][tt] = _mm256_setzero_si256();
+                            for (int step = i; step < i + 2; step++) {
+                                const uint8_t *v = qv + 192 * (8 * h + step);
+                                if (t0 == 0) _mm_prefetch((const char *)v + 4 * block_bytes, _MM_HINT_T0);
+                                const __m256i ql0 = _mm256_loadu_si256((const __m256i *)v);
+                                const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(v + 64));
+                                const __m256i qh = _mm256_loadu_si256((const __m256i *)(v + 128));
+                                for (int tt = 0; tt < together; tt++) {
+                                    const int t = t0 + tt, j = b * 8 + 4 * h + t;
+                                    const __m256i ql = t & 1 ? ql1 : ql0;
+                                    const __m256i low = _mm256_and_si256(t >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low4);
+                                    const __m256i hi2 = _mm256_and_si256(t == 0 ? _mm256_slli_epi16(qh, 4)
+                                                                         : t == 1 ? _mm256_slli_epi16(qh, 2)
+                                                                         : t == 2 ? qh
+                                                                                  : _mm256_srli_epi16(qh, 2),
+                                                                         bits45);
+                                    const __m256i w = _mm256_or_si256(low, hi2);
+                                    for (int k = 0; k < count; k++) {
+                                        s16[k][tt] = _mm256_add_epi16(
+                                            s16[k][tt], _mm256_maddubs_epi16(w, bcast4_256(x[k].q + 32 * j + 4 * step)));
+                                        if (precise)
+                                            l16[k][tt] = _mm256_add_epi16(
+                                                l16[k][tt], _mm256_maddubs_epi16(w, bcast4_256(x[k].l + 32 * j + 4 * step)));
+                                    }
+                                }
+                            }
+                            for (int k = 0; k < count; k++)
+                                for (int tt = 0; tt < together; tt++) {
+                                    ia[k][tt] = _mm256_add_epi32(ia[k][tt], widen16(s16[k][tt]));
+                                    if (precise) la[k][tt] = _mm256_add_epi32(la[k][tt], widen16(l16[k][tt]));
+                                }
+                        }
+                        for (int tt = 0; tt < together; tt++) {
+                            const int t = t0 + tt, j = b * 8 + 4 * h + t;
+                            const __m256 a = _mm256_mul_ps(d, scales8(blk + 32 + 16 * (8 * h + 2 * t + s) + 8 * half, 1));
+                            for (int k = 0; k < count; k++) {
+                                __m256i dot = precise ? _mm256_add_epi32(_mm256_slli_epi32(ia[k][tt], 8), la[k][tt]) : ia[k][tt];
+                                dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(32 * x[k].n16[2 * j + s]));
+                                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a, _mm256_set1_ps(x[k].d[j])), acc[k]);
+                            }
+                        }
+                    }
+        }
+    }
+    for (int k = 0; k < count; k++) result[k] = _mm256_add_ps(acc[k], off[k]);
+}
+
+static inline __attribute__((always_inline)) void x16_rows_of(int type, int precise, const uint8_t *w, int64_t row_bytes,
+                                                              int cols, int r0, int r1, const gvec *x, int count, float *y,
+                                                              int64_t ystride, const float *bias, int accumulate) {
+    const int blocks = cols / QK;
+    const int64_t group_bytes = X16_ROWS * row_bytes, block_bytes = group_bytes / blocks;
+    int block_groups = (int)(GG_BLOCK_BYTES / group_bytes);
+    if (block_groups < 1) block_groups = 1;
+    const int g0 = r0 / X16_ROWS, g1 = r1 / X16_ROWS;
+    __m256 res[GG_TILE];
+    for (int gb = g0; gb < g1; gb += block_groups) {
+        const int ge = g1 - gb < block_groups ? g1 : gb + block_groups;
+        for (int k0 = 0; k0 < count;) {
+            const int tile = count - k0 >= GG_TILE ? GG_TILE : count - k0;
+            for (int g = gb; g < ge; g++)
+                for (int half = 0; half < 2; half++) {
+                    const uint8_t *grp = w + (int64_t)g * group_bytes;
+                    if (tile == 4)
+                        x16_half(type, grp, blocks, block_bytes, half, x + k0, 4, precise, res);
+                    else if (tile == 3)
+                        x16_half(type, grp, blocks, block_bytes, half, x + k0, 3, precise, res);
+                    else if (tile == 2)
+                        x16_half(type, grp, blocks, block_bytes, half, x + k0, 2, precise, res);
+                    else
+                        x16_half(type, grp, blocks, block_bytes, half, x + k0, 1, precise, res);
+                    const int64_t row = (int64_t)g * X16_ROWS + 8 * half;
+                    for (int k = 0; k < tile; k++) {
+                        float *target = y + (int64_t)(k0 + k) * ystride + row;
+                        __m256 v = res[k];
+                        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + row));
+                        if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(target), v);
+                        _mm256_storeu_ps(target, v);
+                    }
+                }
+            k0 += tile;
+        }
+    }
+}
 #endif
 
 /* Rows [r0, r1) (multiples of 16) of a 16-row layout; nothing in a build without one (hearth_gg_x16_bytes says -1
  * there, so no such matrix is ever made). */
 static void x16_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
                      const gvec *x, int count, float *y, int64_t ystride, const float *bias, int accumulate) {
-#if HEARTH_AVX512
+#if HEARTH_AVX2
 #define X16_OF(t, p) x16_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate)
     if (type == GG_Q4_K_X16) {
         if (precise)
             X16_OF(GG_Q4_K_X16, 1);
         else
             X16_OF(GG_Q4_K_X16, 0);
+    } else if (type == GG_Q5_K_X16) {
+        if (precise)
+            X16_OF(GG_Q5_K_X16, 1);
+        else
+            X16_OF(GG_Q5_K_X16, 0);
     } else {
         if (precise)
             X16_OF(GG_Q6_K_X16, 1);
@@ -2419,7 +2603,7 @@ static void gg_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, 
 
 static int64_t gg_row_bytes(int type, int64_t cols) {
     int64_t geometry[2];
-    if (gg_is_x16(type)) return HEARTH_AVX512 ? x16_row_bytes(type, cols) : -1;
+    if (gg_is_x16(type)) return HEARTH_AVX2 ? x16_row_bytes(type, cols) : -1;
     if (hearth_gg_geometry(type, geometry) != 0 || cols % geometry[0]) return -1;
     if (!gg_is_float(type) && cols % QBLOCK) return -1;
     return cols / geometry[0] * geometry[1];

@@ -121,6 +121,9 @@ MIXES = {
     "Q6_K": {"matrix": blocks.Q6_K},
     "F16 untied": {"matrix": blocks.F16, "embedding": blocks.F32, "head": blocks.F16},
     "Q4_K untied Q6_K head": {"matrix": blocks.Q4_K, "embedding": blocks.Q4_K, "head": blocks.Q6_K},
+    # tied K-quant embeddings: where the kernel lays the head out 16 rows at a time, the embedding reads from it
+    "Q4_K tied": {"matrix": blocks.Q4_K, "embedding": blocks.Q4_K},
+    "Q5_K tied": {"matrix": blocks.Q5_K, "embedding": blocks.Q5_K},
 }
 
 
