@@ -27,10 +27,10 @@ GEOMETRY = {
     F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
     Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
 }  # fmt: skip
-# A type's 16-row layout (hearth_gg_repack_x16): its code is the file type's plus X16, its row bytes these per block.
+# A type's 16-row layout (hearth_gg_repack_x16): its code is the file type's plus X16; (values, row bytes) per block.
 X16 = 100
 X16_ROWS = 16
-X16_BLOCK_BYTES = {Q4_K: 148, Q5_K: 180, Q6_K: 210}
+X16_GEOMETRY = {Q8_0: (32, 34), Q4_K: (256, 148), Q5_K: (256, 180), Q6_K: (256, 210)}
 # hearth_gg_step's argument tables, in the C enums' order (checked against hearth_gg_layout)
 STEP_SIZES = (
     "layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "kv_bf16", "threads", "rope_pairs",
@@ -50,12 +50,12 @@ Floats = npt.NDArray[np.float32]
 
 def file_type(kind: int) -> int:
     """The file's type of a matrix (the type itself, or the one a 16-row layout was repacked from)."""
-    return kind - X16 if kind - X16 in X16_BLOCK_BYTES else kind
+    return kind - X16 if kind - X16 in X16_GEOMETRY else kind
 
 
 def type_name(kind: int) -> str:
     """ggml's name for a type number, also for the types the kernel does not compute on."""
-    if kind - X16 in X16_BLOCK_BYTES:
+    if kind - X16 in X16_GEOMETRY:
         return f"{TYPE_NAMES[kind - X16]} (16-row layout)"
     if kind in TYPE_NAMES:
         return TYPE_NAMES[kind]
@@ -69,8 +69,9 @@ def type_name(kind: int) -> str:
 
 def row_bytes(kind: int, cols: int) -> int:
     """Bytes of one row of `cols` values; ValueError when the kernel does not take that type or row length."""
-    if kind - X16 in X16_BLOCK_BYTES and cols % 256 == 0:
-        return cols // 256 * X16_BLOCK_BYTES[kind - X16]
+    if kind - X16 in X16_GEOMETRY and cols % X16_GEOMETRY[kind - X16][0] == 0:
+        values, size = X16_GEOMETRY[kind - X16]
+        return cols // values * size
     if kind not in GEOMETRY:
         raise ValueError(f"{type_name(kind)} is not a type the kernel computes on")
     values, size = GEOMETRY[kind]
@@ -123,7 +124,7 @@ def repack_x16(
 ) -> tuple[int, npt.NDArray[np.uint8]] | None:
     """The matrix in its 16-row layout (the same blocks' bits, rows interleaved 16 at a time so that one vector
     instruction steps 16 rows' dot products): (its type code, its bytes); None where this build or this matrix has
-    none (the scalar and ARM builds, not Q4_K, Q5_K or Q6_K, rows not a multiple of 16)."""
+    none (the scalar and ARM builds, not Q8_0, Q4_K, Q5_K or Q6_K, rows not a multiple of 16)."""
     size = int(lib.hearth_gg_x16_bytes(kind, rows, cols))
     if size < 0:
         return None

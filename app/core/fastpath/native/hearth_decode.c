@@ -62,7 +62,7 @@
 
 #define HEARTH_ABI 11 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
                           * 10: hearth_gg_forward_rows takes several tokens of a sequence and its logit rows;
-                          * 11: Q4_K, Q5_K and Q6_K matrices in 16-row layouts, their sums chunk after chunk) */
+                          * 11: Q8_0, Q4_K, Q5_K and Q6_K matrices in 16-row layouts, their sums chunk after chunk) */
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -2116,7 +2116,7 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
     }
 }
 
-/* ---- Q4_K, Q5_K and Q6_K rows 16 at a time (AVX-512 and AVX2 builds) ----
+/* ---- Q8_0, Q4_K, Q5_K and Q6_K rows 16 at a time (AVX-512 and AVX2 builds) ----
  * A matrix whose rows are a multiple of 16 is repacked at load from the file's blocks (the same bits: values, scales
  * and d are copied, nothing is rounded) so that a group of 16 rows keeps, per 256-value block, its rows' scales side
  * by side and its quantized values 4 bytes per row in turn: one 64-byte vector holds 4 consecutive values of each of
@@ -2126,6 +2126,8 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
  *   Q4_K x16, per group and block (2,368 bytes = 16 x 148): d[16], dmin[16] (fp16), sc[8][16], m[8][16] (the 6-bit
  *     scales and mins as bytes), then for chunk pair c (0..3) and step i (0..7) 64 bytes: lane r = row r's qs bytes
  *     32c + 4i .. 32c + 4i + 3 (low nibbles: chunk 2c, high: chunk 2c + 1).
+ *   Q8_0 x16, per group and 32-value block (544 bytes = 16 x 34): d[16] (fp16), then for step i (0..7) 64 bytes:
+ *     lane r = row r's values 4i .. 4i + 3.
  *   Q5_K x16 (2,880 bytes = 16 x 180): Q4_K's, then for step i 64 bytes: lane r = row r's qh bytes 4i .. 4i + 3 (bit j:
  *     the fifth bit of chunk j's value).
  *   Q6_K x16 (3,360 bytes = 16 x 210): d[16] (fp16), sc[16][16] (int8), then for half h (0, 1) and step i (0..7)
@@ -2134,23 +2136,34 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
  * result still depends only on the row and its input. */
 #define GG_X16 100 /* a type code plus this: its 16-row layout */
 #define GG_Q4_K_X16 (GG_X16 + GG_Q4_K)
+#define GG_Q8_0_X16 (GG_X16 + GG_Q8_0)
 #define GG_Q5_K_X16 (GG_X16 + GG_Q5_K)
 #define GG_Q6_K_X16 (GG_X16 + GG_Q6_K)
 #define X16_ROWS 16
 
-static inline int gg_is_x16(int type) { return type == GG_Q4_K_X16 || type == GG_Q5_K_X16 || type == GG_Q6_K_X16; }
+static inline int gg_is_x16(int type) {
+    return type == GG_Q8_0_X16 || type == GG_Q4_K_X16 || type == GG_Q5_K_X16 || type == GG_Q6_K_X16;
+}
+
+static inline int x16_values(int type) { return type == GG_Q8_0_X16 ? 32 : QK; } /* per block */
 
 /* Bytes per row of a 16-row layout (a group is 16 of them): Q4_K's scales unpacked to bytes take 4 more per block. */
 static int64_t x16_row_bytes(int type, int64_t cols) {
+    if (type == GG_Q8_0_X16) return cols % 32 ? -1 : cols / 32 * 34;
     if (cols % QK) return -1;
     return type == GG_Q4_K_X16 ? cols / QK * 148 : type == GG_Q5_K_X16 ? cols / QK * 180 : type == GG_Q6_K_X16 ? cols / QK * 210 : -1;
 }
 
 /* Row r's block b of a 16-row layout as a gg_block (gg_unpack's values for the file's block). */
 static int x16_unpack(int type, const uint8_t *w, int64_t cols, int64_t r, int64_t b, gg_block *out) {
-    const int64_t group_bytes = X16_ROWS * x16_row_bytes(type, cols), blocks = cols / QK;
+    const int64_t group_bytes = X16_ROWS * x16_row_bytes(type, cols), blocks = cols / x16_values(type);
     const int lane = (int)(r % X16_ROWS);
     const uint8_t *blk = w + (r / X16_ROWS) * group_bytes + b * (group_bytes / blocks);
+    if (type == GG_Q8_0_X16) {
+        for (int i = 0; i < 8; i++) memcpy(out->q + 4 * i, blk + 32 + 64 * i + 4 * lane, 4);
+        out->a[0] = gg_half(blk + 2 * lane), out->b[0] = 0.0f;
+        return 1;
+    }
     if (type != GG_Q6_K_X16) {
         const float d = gg_half(blk + 2 * lane), dmin = gg_half(blk + 32 + 2 * lane);
         for (int c = 0; c < 4; c++)
@@ -2185,9 +2198,11 @@ static int x16_unpack(int type, const uint8_t *w, int64_t cols, int64_t r, int64
 }
 
 /* Bytes of `type`'s 16-row layout for a rows x cols matrix; -1 where this build does not compute on it (not an
- * AVX2 or AVX-512 build, not Q4_K, Q5_K or Q6_K, rows not a multiple of 16). */
+ * AVX2 or AVX-512 build, not Q8_0, Q4_K, Q5_K or Q6_K, rows not a multiple of 16). */
 int64_t hearth_gg_x16_bytes(int type, int64_t rows, int64_t cols) {
-    if (!HEARTH_AVX2 || (type != GG_Q4_K && type != GG_Q5_K && type != GG_Q6_K) || rows < 1 || rows % X16_ROWS || cols % QK) return -1;
+    if (!HEARTH_AVX2 || (type != GG_Q8_0 && type != GG_Q4_K && type != GG_Q5_K && type != GG_Q6_K) || rows < 1 ||
+        rows % X16_ROWS || x16_row_bytes(GG_X16 + type, cols) < 0)
+        return -1;
     return rows * x16_row_bytes(GG_X16 + type, cols);
 }
 
@@ -2195,7 +2210,8 @@ int64_t hearth_gg_x16_bytes(int type, int64_t rows, int64_t cols) {
  * (hearth_gg_x16_bytes of it). Returns the layout's type code; -1 where there is none. */
 int hearth_gg_repack_x16(int type, const void *src, int64_t rows, int64_t cols, void *dst, int threads) {
     if (hearth_gg_x16_bytes(type, rows, cols) < 0) return -1;
-    const int x16 = GG_X16 + type, blocks = (int)(cols / QK), in_bytes = type == GG_Q4_K ? 144 : type == GG_Q5_K ? 176 : 210;
+    const int x16 = GG_X16 + type, blocks = (int)(cols / x16_values(GG_X16 + type));
+    const int in_bytes = type == GG_Q8_0 ? 34 : type == GG_Q4_K ? 144 : type == GG_Q5_K ? 176 : 210;
     const int64_t out_block = X16_ROWS * x16_row_bytes(x16, cols) / blocks;
     if (threads < 1) threads = 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -2204,7 +2220,10 @@ int hearth_gg_repack_x16(int type, const void *src, int64_t rows, int64_t cols, 
             uint8_t *blk = (uint8_t *)dst + (g * blocks + b) * out_block;
             for (int r = 0; r < X16_ROWS; r++) {
                 const uint8_t *p = (const uint8_t *)src + ((g * X16_ROWS + r) * blocks + b) * in_bytes;
-                if (type != GG_Q6_K) {
+                if (type == GG_Q8_0) {
+                    memcpy(blk + 2 * r, p, 2);
+                    for (int i = 0; i < 8; i++) memcpy(blk + 32 + 64 * i + 4 * r, p + 2 + 4 * i, 4);
+                } else if (type != GG_Q6_K) {
                     const int qs = type == GG_Q4_K ? 16 : 48;
                     memcpy(blk + 2 * r, p, 2), memcpy(blk + 32 + 2 * r, p + 2, 2);
                     for (int j = 0; j < 8; j++) {
@@ -2235,8 +2254,9 @@ int hearth_gg_repack_x16(int type, const void *src, int64_t rows, int64_t cols, 
 /* Row r of a 16-row layout as fp32, the same values hearth_gg_dequant gives for the file's row. */
 static void x16_dequant_row(int type, const uint8_t *w, int64_t cols, int64_t r, float *out) {
     gg_block block;
-    for (int64_t b = 0; b < cols / QK; b++)
-        gg_block_floats(type - GG_X16, x16_unpack(type, w, cols, r, b, &block), &block, out + b * QK);
+    const int values = x16_values(type);
+    for (int64_t b = 0; b < cols / values; b++)
+        gg_block_floats(type - GG_X16, x16_unpack(type, w, cols, r, b, &block), &block, out + b * values);
 }
 
 #if HEARTH_AVX512
@@ -2262,7 +2282,22 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
         _mm_prefetch((const char *)blk + 2 * block_bytes, _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        if (type != GG_Q6_K_X16) {
+        if (type == GG_Q8_0_X16) { /* signed bytes as q + 128, and 128 times the input's sum taken off (exact) */
+            __m512i ia[GG_TILE], la[GG_TILE];
+            for (int k = 0; k < count; k++) ia[k] = la[k] = _mm512_setzero_si512();
+            for (int i = 0; i < 8; i++) {
+                const __m512i w = _mm512_xor_si512(_mm512_loadu_si512((const void *)(blk + 32 + 64 * i)), _mm512_set1_epi8((char)0x80));
+                for (int k = 0; k < count; k++) {
+                    ia[k] = _mm512_dpbusd_epi32(ia[k], w, bcast4(x[k].q + 32 * b + 4 * i));
+                    if (precise) la[k] = _mm512_dpbusd_epi32(la[k], w, bcast4(x[k].l + 32 * b + 4 * i));
+                }
+            }
+            for (int k = 0; k < count; k++) {
+                __m512i dot = precise ? _mm512_add_epi32(_mm512_slli_epi32(ia[k], 8), la[k]) : ia[k];
+                dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * (x[k].n16[2 * b] + x[k].n16[2 * b + 1])));
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(x[k].d[b])), acc[k]);
+            }
+        } else if (type != GG_Q6_K_X16) {
             const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
             const uint8_t *qs = blk + 320;
             for (int c = 0; c < 4; c++) {
@@ -2355,7 +2390,7 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
 static inline __attribute__((always_inline)) void x16_rows_of(int type, int precise, const uint8_t *w, int64_t row_bytes,
                                                               int cols, int r0, int r1, const gvec *x, int count, float *y,
                                                               int64_t ystride, const float *bias, int accumulate) {
-    const int blocks = cols / QK;
+    const int blocks = cols / x16_values(type);
     const int64_t group_bytes = X16_ROWS * row_bytes, block_bytes = group_bytes / blocks;
     int block_groups = (int)(GG_BLOCK_BYTES / group_bytes);
     if (block_groups < 1) block_groups = 1;
@@ -2413,7 +2448,23 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
     for (int b = 0; b < blocks; b++) {
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
-        if (type != GG_Q6_K_X16) {
+        if (type == GG_Q8_0_X16) { /* signed bytes: |w| times x with w's sign, widened every step (exact) */
+            __m256i ia[GG_TILE], la[GG_TILE];
+            for (int k = 0; k < count; k++) ia[k] = la[k] = _mm256_setzero_si256();
+            for (int i = 0; i < 8; i++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * i + 32 * half));
+                const __m256i abs_w = _mm256_sign_epi8(w, w);
+                for (int k = 0; k < count; k++) {
+                    ia[k] = _mm256_add_epi32(ia[k], widen16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(bcast4_256(x[k].q + 32 * b + 4 * i), w))));
+                    if (precise)
+                        la[k] = _mm256_add_epi32(la[k], widen16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(bcast4_256(x[k].l + 32 * b + 4 * i), w))));
+                }
+            }
+            for (int k = 0; k < count; k++) {
+                const __m256i dot = precise ? _mm256_add_epi32(_mm256_slli_epi32(ia[k], 8), la[k]) : ia[k];
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(x[k].d[b])), acc[k]);
+            }
+        } else if (type != GG_Q6_K_X16) {
             const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * half)));
             const uint8_t *qs = blk + 320 + 32 * half;
             for (int j8 = 0; j8 < 8; j8++) { /* chunk j8 of the block: pair j8 / 2, its low or high nibbles */
@@ -2506,7 +2557,7 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
 static inline __attribute__((always_inline)) void x16_rows_of(int type, int precise, const uint8_t *w, int64_t row_bytes,
                                                               int cols, int r0, int r1, const gvec *x, int count, float *y,
                                                               int64_t ystride, const float *bias, int accumulate) {
-    const int blocks = cols / QK;
+    const int blocks = cols / x16_values(type);
     const int64_t group_bytes = X16_ROWS * row_bytes, block_bytes = group_bytes / blocks;
     int block_groups = (int)(GG_BLOCK_BYTES / group_bytes);
     if (block_groups < 1) block_groups = 1;
@@ -2548,7 +2599,12 @@ static void x16_rows(int type, int precise, const uint8_t *w, int64_t row_bytes,
                      const gvec *x, int count, float *y, int64_t ystride, const float *bias, int accumulate) {
 #if HEARTH_AVX2
 #define X16_OF(t, p) x16_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate)
-    if (type == GG_Q4_K_X16) {
+    if (type == GG_Q8_0_X16) {
+        if (precise)
+            X16_OF(GG_Q8_0_X16, 1);
+        else
+            X16_OF(GG_Q8_0_X16, 0);
+    } else if (type == GG_Q4_K_X16) {
         if (precise)
             X16_OF(GG_Q4_K_X16, 1);
         else
