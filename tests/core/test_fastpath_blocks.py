@@ -172,7 +172,7 @@ def test_the_library_reports_the_block_geometry_python_assumes(lib: Any) -> None
 @pytest.mark.parametrize("precise", [False, True], ids=["int8", "15-bit"])
 @pytest.mark.parametrize("kind", sorted(blocks.X16_GEOMETRY), ids=blocks.type_name)
 def test_the_16_row_layout_computes_what_the_file_s_rows_do(kind: int, precise: bool, builds: dict[str, Any]) -> None:
-    """Q4_0, Q4_1, Q8_0 and K-quant matrices laid out 16 rows at a time (AVX-512 and AVX2 builds): the exact product
+    """Every quantized type's matrices laid out 16 rows at a time (AVX-512 and AVX2 builds): the exact product
     within the activation bound, the row layout's result to float rounding, every row's result the same bits alone, in
     any tile and on any threads, and the same bits in both builds (their integer sums are exact and their float
     operations the same); the scalar build has no layout (None) and the load keeps the file's rows."""
@@ -209,7 +209,7 @@ def test_the_16_row_layout_computes_what_the_file_s_rows_do(kind: int, precise: 
 def test_the_16_row_layout_takes_only_whole_groups_of_its_types(lib: Any) -> None:
     data = weights_of(blocks.Q4_K, 24, 256).reshape(-1)
     assert blocks.repack_x16(lib, blocks.Q4_K, data, 24, 256, threads=1) is None  # 24 rows: not whole groups of 16
-    q5 = weights_of(blocks.Q5_0, 16, 256).reshape(-1)
-    assert blocks.repack_x16(lib, blocks.Q5_0, q5, 16, 256, threads=1) is None  # a type without the layout
+    f16 = weights_of(blocks.F16, 16, 256).reshape(-1)
+    assert blocks.repack_x16(lib, blocks.F16, f16, 16, 256, threads=1) is None  # float weights keep their rows
     assert blocks.type_name(blocks.X16 + blocks.Q6_K) == "Q6_K (16-row layout)"
-    assert blocks.file_type(blocks.X16 + blocks.Q4_K) == blocks.Q4_K and blocks.file_type(blocks.Q5_0) == blocks.Q5_0
+    assert blocks.file_type(blocks.X16 + blocks.Q4_K) == blocks.Q4_K and blocks.file_type(blocks.F16) == blocks.F16

@@ -30,7 +30,10 @@ GEOMETRY = {
 # A type's 16-row layout (hearth_gg_repack_x16): its code is the file type's plus X16; (values, row bytes) per block.
 X16 = 100
 X16_ROWS = 16
-X16_GEOMETRY = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 148), Q5_K: (256, 180), Q6_K: (256, 210)}
+X16_GEOMETRY = {
+    Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (32, 34), Q4_K: (256, 148), Q5_K: (256, 180),
+    Q6_K: (256, 210),
+}  # fmt: skip
 # hearth_gg_step's argument tables, in the C enums' order (checked against hearth_gg_layout)
 STEP_SIZES = (
     "layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "kv_bf16", "threads", "rope_pairs",
@@ -124,7 +127,7 @@ def repack_x16(
 ) -> tuple[int, npt.NDArray[np.uint8]] | None:
     """The matrix in its 16-row layout (the same blocks' bits, rows interleaved 16 at a time so that one vector
     instruction steps 16 rows' dot products): (its type code, its bytes); None where this build or this matrix has
-    none (the scalar and ARM builds, not Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K, rows not a multiple of 16)."""
+    none (the scalar and ARM builds, float types, rows not a multiple of 16)."""
     size = int(lib.hearth_gg_x16_bytes(kind, rows, cols))
     if size < 0:
         return None

@@ -246,7 +246,7 @@ class GGUFModel(DecoderRuntime):
         return Matrix(name, tensor.kind, rows, cols, self.map[start : start + size])
 
     def _lay_out_matrices(self) -> int:
-        """Each Q8_0, Q4_K, Q5_K and Q6_K matrix in the kernel's 16-row layout where this build has one (AVX-512, AVX2):
+        """Each quantized matrix in the kernel's 16-row layout where this build has one (AVX-512, AVX2):
         the file's blocks, bit for bit, with 16 rows interleaved so that one vector instruction steps 16 rows' dot
         products. A tied embedding then reads its rows from the head's layout. Done in slices, each slice's file pages
         released once copied, so memory holds the model once (plus a slice) while it happens. Returns the layouts'

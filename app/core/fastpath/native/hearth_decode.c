@@ -62,7 +62,7 @@
 
 #define HEARTH_ABI 11 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
                           * 10: hearth_gg_forward_rows takes several tokens of a sequence and its logit rows;
-                          * 11: Q4_0, Q4_1, Q8_0 and K-quant matrices in 16-row layouts, their sums chunk after chunk) */
+                          * 11: every quantized type's matrices in 16-row layouts, their sums chunk after chunk) */
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -2116,7 +2116,7 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
     }
 }
 
-/* ---- Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K rows 16 at a time (AVX-512 and AVX2 builds) ----
+/* ---- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K rows 16 at a time (AVX-512 and AVX2 builds) ----
  * A matrix whose rows are a multiple of 16 is repacked at load from the file's blocks (the same bits: values, scales
  * and d are copied, nothing is rounded) so that a group of 16 rows keeps, per 256-value block, its rows' scales side
  * by side and its quantized values 4 bytes per row in turn: one 64-byte vector holds 4 consecutive values of each of
@@ -2126,8 +2126,9 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
  *   Q4_K x16, per group and block (2,368 bytes = 16 x 148): d[16], dmin[16] (fp16), sc[8][16], m[8][16] (the 6-bit
  *     scales and mins as bytes), then for chunk pair c (0..3) and step i (0..7) 64 bytes: lane r = row r's qs bytes
  *     32c + 4i .. 32c + 4i + 3 (low nibbles: chunk 2c, high: chunk 2c + 1).
- *   Q4_0 / Q4_1 x16, per group and 32-value block (288 / 320 bytes = 16 x 18 / 20): d[16] (and m[16]), fp16, then
- *     for step i (0..3) 64 bytes: lane r = row r's qs bytes 4i .. 4i + 3 (low nibbles: values 4i.., high: 16 + 4i..).
+ *   Q4_0 / Q4_1 / Q5_0 / Q5_1 x16, per group and 32-value block (16 x 18 / 20 / 22 / 24 bytes): d[16] (and m[16]),
+ *     fp16, (Q5: each row's 4 qh bytes, 64 bytes), then for step i (0..3) 64 bytes: lane r = row r's qs bytes
+ *     4i .. 4i + 3 (low nibbles: values 4i.., high: 16 + 4i..).
  *   Q8_0 x16, per group and 32-value block (544 bytes = 16 x 34): d[16] (fp16), then for step i (0..7) 64 bytes:
  *     lane r = row r's values 4i .. 4i + 3.
  *   Q5_K x16 (2,880 bytes = 16 x 180): Q4_K's, then for step i 64 bytes: lane r = row r's qh bytes 4i .. 4i + 3 (bit j:
@@ -2140,23 +2141,31 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
 #define GG_Q4_K_X16 (GG_X16 + GG_Q4_K)
 #define GG_Q4_0_X16 (GG_X16 + GG_Q4_0)
 #define GG_Q4_1_X16 (GG_X16 + GG_Q4_1)
+#define GG_Q5_0_X16 (GG_X16 + GG_Q5_0)
+#define GG_Q5_1_X16 (GG_X16 + GG_Q5_1)
 #define GG_Q8_0_X16 (GG_X16 + GG_Q8_0)
 #define GG_Q5_K_X16 (GG_X16 + GG_Q5_K)
 #define GG_Q6_K_X16 (GG_X16 + GG_Q6_K)
 #define X16_ROWS 16
 
 static inline int gg_is_x16(int type) {
-    return type == GG_Q4_0_X16 || type == GG_Q4_1_X16 || type == GG_Q8_0_X16 || type == GG_Q4_K_X16 ||
-           type == GG_Q5_K_X16 || type == GG_Q6_K_X16;
+    return type == GG_Q4_0_X16 || type == GG_Q4_1_X16 || type == GG_Q5_0_X16 || type == GG_Q5_1_X16 ||
+           type == GG_Q8_0_X16 || type == GG_Q4_K_X16 || type == GG_Q5_K_X16 || type == GG_Q6_K_X16;
 }
 
-static inline int x16_small(int type) { return type == GG_Q4_0_X16 || type == GG_Q4_1_X16; } /* 32-value nibbles */
+/* 32-value blocks of nibbles (and a fifth bit): Q4_0, Q4_1, Q5_0, Q5_1 */
+static inline int x16_small(int type) {
+    return type == GG_Q4_0_X16 || type == GG_Q4_1_X16 || type == GG_Q5_0_X16 || type == GG_Q5_1_X16;
+}
+static inline int x16_with_min(int type) { return type == GG_Q4_1_X16 || type == GG_Q5_1_X16; }
+static inline int x16_five(int type) { return type == GG_Q5_0_X16 || type == GG_Q5_1_X16; }
+static inline int x16_qs(int type) { return 32 * (1 + x16_with_min(type)) + 64 * x16_five(type); } /* its offset */
 static inline int x16_values(int type) { return type == GG_Q8_0_X16 || x16_small(type) ? 32 : QK; } /* per block */
 
 /* Bytes per row of a 16-row layout (a group is 16 of them): Q4_K's scales unpacked to bytes take 4 more per block. */
 static int64_t x16_row_bytes(int type, int64_t cols) {
     if (type == GG_Q8_0_X16 || x16_small(type))
-        return cols % 32 ? -1 : cols / 32 * (type == GG_Q8_0_X16 ? 34 : type == GG_Q4_1_X16 ? 20 : 18);
+        return cols % 32 ? -1 : cols / 32 * (type == GG_Q8_0_X16 ? 34 : 18 + 2 * x16_with_min(type) + 4 * x16_five(type));
     if (cols % QK) return -1;
     return type == GG_Q4_K_X16 ? cols / QK * 148 : type == GG_Q5_K_X16 ? cols / QK * 180 : type == GG_Q6_K_X16 ? cols / QK * 210 : -1;
 }
@@ -2167,14 +2176,17 @@ static int x16_unpack(int type, const uint8_t *w, int64_t cols, int64_t r, int64
     const int lane = (int)(r % X16_ROWS);
     const uint8_t *blk = w + (r / X16_ROWS) * group_bytes + b * (group_bytes / blocks);
     if (x16_small(type)) {
-        const uint8_t *qs = blk + (type == GG_Q4_1_X16 ? 64 : 32);
+        const uint8_t *qs = blk + x16_qs(type);
+        uint32_t qh = 0;
+        if (x16_five(type)) memcpy(&qh, blk + 32 * (1 + x16_with_min(type)) + 4 * lane, 4);
         for (int i = 0; i < 4; i++)
             for (int t = 0; t < 4; t++) {
                 const uint8_t byte = qs[64 * i + 4 * lane + t];
-                out->q[4 * i + t] = byte & 15, out->q[16 + 4 * i + t] = byte >> 4;
+                out->q[4 * i + t] = (uint8_t)((byte & 15) | (((qh >> (4 * i + t)) & 1) << 4));
+                out->q[16 + 4 * i + t] = (uint8_t)((byte >> 4) | (((qh >> (16 + 4 * i + t)) & 1) << 4));
             }
         out->a[0] = gg_half(blk + 2 * lane);
-        out->b[0] = type == GG_Q4_1_X16 ? gg_half(blk + 32 + 2 * lane) : -8.0f * out->a[0];
+        out->b[0] = x16_with_min(type) ? gg_half(blk + 32 + 2 * lane) : (x16_five(type) ? -16.0f : -8.0f) * out->a[0];
         return 1;
     }
     if (type == GG_Q8_0_X16) {
@@ -2216,7 +2228,7 @@ static int x16_unpack(int type, const uint8_t *w, int64_t cols, int64_t r, int64
 }
 
 /* Bytes of `type`'s 16-row layout for a rows x cols matrix; -1 where this build does not compute on it (not an
- * AVX2 or AVX-512 build, not Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K, rows not a multiple of 16). */
+ * AVX2 or AVX-512 build, a type without one, rows not a multiple of 16). */
 int64_t hearth_gg_x16_bytes(int type, int64_t rows, int64_t cols) {
     if (!HEARTH_AVX2 || !gg_is_x16(GG_X16 + type) || rows < 1 ||
         rows % X16_ROWS || x16_row_bytes(GG_X16 + type, cols) < 0)
@@ -2240,11 +2252,12 @@ int hearth_gg_repack_x16(int type, const void *src, int64_t rows, int64_t cols, 
             uint8_t *blk = (uint8_t *)dst + (g * blocks + b) * out_block;
             for (int r = 0; r < X16_ROWS; r++) {
                 const uint8_t *p = (const uint8_t *)src + ((g * X16_ROWS + r) * blocks + b) * in_bytes;
-                if (type == GG_Q4_0 || type == GG_Q4_1) {
-                    const int at = type == GG_Q4_1 ? 4 : 2;
+                if (x16_small(x16)) { /* d (m) (qh) qs in the file's block */
+                    const int with_min = x16_with_min(x16), five = x16_five(x16), qs = 2 + 2 * with_min + 4 * five;
                     memcpy(blk + 2 * r, p, 2);
-                    if (type == GG_Q4_1) memcpy(blk + 32 + 2 * r, p + 2, 2);
-                    for (int i = 0; i < 4; i++) memcpy(blk + 16 * at + 64 * i + 4 * r, p + at + 4 * i, 4);
+                    if (with_min) memcpy(blk + 32 + 2 * r, p + 2, 2);
+                    if (five) memcpy(blk + 32 * (1 + with_min) + 4 * r, p + 2 + 2 * with_min, 4);
+                    for (int i = 0; i < 4; i++) memcpy(blk + x16_qs(x16) + 64 * i + 4 * r, p + qs + 4 * i, 4);
                 } else if (type == GG_Q8_0) {
                     memcpy(blk + 2 * r, p, 2);
                     for (int i = 0; i < 8; i++) memcpy(blk + 32 + 64 * i + 4 * r, p + 2 + 4 * i, 4);
@@ -2307,13 +2320,22 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
         _mm_prefetch((const char *)blk + 2 * block_bytes, _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        if (x16_small(type)) { /* low nibbles: values 4i.., high: 16 + 4i..; Q4_0's -8 taken off the sum (exact) */
-            const uint8_t *qs = blk + (type == GG_Q4_1_X16 ? 64 : 32);
+        if (x16_small(type)) { /* low nibbles: values 4i.., high: 16 + 4i..; Q4_0's -8 (Q5_0's -16) off the sum (exact) */
+            const uint8_t *qs = blk + x16_qs(type);
+            const __m512i qh = x16_five(type) ? _mm512_loadu_si512((const void *)(blk + 32 * (1 + x16_with_min(type))))
+                                              : _mm512_setzero_si512();
             __m512i ia[GG_TILE], la[GG_TILE];
             for (int k = 0; k < count; k++) ia[k] = la[k] = _mm512_setzero_si512();
             for (int i = 0; i < 4; i++) {
                 const __m512i raw = _mm512_loadu_si512((const void *)(qs + 64 * i));
-                const __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                if (x16_five(type)) { /* byte t of a lane: bit 4i + t (16 + 4i + t) of the row's qh, as 16 */
+                    const __m512i lanes = _mm512_set4_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0);
+                    const __m512i bits = _mm512_set1_epi32((int)(0x08040201u << (4 * (i & 1))));
+                    const __m512i sixteen = _mm512_set1_epi8(16);
+                    lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_add_epi8(lanes, _mm512_set1_epi8((char)(i / 2)))), bits), lo, sixteen);
+                    hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_add_epi8(lanes, _mm512_set1_epi8((char)(2 + i / 2)))), bits), hi, sixteen);
+                }
                 for (int k = 0; k < count; k++) {
                     ia[k] = _mm512_dpbusd_epi32(ia[k], lo, bcast4(x[k].q + 32 * b + 4 * i));
                     ia[k] = _mm512_dpbusd_epi32(ia[k], hi, bcast4(x[k].q + 32 * b + 16 + 4 * i));
@@ -2323,12 +2345,13 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                     }
                 }
             }
-            const __m512 m = type == GG_Q4_1_X16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32))) : d;
+            const __m512 m = x16_with_min(type) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32))) : d;
+            const int zero_point = x16_with_min(type) ? 0 : x16_five(type) ? 16 : 8;
             for (int k = 0; k < count; k++) {
                 __m512i dot = precise ? _mm512_add_epi32(_mm512_slli_epi32(ia[k], 8), la[k]) : ia[k];
-                if (type == GG_Q4_0_X16) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(8 * (x[k].n16[2 * b] + x[k].n16[2 * b + 1])));
+                if (zero_point) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(zero_point * (x[k].n16[2 * b] + x[k].n16[2 * b + 1])));
                 acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(x[k].d[b])), acc[k]);
-                if (type == GG_Q4_1_X16) off[k] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[k].s[b]), off[k]);
+                if (x16_with_min(type)) off[k] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[k].s[b]), off[k]);
             }
         } else if (type == GG_Q8_0_X16) { /* signed bytes as q + 128, and 128 times the input's sum taken off (exact) */
             __m512i ia[GG_TILE], la[GG_TILE];
@@ -2388,7 +2411,8 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
             }
         } else { /* Q6_K: a scale per 16 values; the -32 offset folded into the integer sum (exact). A step's four
                   * chunks come from the same three vectors: one input takes all four at once (decode), a tile of
-                  * several one chunk at a time (registers); the chunks' sums are added in the same order either way. */
+                  * several one chunk at a time (registers; all four at once measured no faster for 8-bit tiles);
+                  * the chunks' sums are added in the same order either way. */
             const uint8_t *qv = blk + 288;
             const int together = count == 1 ? 4 : 1;
             for (int h = 0; h < 2; h++)
@@ -2496,13 +2520,25 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
     for (int b = 0; b < blocks; b++) {
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
-        if (x16_small(type)) { /* the AVX-512 loop's sums: 8 maddubs in int16 (<= 8 * 15 * 127 * 2), then widened */
-            const uint8_t *qs = blk + (type == GG_Q4_1_X16 ? 64 : 32) + 32 * half;
-            __m256i s16[GG_TILE], l16[GG_TILE];
-            for (int k = 0; k < count; k++) s16[k] = l16[k] = _mm256_setzero_si256();
+        if (x16_small(type)) { /* the AVX-512 loop's sums, in int16 while they fit (a step's two maddubs are at most
+                                * 2 * 2 * 15 * 127 for nibbles, four steps in all; 2 * 2 * 31 * 127 for 5 bits, two) */
+            const uint8_t *qs = blk + x16_qs(type) + 32 * half;
+            const __m256i qh = x16_five(type) ? _mm256_loadu_si256((const __m256i *)(blk + 32 * (1 + x16_with_min(type)) + 32 * half))
+                                              : _mm256_setzero_si256();
+            __m256i s16[GG_TILE], l16[GG_TILE], s32[GG_TILE], l32[GG_TILE];
+            for (int k = 0; k < count; k++) s16[k] = l16[k] = s32[k] = l32[k] = _mm256_setzero_si256();
             for (int i = 0; i < 4; i++) {
                 const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 64 * i));
-                const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                if (x16_five(type)) {
+                    const __m256i lanes = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c, 0, 0x04040404, 0x08080808, 0x0c0c0c0c);
+                    const __m256i bits = _mm256_set1_epi32((int)(0x08040201u << (4 * (i & 1))));
+                    const __m256i sixteen = _mm256_set1_epi8(16);
+                    const __m256i low_bits = _mm256_and_si256(_mm256_shuffle_epi8(qh, _mm256_add_epi8(lanes, _mm256_set1_epi8((char)(i / 2)))), bits);
+                    const __m256i high_bits = _mm256_and_si256(_mm256_shuffle_epi8(qh, _mm256_add_epi8(lanes, _mm256_set1_epi8((char)(2 + i / 2)))), bits);
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(low_bits, bits), sixteen));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(high_bits, bits), sixteen));
+                }
                 for (int k = 0; k < count; k++) {
                     s16[k] = _mm256_add_epi16(s16[k], _mm256_maddubs_epi16(lo, bcast4_256(x[k].q + 32 * b + 4 * i)));
                     s16[k] = _mm256_add_epi16(s16[k], _mm256_maddubs_epi16(hi, bcast4_256(x[k].q + 32 * b + 16 + 4 * i)));
@@ -2510,15 +2546,20 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                         l16[k] = _mm256_add_epi16(l16[k], _mm256_maddubs_epi16(lo, bcast4_256(x[k].l + 32 * b + 4 * i)));
                         l16[k] = _mm256_add_epi16(l16[k], _mm256_maddubs_epi16(hi, bcast4_256(x[k].l + 32 * b + 16 + 4 * i)));
                     }
+                    if (x16_five(type) && (i & 1)) { /* 5-bit values: widened every two steps */
+                        s32[k] = _mm256_add_epi32(s32[k], widen16(s16[k])), s16[k] = _mm256_setzero_si256();
+                        if (precise) l32[k] = _mm256_add_epi32(l32[k], widen16(l16[k])), l16[k] = _mm256_setzero_si256();
+                    }
                 }
             }
-            const __m256 m = type == GG_Q4_1_X16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * half))) : d;
+            const __m256 m = x16_with_min(type) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * half))) : d;
+            const int zero_point = x16_with_min(type) ? 0 : x16_five(type) ? 16 : 8;
             for (int k = 0; k < count; k++) {
-                __m256i dot = widen16(s16[k]);
-                if (precise) dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 8), widen16(l16[k]));
-                if (type == GG_Q4_0_X16) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * (x[k].n16[2 * b] + x[k].n16[2 * b + 1])));
+                __m256i dot = _mm256_add_epi32(s32[k], widen16(s16[k]));
+                if (precise) dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 8), _mm256_add_epi32(l32[k], widen16(l16[k])));
+                if (zero_point) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(zero_point * (x[k].n16[2 * b] + x[k].n16[2 * b + 1])));
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(x[k].d[b])), acc[k]);
-                if (type == GG_Q4_1_X16) off[k] = _mm256_fmadd_ps(m, _mm256_set1_ps(x[k].s[b]), off[k]);
+                if (x16_with_min(type)) off[k] = _mm256_fmadd_ps(m, _mm256_set1_ps(x[k].s[b]), off[k]);
             }
         } else if (type == GG_Q8_0_X16) { /* signed bytes: |w| times x with w's sign, widened every step (exact) */
             __m256i ia[GG_TILE], la[GG_TILE];
@@ -2681,6 +2722,16 @@ static void x16_rows(int type, int precise, const uint8_t *w, int64_t row_bytes,
             X16_OF(GG_Q4_1_X16, 1);
         else
             X16_OF(GG_Q4_1_X16, 0);
+    } else if (type == GG_Q5_0_X16) {
+        if (precise)
+            X16_OF(GG_Q5_0_X16, 1);
+        else
+            X16_OF(GG_Q5_0_X16, 0);
+    } else if (type == GG_Q5_1_X16) {
+        if (precise)
+            X16_OF(GG_Q5_1_X16, 1);
+        else
+            X16_OF(GG_Q5_1_X16, 0);
     } else if (type == GG_Q8_0_X16) {
         if (precise)
             X16_OF(GG_Q8_0_X16, 1);
