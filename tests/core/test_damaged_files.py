@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,28 @@ def test_a_damaged_response_cache_is_quarantined_and_rebuilt(tmp_path: Path, cas
     assert len(cache) == 0 and cache.get("key-1") is None
     cache.put("new", CachedReply(["works"], "stop", 1))
     assert cache.get("new") == CachedReply(["works"], "stop", 1)
+
+
+def test_a_damaged_response_cache_beside_a_leftover_wal_is_still_found(tmp_path: Path) -> None:
+    """A process that ended without closing leaves its WAL, which holds every page it wrote: the damaged main file
+    must be found by its own header, not read through the WAL as if healthy."""
+    path = tmp_path / "responses.sqlite"
+    writer = ResponseCache(path)
+    writer.put("key", CachedReply(["kept in the WAL"], "stop", 3))
+    left = tmp_path / "left"
+    left.mkdir()
+    for part in tmp_path.glob("responses.sqlite*"):  # the files as a killed process leaves them
+        shutil.copy(part, left / part.name)
+    writer.close()
+    damaged = left / "responses.sqlite"
+    assert (left / "responses.sqlite-wal").stat().st_size > 0
+    damaged.write_bytes(b"damaged again" * 100)
+    cache = ResponseCache(damaged)
+    [notice] = cache.take_notices()
+    assert "was damaged (file is not a database)" in notice
+    assert (left / "responses.sqlite.damaged").read_bytes() == b"damaged again" * 100
+    assert (left / "responses.sqlite.damaged-wal").exists()
+    assert len(cache) == 0 and cache.get("key") is None
 
 
 class _MalformedConnection:
