@@ -2459,40 +2459,13 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
     for (int k = 0; k < count; k++) result[k] = _mm512_add_ps(acc[k], off[k]);
 }
 
-static inline __attribute__((always_inline)) void x16_rows_of(int type, int precise, const uint8_t *w, int64_t row_bytes,
-                                                              int cols, int r0, int r1, const gvec *x, int count, float *y,
-                                                              int64_t ystride, const float *bias, int accumulate) {
-    const int blocks = cols / x16_values(type);
-    const int64_t group_bytes = X16_ROWS * row_bytes, block_bytes = group_bytes / blocks;
-    int block_groups = (int)(GG_BLOCK_BYTES / group_bytes);
-    if (block_groups < 1) block_groups = 1;
-    const int g0 = r0 / X16_ROWS, g1 = r1 / X16_ROWS;
+/* One group's 16 rows against `count` inputs, into out[k][row]. */
+static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
+                                                                const gvec *x, int count, int precise,
+                                                                float out[GG_TILE][X16_ROWS]) {
     __m512 res[GG_TILE];
-    for (int gb = g0; gb < g1; gb += block_groups) {
-        const int ge = g1 - gb < block_groups ? g1 : gb + block_groups;
-        for (int k0 = 0; k0 < count;) {
-            const int tile = count - k0 >= GG_TILE ? GG_TILE : count - k0;
-            for (int g = gb; g < ge; g++) {
-                const uint8_t *grp = w + (int64_t)g * group_bytes;
-                if (tile == 4)
-                    x16_group(type, grp, blocks, block_bytes, x + k0, 4, precise, res);
-                else if (tile == 3)
-                    x16_group(type, grp, blocks, block_bytes, x + k0, 3, precise, res);
-                else if (tile == 2)
-                    x16_group(type, grp, blocks, block_bytes, x + k0, 2, precise, res);
-                else
-                    x16_group(type, grp, blocks, block_bytes, x + k0, 1, precise, res);
-                for (int k = 0; k < tile; k++) {
-                    float *target = y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS;
-                    __m512 v = res[k];
-                    if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + (int64_t)g * X16_ROWS));
-                    if (accumulate) v = _mm512_add_ps(_mm512_loadu_ps(target), v);
-                    _mm512_storeu_ps(target, v);
-                }
-            }
-            k0 += tile;
-        }
-    }
+    x16_group(type, grp, blocks, block_bytes, x, count, precise, res);
+    for (int k = 0; k < count; k++) _mm512_storeu_ps(out[k], res[k]);
 }
 #elif HEARTH_AVX2
 /* The same layouts 8 rows at a time (each 64-byte vector's two halves in turn). maddubs pairs stay within int16
@@ -2667,6 +2640,21 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
     for (int k = 0; k < count; k++) result[k] = _mm256_add_ps(acc[k], off[k]);
 }
 
+/* One group's 16 rows against `count` inputs, into out[k][row]: its two halves of 8 in turn. */
+static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
+                                                                const gvec *x, int count, int precise,
+                                                                float out[GG_TILE][X16_ROWS]) {
+    __m256 res[GG_TILE];
+    for (int half = 0; half < 2; half++) {
+        x16_half(type, grp, blocks, block_bytes, half, x, count, precise, res);
+        for (int k = 0; k < count; k++) _mm256_storeu_ps(out[k] + 8 * half, res[k]);
+    }
+}
+#endif
+
+#if HEARTH_AVX2
+/* Rows [r0, r1) of a 16-row layout in blocks of groups (as gg_rows_of's blocks of rows), each tile of inputs meeting
+ * every group of a block in turn. */
 static inline __attribute__((always_inline)) void x16_rows_of(int type, int precise, const uint8_t *w, int64_t row_bytes,
                                                               int cols, int r0, int r1, const gvec *x, int count, float *y,
                                                               int64_t ystride, const float *bias, int accumulate) {
@@ -2675,31 +2663,29 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
     int block_groups = (int)(GG_BLOCK_BYTES / group_bytes);
     if (block_groups < 1) block_groups = 1;
     const int g0 = r0 / X16_ROWS, g1 = r1 / X16_ROWS;
-    __m256 res[GG_TILE];
+    float out[GG_TILE][X16_ROWS];
     for (int gb = g0; gb < g1; gb += block_groups) {
         const int ge = g1 - gb < block_groups ? g1 : gb + block_groups;
         for (int k0 = 0; k0 < count;) {
             const int tile = count - k0 >= GG_TILE ? GG_TILE : count - k0;
-            for (int g = gb; g < ge; g++)
-                for (int half = 0; half < 2; half++) {
-                    const uint8_t *grp = w + (int64_t)g * group_bytes;
-                    if (tile == 4)
-                        x16_half(type, grp, blocks, block_bytes, half, x + k0, 4, precise, res);
-                    else if (tile == 3)
-                        x16_half(type, grp, blocks, block_bytes, half, x + k0, 3, precise, res);
-                    else if (tile == 2)
-                        x16_half(type, grp, blocks, block_bytes, half, x + k0, 2, precise, res);
-                    else
-                        x16_half(type, grp, blocks, block_bytes, half, x + k0, 1, precise, res);
-                    const int64_t row = (int64_t)g * X16_ROWS + 8 * half;
-                    for (int k = 0; k < tile; k++) {
-                        float *target = y + (int64_t)(k0 + k) * ystride + row;
-                        __m256 v = res[k];
-                        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + row));
-                        if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(target), v);
-                        _mm256_storeu_ps(target, v);
+            for (int g = gb; g < ge; g++) {
+                const uint8_t *grp = w + (int64_t)g * group_bytes;
+                if (tile == 4)
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, out);
+                else if (tile == 3)
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 3, precise, out);
+                else if (tile == 2)
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 2, precise, out);
+                else
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 1, precise, out);
+                for (int k = 0; k < tile; k++) {
+                    float *target = y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS;
+                    for (int r = 0; r < X16_ROWS; r++) {
+                        const float v = bias ? out[k][r] + bias[(int64_t)g * X16_ROWS + r] : out[k][r];
+                        target[r] = accumulate ? target[r] + v : v;
                     }
                 }
+            }
             k0 += tile;
         }
     }
