@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 from app.core.storage import paths, space
 
 DEFAULT_MAX_ENTRIES = 2000
-_SQLITE_HEADER = b"SQLite format 3\x00"
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -104,12 +103,8 @@ class ResponseCache:
 
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # The main file's own header first: a WAL left by a process that ended without closing would otherwise
-        # supply every page, and a damaged file beside it would open as if healthy.
-        if self.path.exists() and self.path.stat().st_size > 0:
-            with self.path.open("rb") as handle:
-                if handle.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
-                    raise sqlite3.DatabaseError("file is not a database")
+        if space.holds_other_than_sqlite(self.path):  # its own header, whatever a leftover WAL holds
+            raise sqlite3.DatabaseError("file is not a database")
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")

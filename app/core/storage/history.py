@@ -52,7 +52,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_SQLITE_HEADER = b"SQLite format 3\x00"
 _BUSY_TIMEOUT_S = 10.0
 
 
@@ -123,17 +122,15 @@ class HistoryStore:
             raise HistoryError(f"The history database {path} is a folder, not a file.")
         path.parent.mkdir(parents=True, exist_ok=True)
         # Refuse foreign files before SQLite touches them, so they are never modified.
-        if path.exists() and path.stat().st_size > 0:
-            try:
-                with path.open("rb") as handle:
-                    header = handle.read(len(_SQLITE_HEADER))
-            except OSError as err:
-                raise HistoryError(f"The history database {path} cannot be read: {err.strerror}.") from err
-            if header != _SQLITE_HEADER:
-                raise HistoryDamagedError(
-                    f"The file {path} is not a SQLite database, so it cannot be the conversation history; "
-                    "it was left untouched (move it away to start a new history)."
-                )
+        try:
+            foreign = space.holds_other_than_sqlite(path)
+        except OSError as err:
+            raise HistoryError(f"The history database {path} cannot be read: {err.strerror}.") from err
+        if foreign:
+            raise HistoryDamagedError(
+                f"The file {path} is not a SQLite database, so it cannot be the conversation history; "
+                "it was left untouched (move it away to start a new history)."
+            )
         try:
             db = sqlite3.connect(path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as err:

@@ -74,6 +74,20 @@ def failed_for_space(exc: BaseException, folder: Path) -> bool:
     return free is not None and free < NEARLY_FULL_BYTES
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def holds_other_than_sqlite(path: Path) -> bool:
+    """Whether `path` holds bytes that are not an SQLite database, by the file's own header (a missing or empty file
+    does not: SQLite makes it one). Checked before connecting: a WAL left by a process that ended without closing
+    supplies every page it wrote, so a damaged main file beside it would otherwise open as if healthy. OSError when
+    the file can't be read."""
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    with path.open("rb") as handle:
+        return handle.read(len(SQLITE_HEADER)) != SQLITE_HEADER
+
+
 def is_damaged_database(exc: sqlite3.Error) -> bool:
     """Whether a sqlite3 error says the file itself is damaged or not a database (the only reasons to set a file
     aside); locked, read-only, full or unopenable files are not damaged."""
