@@ -169,6 +169,20 @@ def test_the_library_reports_the_block_geometry_python_assumes(lib: Any) -> None
     assert Path(KERNEL_DIR / "hearth_decode.c").is_file()
 
 
+def test_a_library_whose_16_row_layout_differs_is_refused(lib: Any) -> None:
+    """The layouts' sizes are Python's to allocate: a library that lays a Q4_K block out in other bytes is refused."""
+
+    class OtherLayout:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(lib, name)
+
+        @staticmethod
+        def hearth_gg_x16_bytes(kind: int, rows: int, cols: int) -> int:
+            return rows * cols // 256 * 144 if kind == blocks.Q4_K else -1  # the file's packed scales, not bytes
+
+    assert blocks.declare(OtherLayout()) == "its Q4_K 16-row layout does not match this Hearth"
+
+
 @pytest.mark.parametrize("precise", [False, True], ids=["int8", "15-bit"])
 @pytest.mark.parametrize("kind", sorted(blocks.X16_GEOMETRY), ids=blocks.type_name)
 def test_the_16_row_layout_computes_what_the_file_s_rows_do(kind: int, precise: bool, builds: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ and the input (bit for bit the same whether it is one of many prefill rows or a 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,13 +27,13 @@ GEOMETRY = {
     F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
     Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
 }  # fmt: skip
-# A type's 16-row layout (hearth_gg_repack_x16): its code is the file type's plus X16; (values, row bytes) per block.
+# A type's 16-row layout (hearth_gg_repack_x16): its code is the file type's plus X16; (values, bytes) per block,
+# the file's except Q4_K's and Q5_K's 12 packed bytes of scales and mins, which it keeps as 16 (checked at load).
 X16 = 100
 X16_ROWS = 16
 X16_GEOMETRY = {
-    Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (32, 34), Q4_K: (256, 148), Q5_K: (256, 180),
-    Q6_K: (256, 210),
-}  # fmt: skip
+    kind: (values, size + (4 if kind in (Q4_K, Q5_K) else 0)) for kind, (values, size) in GEOMETRY.items() if values > 1
+}
 # hearth_gg_step's argument tables, in the C enums' order (checked against hearth_gg_layout)
 STEP_SIZES = (
     "layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "kv_bf16", "threads", "rope_pairs",
@@ -111,6 +111,10 @@ def declare(lib: Any) -> str:
     for kind, expected in GEOMETRY.items():
         if lib.hearth_gg_geometry(kind, found) != 0 or (found[0], found[1]) != expected:
             return f"its {type_name(kind)} block geometry does not match this Hearth"
+    for kind, (values, block) in X16_GEOMETRY.items():  # a build without the layouts answers -1 for every type
+        laid_out = lib.hearth_gg_x16_bytes(kind, X16_ROWS, 256)
+        if laid_out >= 0 and laid_out != X16_ROWS * 256 // values * block:
+            return f"its {type_name(kind)} 16-row layout does not match this Hearth"
     return ""
 
 
@@ -122,20 +126,47 @@ def dequantize(lib: Any, kind: int, data: npt.NDArray[np.uint8], count: int) -> 
     return out
 
 
+def x16_bytes(lib: Any, kind: int, rows: int, cols: int) -> int | None:
+    """Bytes of the matrix's 16-row layout; None where this build or this matrix has none (the scalar and ARM builds,
+    float types, rows not a multiple of 16)."""
+    size = int(lib.hearth_gg_x16_bytes(kind, rows, cols))
+    return size if size >= 0 else None
+
+
 def repack_x16(
-    lib: Any, kind: int, weights: npt.NDArray[np.uint8], rows: int, cols: int, threads: int
+    lib: Any,
+    kind: int,
+    weights: npt.NDArray[np.uint8],
+    rows: int,
+    cols: int,
+    threads: int,
+    slice_bytes: int = 0,
+    copied: Callable[[npt.NDArray[np.uint8]], None] | None = None,
 ) -> tuple[int, npt.NDArray[np.uint8]] | None:
     """The matrix in its 16-row layout (the same blocks' bits, rows interleaved 16 at a time so that one vector
-    instruction steps 16 rows' dot products): (its type code, its bytes); None where this build or this matrix has
-    none (the scalar and ARM builds, float types, rows not a multiple of 16)."""
-    size = int(lib.hearth_gg_x16_bytes(kind, rows, cols))
-    if size < 0:
+    instruction steps 16 rows' dot products): (its type code, its bytes); None where it has none (x16_bytes). With
+    `slice_bytes`, laid out that many bytes of `weights` at a time, each slice handed to `copied` once done (a load
+    releases the file's pages as it goes)."""
+    size = x16_bytes(lib, kind, rows, cols)
+    if size is None:
         return None
-    if weights.nbytes < rows * row_bytes(kind, cols):
+    in_row = row_bytes(kind, cols)
+    if weights.nbytes < rows * in_row:
         raise ValueError(f"the {type_name(kind)} tensor holds {weights.nbytes} bytes, not {rows} rows of {cols}")
     out = np.empty(size, dtype=np.uint8)
-    code = int(lib.hearth_gg_repack_x16(kind, weights.ctypes.data, rows, cols, out.ctypes.data, threads))
-    return (code, out) if code >= 0 else None
+    out_row = size // rows
+    step = max(X16_ROWS, slice_bytes // in_row // X16_ROWS * X16_ROWS) if slice_bytes else rows
+    code = -1
+    for first in range(0, rows, step):
+        count = min(step, rows - first)
+        source = weights[first * in_row : (first + count) * in_row]
+        target = out[first * out_row :]
+        code = int(lib.hearth_gg_repack_x16(kind, source.ctypes.data, count, cols, target.ctypes.data, threads))
+        if code < 0:
+            return None
+        if copied is not None:
+            copied(source)
+    return code, out
 
 
 def matmul(

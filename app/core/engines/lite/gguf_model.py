@@ -255,27 +255,15 @@ class GGUFModel(DecoderRuntime):
 
         def lay_out(matrix: Matrix) -> Matrix:
             nonlocal laid_out
-            size = int(self.lib.hearth_gg_x16_bytes(matrix.kind, matrix.rows, matrix.cols))
-            if size < 0:
+            layout = blocks.repack_x16(
+                self.lib, matrix.kind, matrix.data, matrix.rows, matrix.cols, self.threads,
+                slice_bytes=LAYOUT_SLICE_BYTES, copied=self._release,
+            )  # fmt: skip
+            if layout is None:
                 return matrix
-            out = np.empty(size, dtype=np.uint8)
-            in_row, out_row = matrix.data.nbytes // matrix.rows, size // matrix.rows
-            step = max(blocks.X16_ROWS, LAYOUT_SLICE_BYTES // in_row // blocks.X16_ROWS * blocks.X16_ROWS)
-            kind = -1
-            for first in range(0, matrix.rows, step):
-                rows = min(step, matrix.rows - first)
-                source = matrix.data[first * in_row : (first + rows) * in_row]
-                kind = int(
-                    self.lib.hearth_gg_repack_x16(
-                        matrix.kind, source.ctypes.data, rows, matrix.cols,
-                        out[first * out_row :].ctypes.data, self.threads,
-                    )
-                )  # fmt: skip
-                if kind < 0:
-                    return matrix
-                self._release(source)
-            laid_out += size
-            return Matrix(matrix.name, kind, matrix.rows, matrix.cols, out)
+            kind, data = layout
+            laid_out += data.nbytes
+            return Matrix(matrix.name, kind, matrix.rows, matrix.cols, data)
 
         for layer in self.layers:
             for name, matrix in layer.items():
@@ -496,11 +484,10 @@ def resident_weight_bytes(header: GGUFHeader, library: Any = None) -> int:
     for tensor in header.tensors:
         if tensor.kind not in blocks.GEOMETRY or (not tied and tensor.name == "token_embd.weight"):
             continue
-        size = tensor_bytes(tensor)
+        laid_out = None
         if library is not None and len(tensor.dims) == 2:
-            laid_out = int(library.hearth_gg_x16_bytes(tensor.kind, tensor.dims[1], tensor.dims[0]))
-            size = laid_out if laid_out >= 0 else size
-        total += size
+            laid_out = blocks.x16_bytes(library, tensor.kind, tensor.dims[1], tensor.dims[0])
+        total += laid_out if laid_out is not None else tensor_bytes(tensor)
     return total
 
 

@@ -2162,12 +2162,12 @@ static inline int x16_five(int type) { return type == GG_Q5_0_X16 || type == GG_
 static inline int x16_qs(int type) { return 32 * (1 + x16_with_min(type)) + 64 * x16_five(type); } /* its offset */
 static inline int x16_values(int type) { return type == GG_Q8_0_X16 || x16_small(type) ? 32 : QK; } /* per block */
 
-/* Bytes per row of a 16-row layout (a group is 16 of them): Q4_K's scales unpacked to bytes take 4 more per block. */
+/* Bytes per row of a 16-row layout (a group is 16 of them): the file type's block bytes, but for Q4_K's and Q5_K's 12
+ * bytes of packed scales and mins, kept as 16. -1 for a row that is not whole blocks. */
 static int64_t x16_row_bytes(int type, int64_t cols) {
-    if (type == GG_Q8_0_X16 || x16_small(type))
-        return cols % 32 ? -1 : cols / 32 * (type == GG_Q8_0_X16 ? 34 : 18 + 2 * x16_with_min(type) + 4 * x16_five(type));
-    if (cols % QK) return -1;
-    return type == GG_Q4_K_X16 ? cols / QK * 148 : type == GG_Q5_K_X16 ? cols / QK * 180 : type == GG_Q6_K_X16 ? cols / QK * 210 : -1;
+    int64_t geometry[2];
+    if (!gg_is_x16(type) || hearth_gg_geometry(type - GG_X16, geometry) != 0 || cols % geometry[0]) return -1;
+    return cols / geometry[0] * (geometry[1] + (type == GG_Q4_K_X16 || type == GG_Q5_K_X16 ? 4 : 0));
 }
 
 /* Row r's block b of a 16-row layout as a gg_block (gg_unpack's values for the file's block). */
@@ -2240,10 +2240,9 @@ int64_t hearth_gg_x16_bytes(int type, int64_t rows, int64_t cols) {
  * (hearth_gg_x16_bytes of it). Returns the layout's type code; -1 where there is none. */
 int hearth_gg_repack_x16(int type, const void *src, int64_t rows, int64_t cols, void *dst, int threads) {
     if (hearth_gg_x16_bytes(type, rows, cols) < 0) return -1;
-    const int x16 = GG_X16 + type, blocks = (int)(cols / x16_values(GG_X16 + type));
     int64_t geometry[2];
     hearth_gg_geometry(type, geometry);
-    const int in_bytes = (int)geometry[1];
+    const int x16 = GG_X16 + type, blocks = (int)(cols / geometry[0]), in_bytes = (int)geometry[1];
     const int64_t out_block = X16_ROWS * x16_row_bytes(x16, cols) / blocks;
     if (threads < 1) threads = 1;
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -2309,7 +2308,7 @@ static inline __m512 scales16(const uint8_t *p, int is_signed) { /* 16 bytes as 
     return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw));
 }
 
-/* The 16 rows of one group of a K-quant 16-row layout (`blocks` blocks of 256 values) against `count` inputs:
+/* The 16 rows of one group of a 16-row layout (`blocks` blocks of its type) against `count` inputs:
  * result[k] lane r = row r . input k. Always inlined with constant type, count and precise. */
 static inline __attribute__((always_inline)) void x16_group(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                             const gvec *x, int count, int precise, __m512 *result) {
