@@ -52,7 +52,9 @@ def kernel_report() -> list[str]:
         fused = f"fused step unavailable ({library})"
     else:
         q4 = kernel.Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
-        fused = f"fused step {library.origin or 'C kernel'} ({q4}, {'OpenMP' if library.threaded else '1 thread'})"
+        tiles = ", GGUF prefill on AMX tiles" if library.lib.hearth_amx(-1) else ""
+        threads = "OpenMP" if library.threaded else "1 thread"
+        fused = f"fused step {library.origin or 'C kernel'} ({q4}{tiles}, {threads})"
     blas = [
         f"{pool.get('internal_api')} {pool.get('version')} ({pool.get('architecture') or '?'})"
         for pool in threadpool_info()

@@ -220,6 +220,40 @@ def test_the_16_row_layout_computes_what_the_file_s_rows_do(kind: int, precise: 
     assert all(np.array_equal(first, other) for other in results.values()), list(results)
 
 
+AMX = {"amx_tile", "amx_int8"} <= kernel.cpu_flags()
+
+
+@pytest.mark.skipif(not AMX, reason="this CPU has no AMX tiles")
+@pytest.mark.parametrize("precise", [False, True], ids=["int8", "15-bit"])
+@pytest.mark.parametrize("kind", sorted(blocks.X16_GEOMETRY), ids=blocks.type_name)
+def test_amx_tiles_give_the_vnni_loop_s_bits(kind: int, precise: bool, builds: dict[str, Any]) -> None:
+    """The AVX-512 build's prefill on AMX tiles (whole tiles of 16 inputs; the rest and decode stay on VNNI): the
+    same bits as its VNNI loop for every type, in both halves of a call that mixes them, on any threads."""
+    library = builds["avx512-vnni"]
+    rows, cols = 64, 1024
+    data = weights_of(kind, rows, cols).reshape(-1)
+    code, packed = blocks.repack_x16(library, kind, data, rows, cols, threads=2) or (0, data)
+    x = np.random.default_rng(8).standard_normal((45, cols)).astype(np.float32)
+    x[:, 7] *= 40
+    bias = np.linspace(-1, 1, rows, dtype=np.float32)
+    try:
+        assert library.hearth_amx(1) == 1, "the CPU lists AMX but the kernel did not grant the tiles"
+        before = library.hearth_amx_calls()
+        for count, threads in ((16, 1), (45, 2), (32, 2)):  # 45: two tiles on AMX, 13 inputs on VNNI
+            on_tiles = blocks.matmul(library, code, packed, rows, x[:count], threads, bias, precise)
+            library.hearth_amx(0)
+            on_vnni = blocks.matmul(library, code, packed, rows, x[:count], threads, bias, precise)
+            library.hearth_amx(1)
+            assert np.array_equal(on_tiles.view(np.uint32), on_vnni.view(np.uint32)), count
+        assert library.hearth_amx_calls() > before  # the tiles ran
+        library.hearth_amx(0)
+        before = library.hearth_amx_calls()
+        blocks.matmul(library, code, packed, rows, x, 2, bias, precise)
+        assert library.hearth_amx_calls() == before  # off means off
+    finally:
+        library.hearth_amx(0)
+
+
 def test_the_16_row_layout_takes_only_whole_groups_of_its_types(lib: Any) -> None:
     data = weights_of(blocks.Q4_K, 24, 256).reshape(-1)
     assert blocks.repack_x16(lib, blocks.Q4_K, data, 24, 256, threads=1) is None  # 24 rows: not whole groups of 16

@@ -390,6 +390,22 @@ def test_long_contexts_take_the_chunked_attention_and_stay_within_the_bound(path
         assert float((got - want).abs().max() / want.abs().max()) < LOGIT_ERROR_BOUNDS[path]
 
 
+@pytest.mark.skipif(not {"amx_tile", "amx_int8"} <= kernel.cpu_flags(), reason="this CPU has no AMX tiles")
+def test_amx_prefill_is_on_by_default_and_the_avx512_cap_turns_it_off(
+    fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
+) -> None:
+    """Where the CPU has AMX the library's prefill uses the tiles; HEARTH_KERNEL_TARGET=avx512 (the switch a user has
+    for a kernel that misbehaves) keeps the same build on its VNNI loops."""
+    library = kernel.load_library()
+    assert not isinstance(library, str), library
+    assert library.lib.hearth_amx(-1) == 1
+    kernel.reset_library_for_tests()
+    monkeypatch.setenv(kernel.TARGET_ENV, "avx512")
+    library = kernel.load_library()
+    assert not isinstance(library, str), library
+    assert library.lib.hearth_q4_kernel() == 4 and library.lib.hearth_amx(-1) == 0
+
+
 @pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= kernel.cpu_flags(), reason="this CPU can't run the AVX2 kernel")
 def test_the_avx2_build_prefills_from_the_records_and_prefills_head_like_the_reference(
     fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path

@@ -92,6 +92,10 @@ def declare(lib: Any) -> str:
     lib.hearth_gg_dequant.argtypes = [flag, pointer, size, pointer]
     lib.hearth_gg_matmul.restype = flag
     lib.hearth_gg_matmul.argtypes = [flag, pointer, size, size, pointer, size, pointer, pointer, flag, flag]
+    lib.hearth_amx.restype = flag  # prefill on AMX tiles: 1 on, 0 off, -1 asks
+    lib.hearth_amx.argtypes = [flag]
+    lib.hearth_amx_calls.restype = size  # how many products ran on the tiles (tests)
+    lib.hearth_amx_calls.argtypes = []
     lib.hearth_gg_x16_bytes.restype = size
     lib.hearth_gg_x16_bytes.argtypes = [flag, size, size]
     lib.hearth_gg_repack_x16.restype = flag

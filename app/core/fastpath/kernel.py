@@ -73,16 +73,17 @@ MANIFEST_FORMAT = 1
 KERNEL_ENV = "HEARTH_KERNEL"
 KERNEL_CHOICES = ("auto", "compile", "prebuilt")
 # The most the kernel may use, best first per architecture: prebuilt libraries above it are skipped and a compile
-# here adds its flags. Tests run every variant a CPU can (tests/core/test_kernel_variants.py); a user can rule out one
-# that misbehaves. "scalar" builds the plain C code, which the fused step refuses (slower than torch's kernels).
+# here adds its flags. Tests run every variant a CPU can (tests/core/test_prefix_reuse.py); a user can rule out one
+# that misbehaves. "amx" is the AVX-512 build with its prefill on AMX tiles where the CPU has them; "avx512" the same
+# build without them. "scalar" builds the plain C code, which the fused step refuses (slower than torch's kernels).
 TARGET_ENV = "HEARTH_KERNEL_TARGET"
-TARGETS: dict[str, tuple[str, ...]] = {"x86_64": ("avx512", "avx2", "scalar"), "aarch64": ("dotprod", "neon")}
+TARGETS: dict[str, tuple[str, ...]] = {"x86_64": ("amx", "avx512", "avx2", "scalar"), "aarch64": ("dotprod", "neon")}
 NO_SIMD = "this CPU lacks AVX2+FMA: the fused decode kernel would be slower than the plain path"
 TARGET_FLAGS = {"avx2": ("-mno-avx512f",), "scalar": ("-mno-avx2", "-mno-fma"), "neon": ("-march=armv8-a",)}
 # Which caps each prebuilt target (packaging/build_kernels.py) fits under.
 PREBUILT_TARGET_CAPS = {
-    "x86-64-avx512": ("avx512",),
-    "x86-64-avx2": ("avx512", "avx2"),
+    "x86-64-avx512": ("amx", "avx512"),
+    "x86-64-avx2": ("amx", "avx512", "avx2"),
     "arm64-dotprod": ("dotprod",),
     "arm64": ("dotprod", "neon"),
 }
@@ -569,6 +570,7 @@ def _load(path: Path, threaded: bool, built: float, compiler: str, sha256: str, 
         return f"the fused decode kernel at {path}: {mismatch}"
     if not lib.hearth_simd():
         return NO_SIMD
+    lib.hearth_amx(1 if kernel_target() in ("", "amx") else 0)  # on where the CPU and the OS give the tiles
     return NativeLibrary(
         lib, path, threaded and bool(lib.hearth_openmp()), built, compiler, sha256=sha256, origin=origin
     )

@@ -29,7 +29,7 @@ from app.core.engines.lite.runtime import (
 )
 from app.core.errors import HearthError
 from app.core.fastpath import blocks
-from app.core.fastpath.kernel import NativeLibrary, library_origin, load_library
+from app.core.fastpath.kernel import Q4_KERNELS, NativeLibrary, library_origin, load_library
 from app.core.models.gguf_meta import GGUFHeader, TensorExtent, check_gguf_complete, read_gguf_header
 
 # Which matrix inputs are quantized to 15 bits instead of 8 (blocks.PRECISE_*), in prefill and decode alike: the
@@ -310,9 +310,9 @@ class GGUFModel(DecoderRuntime):
                 name = blocks.type_name(blocks.file_type(matrix.kind))
                 kinds[name] = kinds.get(name, 0) + 1
         mix = ", ".join(f"{name} x{count}" for name, count in sorted(kinds.items(), key=lambda item: -item[1]))
-        kernel = {4: "AVX-512 VNNI", 3: "AVX2", 2: "NEON DotProd", 1: "NEON", 0: "scalar"}.get(
-            int(self.lib.hearth_q4_kernel()), "?"
-        )
+        kernel = Q4_KERNELS.get(int(self.lib.hearth_q4_kernel()), "?")
+        if self.layout_bytes and self.lib.hearth_amx(-1):
+            kernel += ", prefill on AMX tiles"
         threads = (
             f"up to {self.threads} threads, as many as the cores free measure fastest"
             if self.threads > 1 and self.decode_team.explore_every

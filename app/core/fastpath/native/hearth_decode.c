@@ -24,6 +24,9 @@
  * -ffp-contract=off) the float steps round alike.
  * tests/core/test_native_arm.py checks an AArch64 build under qemu against the x86 build on fixed inputs.
  */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE /* syscall(), for AMX's permission (hearth_amx) */
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -58,6 +61,17 @@
 #define HEARTH_AVX512 1
 #else
 #define HEARTH_AVX512 0
+#endif
+
+/* AMX tiles for prefill: an AVX-512 build for Linux on x86-64 with a compiler that knows them; used only where the
+ * CPU has them and the kernel grants them (hearth_amx). */
+#if HEARTH_AVX512 && defined(__linux__) && defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+#define HEARTH_AMX_BUILT 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define HEARTH_AMX_BUILT 0
 #endif
 
 #define HEARTH_ABI 11 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
@@ -101,6 +115,23 @@ int hearth_layout(int which) {
     case 3: return L_COUNT;
     default: return -1;
     }
+}
+/* Whether prefill runs on AMX tiles: want 1 turns it on where the CPU has AMX-INT8 and the kernel grants this process
+ * the tile state, 0 turns it off, -1 only asks. Off until asked (app/core/fastpath/kernel.py asks at load). */
+static int amx_on = 0;
+static int64_t amx_calls = 0;
+int64_t hearth_amx_calls(void) { return __atomic_load_n(&amx_calls, __ATOMIC_RELAXED); }
+int hearth_amx(int want) {
+#if HEARTH_AMX_BUILT
+    if (want >= 0) {
+        unsigned a, b, c, d;
+        amx_on = want > 0 && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1) &&
+                 syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    }
+#else
+    (void)want;
+#endif
+    return amx_on;
 }
 int hearth_openmp(void) {
 #ifdef _OPENMP
@@ -2651,6 +2682,286 @@ static inline __attribute__((always_inline)) void x16_group_out(int type, const 
 }
 #endif
 
+#if HEARTH_AMX_BUILT
+/* Prefill on Intel AMX (Sapphire Rapids and later). A 16-row layout's values are already in an AMX B tile's order (a
+ * 64-byte vector = 4 consecutive values of 16 rows), so one tile product multiplies 16 tokens' int8 inputs by 16
+ * rows' values over a chunk of 32 (Q6_K: 16) values: the exact integer sums the VNNI loop adds up 4 values at a time
+ * (a type's zero point is taken off the values here, off the sum there: the same integer). Each chunk's 16 x 16 sums
+ * then take the VNNI loop's float steps in its order, the same fma on the same operands, so a token's result is the
+ * same bits whichever path computed it: decode and short calls stay on VNNI. A group's values are unpacked once into
+ * tiles, then every tile of 16 tokens runs over them. */
+/* The tile instructions as asm of their own, which says what memory each reads and writes (gcc 12's intrinsics tell
+ * the compiler that ldtilecfg reads 8 bytes and tileloadd none, and it then drops or moves the stores before them);
+ * no compiler flag is needed for them, only an assembler that knows them. */
+#define AMX_LOAD(tile, base, stride)                                                                                   \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #tile ::"r"((const void *)(base)), "r"((long)(stride)) : "memory")
+#define AMX_STORE(tile, base, stride)                                                                                  \
+    __asm__ volatile("tilestored %%tmm" #tile ", (%0,%1,1)" ::"r"((void *)(base)), "r"((long)(stride)) : "memory")
+#define AMX_ZERO(tile) __asm__ volatile("tilezero %%tmm" #tile::)
+#define AMX_DOT(name, sums, inputs, values) __asm__ volatile(#name " %%tmm" #values ", %%tmm" #inputs ", %%tmm" #sums::)
+#define AMX_TOKENS 16
+#define AMX_AHEAD 3      /* chunks issued before the first one's sums are read; odd (see amx_rows_of) */
+#define AMX_AHEAD_RING 4 /* stored sums in flight: AMX_AHEAD + 1 */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* Chunks per block and values per chunk of a 16-row layout's type; whether its values are signed in the tiles. */
+static inline int amx_chunks(int type) { return type == GG_Q6_K_X16 ? 16 : type == GG_Q4_K_X16 || type == GG_Q5_K_X16 ? 8 : 1; }
+static inline int amx_chunk_values(int type) { return type == GG_Q6_K_X16 ? 16 : 32; }
+static inline int amx_signed(int type) {
+    return type == GG_Q4_0_X16 || type == GG_Q5_0_X16 || type == GG_Q8_0_X16 || type == GG_Q6_K_X16;
+}
+static inline int amx_has_offset(int type) { /* an off term per input block: Q4_1/Q5_1's m, Q4_K/Q5_K's mins */
+    return x16_with_min(type) || type == GG_Q4_K_X16 || type == GG_Q5_K_X16;
+}
+
+/* Block b of a group into tiles (chunk after chunk, values / 4 rows of 64 bytes) and each chunk's 16 row scales (and
+ * mins): x16_group's vectors less the zero point, and its products. */
+static inline __attribute__((always_inline)) void amx_unpack_block(int type, const uint8_t *blk, uint8_t *tiles,
+                                                                   float *scale, float *mins) {
+    const __m512i low4 = _mm512_set1_epi8(15), bits45 = _mm512_set1_epi8(0x30);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+    if (x16_small(type)) {
+        const uint8_t *qs = blk + x16_qs(type);
+        const __m512i qh = x16_five(type) ? _mm512_loadu_si512((const void *)(blk + 32 * (1 + x16_with_min(type))))
+                                          : _mm512_setzero_si512();
+        const __m512i zero_point = _mm512_set1_epi8((char)(x16_with_min(type) ? 0 : x16_five(type) ? 16 : 8));
+        for (int i = 0; i < 4; i++) {
+            const __m512i raw = _mm512_loadu_si512((const void *)(qs + 64 * i));
+            __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+            if (x16_five(type)) {
+                const __m512i lanes = _mm512_set4_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0);
+                const __m512i bits = _mm512_set1_epi32((int)(0x08040201u << (4 * (i & 1))));
+                const __m512i sixteen = _mm512_set1_epi8(16);
+                lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_add_epi8(lanes, _mm512_set1_epi8((char)(i / 2)))), bits), lo, sixteen);
+                hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_add_epi8(lanes, _mm512_set1_epi8((char)(2 + i / 2)))), bits), hi, sixteen);
+            }
+            _mm512_storeu_si512((void *)(tiles + 64 * i), _mm512_sub_epi8(lo, zero_point));
+            _mm512_storeu_si512((void *)(tiles + 64 * (4 + i)), _mm512_sub_epi8(hi, zero_point));
+        }
+        _mm512_storeu_ps(scale, d);
+        if (x16_with_min(type)) _mm512_storeu_ps(mins, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32))));
+    } else if (type == GG_Q8_0_X16) {
+        memcpy(tiles, blk + 32, 512);
+        _mm512_storeu_ps(scale, d);
+    } else if (type != GG_Q6_K_X16) {
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+        for (int c = 0; c < 4; c++) {
+            for (int i = 0; i < 8; i++) {
+                const __m512i raw = _mm512_loadu_si512((const void *)(blk + 320 + 64 * (8 * c + i)));
+                __m512i wa = _mm512_and_si512(raw, low4), wb = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                if (type == GG_Q5_K_X16) {
+                    const __m512i qh = _mm512_loadu_si512((const void *)(blk + 2368 + 64 * i)), bit4 = _mm512_set1_epi8(16);
+                    wa = _mm512_or_si512(wa, _mm512_and_si512(2 * c <= 4 ? _mm512_slli_epi16(qh, 4 - 2 * c) : _mm512_srli_epi16(qh, 2 * c - 4), bit4));
+                    wb = _mm512_or_si512(wb, _mm512_and_si512(2 * c + 1 <= 4 ? _mm512_slli_epi16(qh, 3 - 2 * c) : _mm512_srli_epi16(qh, 2 * c - 3), bit4));
+                }
+                _mm512_storeu_si512((void *)(tiles + 512 * (2 * c) + 64 * i), wa);
+                _mm512_storeu_si512((void *)(tiles + 512 * (2 * c + 1) + 64 * i), wb);
+            }
+            for (int j = 2 * c; j < 2 * c + 2; j++) {
+                _mm512_storeu_ps(scale + 16 * j, _mm512_mul_ps(d, scales16(blk + 64 + 16 * j, 0)));
+                _mm512_storeu_ps(mins + 16 * j, _mm512_mul_ps(dmin, scales16(blk + 192 + 16 * j, 0)));
+            }
+        }
+    } else { /* chunk 8h + 4s + t: 16 values (steps 4s..4s+3) of sub-block 4h + t; x16_group's order h, s, t */
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < 8; i++) {
+                const uint8_t *v = blk + 288 + 192 * (8 * h + i);
+                const __m512i ql0 = _mm512_loadu_si512((const void *)v), ql1 = _mm512_loadu_si512((const void *)(v + 64));
+                const __m512i qh = _mm512_loadu_si512((const void *)(v + 128));
+                for (int t = 0; t < 4; t++) {
+                    const __m512i ql = t & 1 ? ql1 : ql0;
+                    const __m512i low = _mm512_and_si512(t >= 2 ? _mm512_srli_epi16(ql, 4) : ql, low4);
+                    const __m512i high = _mm512_and_si512(t == 0 ? _mm512_slli_epi16(qh, 4)
+                                                          : t == 1 ? _mm512_slli_epi16(qh, 2)
+                                                          : t == 2 ? qh
+                                                                   : _mm512_srli_epi16(qh, 2),
+                                                          bits45);
+                    _mm512_storeu_si512((void *)(tiles + 256 * (8 * h + 4 * (i / 4) + t) + 64 * (i % 4)),
+                                        _mm512_sub_epi8(_mm512_or_si512(low, high), _mm512_set1_epi8(32)));
+                }
+            }
+        for (int h = 0; h < 2; h++)
+            for (int s = 0; s < 2; s++)
+                for (int t = 0; t < 4; t++)
+                    _mm512_storeu_ps(scale + 16 * (8 * h + 4 * s + t), _mm512_mul_ps(d, scales16(blk + 32 + 16 * (8 * h + 2 * t + s), 1)));
+    }
+}
+
+/* Where chunk `chunk` of a row starts in an input, and which of the input's blocks of 32 (its d and s) it is in. */
+static inline __attribute__((always_inline)) int amx_input_block(int type, int chunk) {
+    return type == GG_Q6_K_X16 ? 8 * (chunk / 16) + 4 * (chunk % 16 / 8) + chunk % 4 : chunk;
+}
+static inline __attribute__((always_inline)) int amx_input_at(int type, int chunk) {
+    return 32 * amx_input_block(type, chunk) + (type == GG_Q6_K_X16 ? 16 * (chunk / 4 % 2) : 0);
+}
+
+static void amx_configure(int chunk_values) { /* 16 tokens by 16 rows */
+    amx_config config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int slot = 0; slot < 8; slot += 4) { /* two slots of 4 tiles: sums, low halves' sums, inputs, values */
+        config.rows[slot] = config.rows[slot + 1] = AMX_TOKENS;
+        config.colsb[slot] = config.colsb[slot + 1] = 64;
+        config.rows[slot + 2] = AMX_TOKENS, config.colsb[slot + 2] = (uint16_t)chunk_values;
+        config.rows[slot + 3] = (uint8_t)(chunk_values / 4), config.colsb[slot + 3] = 64;
+    }
+    __asm__ volatile("ldtilecfg %0" ::"m"(config) : "memory");
+}
+
+static int64_t amx_work_bytes(int type, int cols, int count) {
+    const int64_t chunks = (int64_t)cols / x16_values(type) * amx_chunks(type), inputs = cols / QBLOCK;
+    const int64_t token_tiles = count / AMX_TOKENS;
+    return chunks * 16 * amx_chunk_values(type) + 2 * chunks * X16_ROWS * (int64_t)sizeof(float) +
+           2 * token_tiles * inputs * AMX_TOKENS * (int64_t)sizeof(float);
+}
+
+/* Rows [r0, r1) of a 16-row layout for `count` inputs (whole tiles of 16) whose quantized values lie `stride` bytes
+ * apart, on AMX;
+ * `work` (amx_work_bytes) holds a group's tiles and scales and the inputs' scales by tile of tokens. */
+static inline __attribute__((always_inline)) void amx_rows_of(int type, int precise, const uint8_t *w, int64_t row_bytes,
+                                                              int cols, int r0, int r1, const gvec *x, int count,
+                                                              int64_t stride, float *y, int64_t ystride,
+                                                              const float *bias, int accumulate, uint8_t *work) {
+    const int blocks = cols / x16_values(type), per_block = amx_chunks(type), values = amx_chunk_values(type);
+    const int chunks = blocks * per_block, tile_bytes = 16 * values, inputs = cols / QBLOCK;
+    const int64_t group_bytes = X16_ROWS * row_bytes, block_bytes = group_bytes / blocks;
+    uint8_t *tiles = work;
+    float *scale = (float *)(work + (int64_t)chunks * tile_bytes), *mins = scale + (int64_t)chunks * X16_ROWS;
+    float *dx = mins + (int64_t)chunks * X16_ROWS; /* [token tile][input block][16 tokens], then s likewise */
+    float *sx = dx + (int64_t)count * inputs;
+    for (int k = 0; k < count; k++)
+        for (int j = 0; j < inputs; j++) {
+            const int64_t at = ((int64_t)(k / AMX_TOKENS) * inputs + j) * AMX_TOKENS + k % AMX_TOKENS;
+            dx[at] = x[k].d[j], sx[at] = x[k].s[j];
+        }
+    int32_t sums[AMX_AHEAD_RING][2][AMX_TOKENS][X16_ROWS] __attribute__((aligned(64))); /* [chunk][high, low] */
+    /* Chunk `chunk`'s products in one slot's tiles, stored in the ring of sums; then their float steps. */
+#define AMX_ISSUE(sums_tile, low_tile, inputs_tile, values_tile, chunk)                                             \
+    do {                                                                                                               \
+        const int at_ = amx_input_at(type, (chunk));                                                                   \
+        AMX_LOAD(values_tile, tiles + (int64_t)(chunk) * tile_bytes, 64);                                              \
+        AMX_LOAD(inputs_tile, x[k0].q + at_, stride);                                                                  \
+        AMX_ZERO(sums_tile);                                                                                           \
+        if (amx_signed(type))                                                                                          \
+            AMX_DOT(tdpbssd, sums_tile, inputs_tile, values_tile);                                                     \
+        else                                                                                                           \
+            AMX_DOT(tdpbsud, sums_tile, inputs_tile, values_tile);                                                     \
+        if (precise) {                                                                                                 \
+            AMX_LOAD(inputs_tile, x[k0].l + at_, stride);                                                              \
+            AMX_ZERO(low_tile);                                                                                        \
+            if (amx_signed(type))                                                                                      \
+                AMX_DOT(tdpbssd, low_tile, inputs_tile, values_tile);                                                  \
+            else                                                                                                       \
+                AMX_DOT(tdpbsud, low_tile, inputs_tile, values_tile);                                                  \
+            AMX_STORE(low_tile, sums[(chunk) % AMX_AHEAD_RING][1], 64);                                                \
+        }                                                                                                              \
+        AMX_STORE(sums_tile, sums[(chunk) % AMX_AHEAD_RING][0], 64);                                                   \
+    } while (0)
+#define AMX_ADD(chunk)                                                                                                 \
+    do {                                                                                                               \
+        const __m512 a_ = _mm512_loadu_ps(scale + (int64_t)(chunk) * X16_ROWS);                                        \
+        const float *jdx_ = tdx + (int64_t)amx_input_block(type, (chunk)) * AMX_TOKENS;                               \
+        for (int k = 0; k < AMX_TOKENS; k++) {                                                                         \
+            __m512i dot = _mm512_load_si512((const void *)sums[(chunk) % AMX_AHEAD_RING][0][k]);                       \
+            if (precise)                                                                                               \
+                dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), _mm512_load_si512((const void *)sums[(chunk) % AMX_AHEAD_RING][1][k])); \
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a_, _mm512_set1_ps(jdx_[k])), acc[k]);    \
+        }                                                                                                              \
+    } while (0)
+    amx_configure(values);
+    for (int g = r0 / X16_ROWS; g < r1 / X16_ROWS; g++) {
+        const uint8_t *grp = w + (int64_t)g * group_bytes;
+        for (int b = 0; b < blocks; b++)
+            amx_unpack_block(type, grp + (int64_t)b * block_bytes, tiles + (int64_t)b * per_block * tile_bytes,
+                             scale + (int64_t)b * per_block * X16_ROWS, mins + (int64_t)b * per_block * X16_ROWS);
+        for (int k0 = 0; k0 < count; k0 += AMX_TOKENS) {
+            const float *tdx = dx + (int64_t)(k0 / AMX_TOKENS) * inputs * AMX_TOKENS;
+            const float *tsx = sx + (int64_t)(k0 / AMX_TOKENS) * inputs * AMX_TOKENS;
+            __m512 acc[AMX_TOKENS];
+            for (int k = 0; k < AMX_TOKENS; k++) acc[k] = _mm512_setzero_ps();
+            /* chunk after chunk in two slots of tiles, each chunk's products issued AMX_AHEAD chunks before its float
+             * steps read them (a tile's stored sums take that long to reach the loads) */
+            for (int chunk = 0; chunk < AMX_AHEAD && chunk < chunks; chunk++) {
+                if (chunk % 2 == 0)
+                    AMX_ISSUE(0, 1, 2, 3, chunk);
+                else
+                    AMX_ISSUE(4, 5, 6, 7, chunk);
+            }
+            for (int chunk = 0; chunk < chunks; chunk += 2) { /* AMX_AHEAD is odd: chunk + AMX_AHEAD is in slot 1 */
+                if (chunk + AMX_AHEAD < chunks) AMX_ISSUE(4, 5, 6, 7, chunk + AMX_AHEAD);
+                AMX_ADD(chunk);
+                if (chunk + 1 < chunks) {
+                    if (chunk + 1 + AMX_AHEAD < chunks) AMX_ISSUE(0, 1, 2, 3, chunk + 1 + AMX_AHEAD);
+                    AMX_ADD(chunk + 1);
+                }
+            }
+            __m512 off[AMX_TOKENS]; /* x16_group's off terms, in its order; all 16 chains side by side */
+            for (int k = 0; k < AMX_TOKENS; k++) off[k] = _mm512_setzero_ps();
+            if (amx_has_offset(type))
+                for (int chunk = 0; chunk < chunks; chunk++) {
+                    const __m512 mn = _mm512_loadu_ps(mins + (int64_t)chunk * X16_ROWS);
+                    const float *jsx = tsx + (int64_t)amx_input_block(type, chunk) * AMX_TOKENS;
+                    for (int k = 0; k < AMX_TOKENS; k++)
+                        off[k] = x16_with_min(type) ? _mm512_fmadd_ps(mn, _mm512_set1_ps(jsx[k]), off[k])
+                                                    : _mm512_fnmadd_ps(mn, _mm512_set1_ps(jsx[k]), off[k]);
+                }
+            for (int k = 0; k < AMX_TOKENS; k++) {
+                float out[X16_ROWS];
+                _mm512_storeu_ps(out, _mm512_add_ps(acc[k], off[k]));
+                float *target = y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS;
+                for (int r = 0; r < X16_ROWS; r++) {
+                    const float v = bias ? out[r] + bias[(int64_t)g * X16_ROWS + r] : out[r];
+                    target[r] = accumulate ? target[r] + v : v;
+                }
+            }
+        }
+    }
+    __asm__ volatile("tilerelease" ::: "memory");
+#undef AMX_ISSUE
+#undef AMX_ADD
+}
+
+static void amx_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
+                                const gvec *x, int count, int64_t stride, float *y, int64_t ystride, const float *bias,
+                                int accumulate, uint8_t *work) {
+#define AMX_OF(t, p) amx_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, stride, y, ystride, bias, accumulate, work)
+#define AMX_BOTH(t)                                                                                                    \
+    if (precise)                                                                                                       \
+        AMX_OF(t, 1);                                                                                                  \
+    else                                                                                                               \
+        AMX_OF(t, 0);                                                                                                  \
+    break
+    switch (type) {
+    case GG_Q4_0_X16: AMX_BOTH(GG_Q4_0_X16);
+    case GG_Q4_1_X16: AMX_BOTH(GG_Q4_1_X16);
+    case GG_Q5_0_X16: AMX_BOTH(GG_Q5_0_X16);
+    case GG_Q5_1_X16: AMX_BOTH(GG_Q5_1_X16);
+    case GG_Q8_0_X16: AMX_BOTH(GG_Q8_0_X16);
+    case GG_Q4_K_X16: AMX_BOTH(GG_Q4_K_X16);
+    case GG_Q5_K_X16: AMX_BOTH(GG_Q5_K_X16);
+    default: AMX_BOTH(GG_Q6_K_X16);
+    }
+#undef AMX_BOTH
+#undef AMX_OF
+}
+
+/* The inputs' byte stride when all `count` lie evenly apart (a prefill's and a batch's do), else 0. */
+static int64_t amx_stride(const gvec *x, int count, int precise) {
+    const int64_t stride = count > 1 ? x[1].q - x[0].q : 0;
+    if (stride <= 0) return 0;
+    for (int k = 2; k < count; k++)
+        if (x[k].q - x[0].q != k * stride) return 0;
+    if (precise)
+        for (int k = 0; k < count; k++)
+            if (x[k].l - x[0].l != k * stride) return 0;
+    return stride;
+}
+#endif
+
 #if HEARTH_AVX2
 /* Rows [r0, r1) of a 16-row layout in blocks of groups (as gg_rows_of's blocks of rows), each tile of inputs meeting
  * every group of a block in turn. */
@@ -2695,6 +3006,21 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
  * there, so no such matrix is ever made). */
 static void x16_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
                      const gvec *x, int count, float *y, int64_t ystride, const float *bias, int accumulate) {
+#if HEARTH_AMX_BUILT
+    /* whole tiles of 16 tokens on AMX, the rest on VNNI (the same bits; fewer measured slower on AMX) */
+    const int on_tiles = count - count % AMX_TOKENS;
+    if (amx_on && on_tiles > 0 && r1 > r0) {
+        const int64_t stride = amx_stride(x, on_tiles, precise);
+        uint8_t *work = stride ? aligned_alloc(64, (size_t)((amx_work_bytes(type, cols, on_tiles) + 63) / 64 * 64)) : NULL;
+        if (work) {
+            amx_rows(type, precise, w, row_bytes, cols, r0, r1, x, on_tiles, stride, y, ystride, bias, accumulate, work);
+            free(work);
+            __atomic_fetch_add(&amx_calls, 1, __ATOMIC_RELAXED);
+            if (on_tiles == count) return;
+            x += on_tiles, y += (int64_t)on_tiles * ystride, count -= on_tiles;
+        }
+    }
+#endif
 #if HEARTH_AVX2
 #define X16_OF(t, p) x16_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate)
     if (type == GG_Q4_0_X16) {

@@ -405,6 +405,7 @@ def test_long_prompts_give_the_same_bits_across_attention_chunks(tmp_path: Path)
     model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K))
     try:
         ids = [int(i) for i in np.random.default_rng(7).integers(3, 400, size=500)]  # the context is 512
+        tiles = model.lib.hearth_amx_calls()
         whole = model.prefill(ids, model.new_cache())
         cache = model.new_cache()
         model.prefill(ids[:250], cache)
@@ -412,6 +413,7 @@ def test_long_prompts_give_the_same_bits_across_attention_chunks(tmp_path: Path)
         for token in ids[470:]:
             stepped = model.step(token, cache)
         assert np.array_equal(whole, stepped)
+        assert (model.lib.hearth_amx_calls() > tiles) == bool(model.lib.hearth_amx(-1))  # prefill on AMX where it is
     finally:
         model.close()
 
