@@ -74,9 +74,10 @@
 #define HEARTH_AMX_BUILT 0
 #endif
 
-#define HEARTH_ABI 11 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
+#define HEARTH_ABI 12 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
                           * 10: hearth_gg_forward_rows takes several tokens of a sequence and its logit rows;
-                          * 11: every quantized type's matrices in 16-row layouts, their sums chunk after chunk) */
+                          * 11: every quantized type's matrices in 16-row layouts, their sums chunk after chunk;
+                          * 12: a chunk's softmax weights summed in 8 lanes; hearth_amx) */
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -3191,6 +3192,7 @@ enum { GL_ATTN_NORM, GL_FFN_NORM, GL_Q, GL_K, GL_V, GL_O, GL_GATE, GL_UP, GL_DOW
        GL_K_CACHE, GL_V_CACHE, GL_COUNT };
 enum { PRECISE_QKV = 1, PRECISE_O = 2, PRECISE_GATE_UP = 4, PRECISE_DOWN = 8, PRECISE_HEAD = 16 };
 #define SPAN 256 /* positions per attention chunk: fixed, so a token's attention never depends on the thread count */
+#define MAX_HEAD_DIM 256 /* widest head whose four K rows attend_chunk widens on the stack; wider ones take dot_kv */
 
 int hearth_gg_layout(int which) {
     switch (which) {
@@ -3234,23 +3236,26 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
 }
 
-/* dot_kv of four consecutive bf16 K rows (`row_bytes` apart) with q: four independent chains, each row's operations
- * exactly dot_kv's (one accumulator, 8 at a time, the same horizontal sum and scalar tail), so the scores are its
- * bits. */
-static void dot_kv4(const char *k, size_t row_bytes, const float *q, int n, float *out) {
+/* dot_kv of four consecutive bf16 K rows, already widened to fp32 (`k`: 4 rows of n floats; the widening is exact),
+ * with q: four independent chains, each row's operations exactly dot_kv's (one accumulator, 8 at a time, the same
+ * horizontal sum and scalar tail), so the scores are its bits. */
+static void dot_kv4(const float *k, const float *q, int n, float *out) {
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 qv = _mm256_loadu_ps(q + i);
-        for (int r = 0; r < 4; r++)
-            acc[r] = _mm256_fmadd_ps(bf16x8((const uint16_t *)(k + r * row_bytes) + i), qv, acc[r]);
+        for (int r = 0; r < 4; r++) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(k + (int64_t)r * n + i), qv, acc[r]);
     }
-    for (int r = 0; r < 4; r++) {
-        float total = hsum256(acc[r]);
-        const char *row = k + r * row_bytes;
-        for (int j = i; j < n; j++) total += bf16_to_f32(((const uint16_t *)row)[j]) * q[j];
-        out[r] = total;
-    }
+    /* hsum256 of the four at once: the same pairs added in the same order */
+    const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(acc[0], acc[1], 0x20), _mm256_permute2f128_ps(acc[0], acc[1], 0x31));
+    const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(acc[2], acc[3], 0x20), _mm256_permute2f128_ps(acc[2], acc[3], 0x31));
+    const __m256 pairs = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x88), _mm256_shuffle_ps(ab, cd, 0xdd));
+    const __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(pairs, pairs, 0x88), _mm256_shuffle_ps(pairs, pairs, 0xdd));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, sums);
+    out[0] = lanes[0], out[1] = lanes[4], out[2] = lanes[1], out[3] = lanes[5];
+    for (int r = 0; r < 4 && i < n; r++)
+        for (int j = i; j < n; j++) out[r] += k[(int64_t)r * n + j] * q[j];
 }
 
 /* out (hd floats) += p[t - t0] v_t for bf16 V rows t in [t0, t1), 64 values of out at a time held in registers
@@ -3269,55 +3274,116 @@ static void attend_values(float *out, const float *p, const char *vbase, int hd,
         for (int b = 0; b < vectors; b++) _mm256_storeu_ps(out + seg + 8 * b, acc[b]);
     }
 }
+
+#if HEARTH_AVX512
+/* attend_values for `heads` (1 to 4) query heads of a KV head at once, hd % 64 == 0: each V row's 64-value segment
+ * widened once for all of them; per value the same fused multiply-adds in the same order, so the same bits. */
+static inline __attribute__((always_inline)) void attend_values_heads(int heads, float *out, int64_t out_step,
+                                                                      const float *p, const char *vbase, int hd,
+                                                                      int64_t t0, int64_t t1) {
+    for (int seg = 0; seg < hd; seg += 64) {
+        __m512 acc[4][4];
+        for (int j = 0; j < heads; j++)
+            for (int b = 0; b < 4; b++) acc[j][b] = _mm512_loadu_ps(out + j * out_step + seg + 16 * b);
+        for (int64_t t = t0; t < t1; t++) {
+            const uint16_t *row = (const uint16_t *)vbase + (size_t)t * hd + seg;
+            __m512 v[4];
+            for (int b = 0; b < 4; b++)
+                v[b] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 16 * b))), 16));
+            for (int j = 0; j < heads; j++) {
+                const __m512 pp = _mm512_set1_ps(p[(int64_t)j * SPAN + t - t0]);
+                for (int b = 0; b < 4; b++) acc[j][b] = _mm512_fmadd_ps(v[b], pp, acc[j][b]);
+            }
+        }
+        for (int j = 0; j < heads; j++)
+            for (int b = 0; b < 4; b++) _mm512_storeu_ps(out + j * out_step + seg + 16 * b, acc[j][b]);
+    }
+}
+#endif
 #endif
 
 /* One chunk [t0, t1) of a KV head's positions against its `group` query heads (q: group * hd floats): per head the
  * chunk's max score, its sum of exp(score - max) and the unnormalized output sum exp(score - max) v (pout: hd floats
- * per head, `stride` apart). With a bf16 cache the AVX2 builds score four positions at a time and keep a head's output
- * in registers across the positions, each value's arithmetic unchanged (dot_kv4, attend_values); their softmax
- * weights come from exp256. */
+ * per head, `stride` apart). With a bf16 cache the AVX2 builds score four positions at a time, their K rows widened
+ * once for all the heads, and keep the heads' outputs in registers across the positions (AVX-512: four heads per pass
+ * over the V rows), each value's arithmetic unchanged (dot_kv4, attend_values); their softmax weights come from
+ * exp256, summed in 8 lanes. The max and the sums never run one long chain through the scores: at 1,500 positions
+ * those chains took as long as the dot products. */
 static void attend_chunk(const float *q, int group, const char *kbase, const char *vbase, int kv_bf16, int hd,
                          int64_t t0, int64_t t1, float scale, float *scores, float *pmax, float *psum, float *pout,
                          int64_t stride) {
     const size_t elem = kv_bf16 ? 2 : 4;
-    for (int j = 0; j < group; j++) {
-        float *sc = scores + (int64_t)j * SPAN;
-        float top = -INFINITY;
-        int64_t t = t0;
+    int64_t t = t0;
 #if HEARTH_AVX2
-        for (; kv_bf16 && t + 4 <= t1; t += 4) {
-            float four[4];
-            dot_kv4(kbase + (size_t)t * hd * elem, (size_t)hd * elem, q + (int64_t)j * hd, hd, four);
-            for (int r = 0; r < 4; r++) {
-                sc[t + r - t0] = four[r] * scale;
-                if (sc[t + r - t0] > top) top = sc[t + r - t0];
+    if (kv_bf16 && hd <= MAX_HEAD_DIM) /* four positions at a time, their K rows widened once for all the heads */
+        for (; t + 4 <= t1; t += 4) {
+            float rows[4 * MAX_HEAD_DIM];
+            const uint16_t *k = (const uint16_t *)(kbase + (size_t)t * hd * elem);
+            int i = 0;
+            for (; i + 8 <= 4 * hd; i += 8) _mm256_storeu_ps(rows + i, bf16x8(k + i));
+            for (; i < 4 * hd; i++) rows[i] = bf16_to_f32(k[i]);
+            for (int j = 0; j < group; j++) {
+                float four[4], *sc = scores + (int64_t)j * SPAN + (t - t0);
+                dot_kv4(rows, q + (int64_t)j * hd, hd, four);
+                for (int r = 0; r < 4; r++) sc[r] = four[r] * scale;
             }
         }
 #endif
-        for (; t < t1; t++) {
-            sc[t - t0] = dot_kv(kbase + (size_t)t * hd * elem, kv_bf16, q + (int64_t)j * hd, hd) * scale;
-            if (sc[t - t0] > top) top = sc[t - t0];
+    for (int j = 0; j < group; j++) {
+        float *sc = scores + (int64_t)j * SPAN;
+        float top = -INFINITY;
+        int64_t u = t0;
+#if HEARTH_AVX2 /* the max is exact in any order: 8 lanes, not one chain through every score */
+        __m256 tops = _mm256_set1_ps(-INFINITY);
+        for (; u + 8 <= t; u += 8) tops = _mm256_max_ps(_mm256_loadu_ps(sc + (u - t0)), tops);
+        float lanes[8];
+        _mm256_storeu_ps(lanes, tops);
+        for (int l = 0; l < 8; l++) top = lanes[l] > top ? lanes[l] : top;
+#endif
+        for (; u < t; u++) top = sc[u - t0] > top ? sc[u - t0] : top;
+        for (int64_t u = t; u < t1; u++) {
+            sc[u - t0] = dot_kv(kbase + (size_t)u * hd * elem, kv_bf16, q + (int64_t)j * hd, hd) * scale;
+            if (sc[u - t0] > top) top = sc[u - t0];
         }
         float total = 0.0f;
 #if HEARTH_AVX2
         const __m256 vtop = _mm256_set1_ps(top);
-        for (t = t0; t < t1; t += 8) { /* the last 8 masked: every weight through exp256 */
-            const int64_t left = t1 - t;
+        __m256 totals = _mm256_setzero_ps(); /* 8 partial sums (position % 8), then hsum256: no chain of 256 adds */
+        for (int64_t u = t0; u < t1; u += 8) { /* the last 8 masked: every weight through exp256 */
+            const int64_t left = t1 - u;
             const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(left > 8 ? 8 : (int)left),
                                                      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            _mm256_maskstore_ps(sc + (t - t0), lanes,
-                                exp256(_mm256_sub_ps(_mm256_maskload_ps(sc + (t - t0), lanes), vtop)));
+            const __m256 weights = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_maskload_ps(sc + (u - t0), lanes), vtop)),
+                                                 _mm256_castsi256_ps(lanes));
+            _mm256_maskstore_ps(sc + (u - t0), lanes, weights);
+            totals = _mm256_add_ps(totals, weights);
         }
-        for (t = t0; t < t1; t++) total += sc[t - t0];
+        total = hsum256(totals);
 #else
-        for (t = t0; t < t1; t++) {
-            sc[t - t0] = expf(sc[t - t0] - top);
-            total += sc[t - t0];
+        for (int64_t u = t0; u < t1; u++) {
+            sc[u - t0] = expf(sc[u - t0] - top);
+            total += sc[u - t0];
         }
 #endif
         pmax[j * stride] = top, psum[j * stride] = total;
         memset(pout + (int64_t)j * stride * hd, 0, (size_t)hd * sizeof(float));
     }
+#if HEARTH_AVX512
+    if (kv_bf16 && hd % 64 == 0) { /* up to four heads per pass over the chunk's V rows */
+        for (int j = 0; j < group; j += 4) {
+            float *out = pout + (int64_t)j * stride * hd;
+            const float *p = scores + (int64_t)j * SPAN;
+            const int64_t step = stride * hd;
+            switch (group - j < 4 ? group - j : 4) {
+            case 1: attend_values_heads(1, out, step, p, vbase, hd, t0, t1); break;
+            case 2: attend_values_heads(2, out, step, p, vbase, hd, t0, t1); break;
+            case 3: attend_values_heads(3, out, step, p, vbase, hd, t0, t1); break;
+            default: attend_values_heads(4, out, step, p, vbase, hd, t0, t1); break;
+            }
+        }
+        return;
+    }
+#endif
 #if HEARTH_AVX2
     if (kv_bf16 && hd % 8 == 0) {
         for (int j = 0; j < group; j++)
@@ -3325,9 +3391,9 @@ static void attend_chunk(const float *q, int group, const char *kbase, const cha
         return;
     }
 #endif
-    for (int64_t t = t0; t < t1; t++) {
-        const char *vrow = vbase + (size_t)t * hd * elem;
-        for (int j = 0; j < group; j++) axpy_kv(pout + (int64_t)j * stride * hd, scores[(int64_t)j * SPAN + t - t0], vrow, kv_bf16, hd);
+    for (int64_t u = t0; u < t1; u++) {
+        const char *vrow = vbase + (size_t)u * hd * elem;
+        for (int j = 0; j < group; j++) axpy_kv(pout + (int64_t)j * stride * hd, scores[(int64_t)j * SPAN + u - t0], vrow, kv_bf16, hd);
     }
 }
 
