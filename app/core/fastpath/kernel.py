@@ -17,10 +17,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -196,6 +196,32 @@ class StepArguments:
 _library_lock = threading.Lock()
 _library: NativeLibrary | str | None = None  # the loaded library, or why there is none; per process
 _notices: list[str] = []  # damaged files found while getting the library, until someone shows them
+
+
+_Result = TypeVar("_Result")
+
+
+def on_a_passing_thread(work: Callable[[], _Result]) -> _Result:
+    """`work` run on a thread that ends with it, for the kernel's multi-threaded calls made once (laying a model out
+    at load). OpenMP (libgomp) keeps a pool of threads for every thread that ever ran a parallel region, for good;
+    once there are more of them than cores, every barrier of every later step sleeps in the kernel instead of
+    spinning. A model loaded on one thread and decoded on another (the server's queue) then decoded 4.7x slower on 2
+    cores (77 against 354 tok/s for the default model). A finished thread's pool goes with it."""
+    results: list[_Result] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(work())
+        except BaseException as exc:  # re-raised on the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="hearth-kernel-once", daemon=True)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return results[0]
 
 
 def load_library() -> NativeLibrary | str:

@@ -29,7 +29,7 @@ from app.core.engines.lite.runtime import (
 )
 from app.core.errors import HearthError
 from app.core.fastpath import blocks
-from app.core.fastpath.kernel import Q4_KERNELS, NativeLibrary, library_origin, load_library
+from app.core.fastpath.kernel import Q4_KERNELS, NativeLibrary, library_origin, load_library, on_a_passing_thread
 from app.core.models.gguf_meta import GGUFHeader, TensorExtent, check_gguf_complete, read_gguf_header
 
 # Which matrix inputs are quantized to 15 bits instead of 8 (blocks.PRECISE_*), in prefill and decode alike: the
@@ -265,13 +265,16 @@ class GGUFModel(DecoderRuntime):
             laid_out += data.nbytes
             return Matrix(matrix.name, kind, matrix.rows, matrix.cols, data)
 
-        for layer in self.layers:
-            for name, matrix in layer.items():
-                layer[name] = lay_out(matrix)
-        tied = self.head is self.embedding
-        self.head = lay_out(self.head)
-        if tied:
-            self.embedding = self.head
+        def lay_out_all() -> None:
+            for layer in self.layers:
+                for name, matrix in layer.items():
+                    layer[name] = lay_out(matrix)
+            tied = self.head is self.embedding
+            self.head = lay_out(self.head)
+            if tied:
+                self.embedding = self.head
+
+        on_a_passing_thread(lay_out_all)  # its threads must not outlive the load (see there)
         return laid_out
 
     def _release(self, part: npt.NDArray[np.uint8]) -> None:

@@ -513,3 +513,30 @@ def test_the_planned_memory_is_what_a_load_and_a_long_prompt_take(tmp_path: Path
     assert result.returncode == 0, result.stderr[-3000:]
     peak, planned, kv = json.loads(result.stdout.strip().splitlines()[-1])
     assert abs((planned + kv) / peak - 1) < 0.05, (peak, planned, kv)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads through Linux's /proc")
+def test_a_load_leaves_no_kernel_threads_behind(tmp_path: Path) -> None:
+    """The layout is made on a thread that ends with the load: OpenMP keeps a pool of threads for every thread that
+    ran a parallel region, and with more of them than cores every later step's barriers sleep (a model loaded on one
+    thread and decoded on another, as the server does, ran 4.7x slower). A fresh process, so no pool exists yet."""
+    path = tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K)
+    probe = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from app.core.engines.lite.gguf_model import open_gguf_model\n"
+        "from app.core.fastpath.kernel import load_library\n"
+        "load_library()\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        "model = open_gguf_model(Path(sys.argv[1]), threads=2)\n"
+        "print(model.layout_bytes > 0, before, len(os.listdir('/proc/self/task')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=120, check=False,
+        cwd=Path(__file__).resolve().parents[4],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    laid_out, before, after = result.stdout.split()
+    if laid_out != "True":
+        pytest.skip("this build has no 16-row layout: nothing multi-threaded runs at load")
+    assert after == before
