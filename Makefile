@@ -72,7 +72,7 @@ lint: $(STAMP)
 	$(BIN)/vulture
 
 test: lint
-	$(BIN)/python -m pytest -m "not rehearsal"
+	$(BIN)/python -m pytest -m "not rehearsal" --durations=15
 
 # The quick loop: everything but the slow packaging build.
 test-quick: lint
