@@ -117,7 +117,11 @@ def build_target(target: Target, compiler: str, out: Path) -> dict[str, object] 
             requires.append(cpu_flag)
     name = f"hearth_decode-{target.name}{suffix()}"
     partial = out / f"{name}.partial"
-    for flags in ([*base, OPENMP_FLAG], base):
+    # OpenMP first; then, for x86, without the AMX code too (an assembler older than binutils 2.36 lacks it)
+    choices = [[*base, OPENMP_FLAG], base]
+    if target.arch == "x86_64":
+        choices = [[*base, OPENMP_FLAG], [*base, OPENMP_FLAG, "-DHEARTH_NO_AMX"], base, [*base, "-DHEARTH_NO_AMX"]]
+    for flags in choices:
         command = [compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"]
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if result.returncode == 0:

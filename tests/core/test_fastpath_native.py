@@ -406,6 +406,28 @@ def test_amx_prefill_is_on_by_default_and_the_avx512_cap_turns_it_off(
     assert library.lib.hearth_q4_kernel() == 4 and library.lib.hearth_amx(-1) == 0
 
 
+@pytest.mark.skipif(kernel.machine_arch() != "x86_64", reason="the AMX code is x86-64's")
+def test_an_assembler_without_the_amx_instructions_still_builds_the_kernel(
+    fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
+) -> None:
+    """binutils before 2.36 does not know tileloadd: that compile fails, and the kernel is built again without its
+    AMX code (the rest of it unchanged), and says so."""
+    compile_source = kernel._compile
+    commands: list[list[str]] = []
+
+    def old_assembler(compiler: str, flags: list[str], target: Path) -> str:
+        commands.append(flags)
+        if kernel.NO_AMX_FLAG not in flags:
+            return "the C compiler failed: Error: no such instruction: `tileloadd (%rax,%rdx,1),%tmm3'"
+        return compile_source(compiler, flags, target)
+
+    monkeypatch.setattr(kernel, "_compile", old_assembler)
+    library = kernel.load_library()
+    assert not isinstance(library, str), library
+    assert [kernel.NO_AMX_FLAG in flags for flags in commands] == [False, True]
+    assert "without AMX" in library.origin and library.lib.hearth_amx(1) == 0
+
+
 @pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= kernel.cpu_flags(), reason="this CPU can't run the AVX2 kernel")
 def test_the_avx2_build_prefills_from_the_records_and_prefills_head_like_the_reference(
     fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path

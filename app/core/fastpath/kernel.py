@@ -87,6 +87,7 @@ PREBUILT_TARGET_CAPS = {
     "arm64-dotprod": ("dotprod",),
     "arm64": ("dotprod", "neon"),
 }
+NO_AMX_FLAG = "-DHEARTH_NO_AMX"  # the kernel built without its AMX code
 SPIN_ENV = "GOMP_SPINCOUNT"
 OPENMP_SPIN_COUNT = "30000"  # see _open_with_spin_count
 CACHE_TAG = "hashed-1"  # part of the compiled library's cache name: files from before sidecars are never looked at
@@ -483,8 +484,11 @@ def _compile_and_load() -> NativeLibrary | str:
     if cap == "neon":  # -mcpu=native would bring DotProd back
         cpu_choices = [[]]
     capped = [*TARGET_FLAGS.get(cap, ())]
-    attempts = [(cpu, threaded) for cpu in cpu_choices for threaded in (True, False)]
-    for cpu_flags, threaded in attempts:  # OpenMP first; a compiler without it still gets a single-threaded kernel
+    # OpenMP first; a compiler without it still gets a single-threaded kernel. On x86-64 an assembler too old for the
+    # AMX instructions (binutils before 2.36) still gets the kernel without them.
+    tiles = (True, False) if machine_arch() == "x86_64" else (True,)
+    attempts = [(cpu, threaded, amx) for cpu in cpu_choices for threaded in (True, False) for amx in tiles]
+    for cpu_flags, threaded, amx in attempts:
         flags = [
             "-O3",
             *cpu_flags,
@@ -493,6 +497,7 @@ def _compile_and_load() -> NativeLibrary | str:
             "-std=c11",
             "-ffp-contract=off",  # the float order the qemu-checked builds use (clang would fuse a*b+c)
             *(["-fopenmp"] if threaded else []),
+            *([] if amx else [NO_AMX_FLAG]),
             *capped,
             *EXTRA_FLAGS,
         ]
@@ -515,7 +520,7 @@ def _compile_and_load() -> NativeLibrary | str:
             if checked is None:  # changed between writing and loading: never load it
                 failures.append(f"the compiled kernel library {target} changed before it could be loaded")
                 continue
-        origin = f"compiled here ({' '.join([*cpu_flags, *capped]) or 'plain'})"
+        origin = f"compiled here ({' '.join([*cpu_flags, *capped]) or 'plain'}{'' if amx else ', without AMX'})"
         loaded = _load(target, threaded, built, compiler, checked.sha256, origin)
         if isinstance(loaded, str):
             failures.append(loaded)

@@ -63,9 +63,10 @@
 #define HEARTH_AVX512 0
 #endif
 
-/* AMX tiles for prefill: an AVX-512 build for Linux on x86-64 with a compiler that knows them; used only where the
- * CPU has them and the kernel grants them (hearth_amx). */
-#if HEARTH_AVX512 && defined(__linux__) && defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+/* AMX tiles for prefill: an AVX-512 build for Linux on x86-64 with a compiler that knows them (not with
+ * -DHEARTH_NO_AMX: an assembler that does not); used only where the CPU has them and the kernel grants them
+ * (hearth_amx). */
+#if !defined(HEARTH_NO_AMX) && HEARTH_AVX512 && defined(__linux__) && defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
 #define HEARTH_AMX_BUILT 1
 #include <cpuid.h>
 #include <sys/syscall.h>
