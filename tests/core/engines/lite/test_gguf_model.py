@@ -527,8 +527,12 @@ def test_a_load_leaves_no_kernel_threads_behind(tmp_path: Path) -> None:
         "from app.core.engines.lite.gguf_model import open_gguf_model\n"
         "from app.core.fastpath.kernel import load_library\n"
         "load_library()\n"
+        "import time\n"
         "before = len(os.listdir('/proc/self/task'))\n"
         "model = open_gguf_model(Path(sys.argv[1]), threads=2)\n"
+        "deadline = time.monotonic() + 10\n"  # the pool's threads end just after the thread that owned them
+        "while len(os.listdir('/proc/self/task')) > before and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
         "print(model.layout_bytes > 0, before, len(os.listdir('/proc/self/task')))\n"
     )
     result = subprocess.run(
