@@ -484,11 +484,11 @@ def _compile_and_load() -> NativeLibrary | str:
     if cap == "neon":  # -mcpu=native would bring DotProd back
         cpu_choices = [[]]
     capped = [*TARGET_FLAGS.get(cap, ())]
-    # OpenMP first; a compiler without it still gets a single-threaded kernel. On x86-64 an assembler too old for the
-    # AMX instructions (binutils before 2.36) still gets the kernel without them.
-    tiles = (True, False) if machine_arch() == "x86_64" else (True,)
-    attempts = [(cpu, threaded, amx) for cpu in cpu_choices for threaded in (True, False) for amx in tiles]
-    for cpu_flags, threaded, amx in attempts:
+    # OpenMP first; a compiler without it still gets a single-threaded kernel. On x86-64 a compile that fails is tried
+    # again without the AMX code (an assembler before binutils 2.36 does not know its instructions).
+    attempts = [(cpu, threaded, True) for cpu in cpu_choices for threaded in (True, False)]
+    while attempts:
+        cpu_flags, threaded, amx = attempts.pop(0)
         flags = [
             "-O3",
             *cpu_flags,
@@ -514,6 +514,8 @@ def _compile_and_load() -> NativeLibrary | str:
             error = _compile(compiler, flags, target)
             if error:
                 failures.append(error)
+                if amx and machine_arch() == "x86_64":
+                    attempts.insert(0, (cpu_flags, threaded, False))
                 continue
             built = time.perf_counter() - started
             checked = integrity.check_or_quarantine(target, "compiled kernel library", "compiled again", _notices)
