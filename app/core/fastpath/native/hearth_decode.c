@@ -2195,6 +2195,25 @@ static inline int x16_five(int type) { return type == GG_Q5_0_X16 || type == GG_
 static inline int x16_qs(int type) { return 32 * (1 + x16_with_min(type)) + 64 * x16_five(type); } /* its offset */
 static inline int x16_values(int type) { return type == GG_Q8_0_X16 || x16_small(type) ? 32 : QK; } /* per block */
 
+/* OF(t, p) with a 16-row layout's type and `precise` as constants (any type not listed runs as Q6_K's): the drivers'
+ * code is compiled once per pair. */
+#define X16_EACH(OF)                                                                                                   \
+    switch (type) {                                                                                                    \
+    case GG_Q4_0_X16: X16_BOTH(OF, GG_Q4_0_X16); break;                                                                \
+    case GG_Q4_1_X16: X16_BOTH(OF, GG_Q4_1_X16); break;                                                                \
+    case GG_Q5_0_X16: X16_BOTH(OF, GG_Q5_0_X16); break;                                                                \
+    case GG_Q5_1_X16: X16_BOTH(OF, GG_Q5_1_X16); break;                                                                \
+    case GG_Q8_0_X16: X16_BOTH(OF, GG_Q8_0_X16); break;                                                                \
+    case GG_Q4_K_X16: X16_BOTH(OF, GG_Q4_K_X16); break;                                                                \
+    case GG_Q5_K_X16: X16_BOTH(OF, GG_Q5_K_X16); break;                                                                \
+    default: X16_BOTH(OF, GG_Q6_K_X16); break;                                                                         \
+    }
+#define X16_BOTH(OF, t)                                                                                                \
+    if (precise)                                                                                                       \
+        OF(t, 1);                                                                                                      \
+    else                                                                                                               \
+        OF(t, 0)
+
 /* Bytes per row of a 16-row layout (a group is 16 of them): the file type's block bytes, but for Q4_K's and Q5_K's 12
  * bytes of packed scales and mins, kept as 16. -1 for a row that is not whole blocks. */
 static int64_t x16_row_bytes(int type, int64_t cols) {
@@ -2341,13 +2360,53 @@ static inline __m512 scales16(const uint8_t *p, int is_signed) { /* 16 bytes as 
     return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw));
 }
 
+/* A 16-row layout's values, 16 rows to a 64-byte vector (4 consecutive values of each row), as x16_group computes
+ * on them and amx_unpack_block stores them. Step i (of 4) of a Q4_0/Q4_1/Q5_0/Q5_1 block: values 4i.. (lo) and
+ * 16 + 4i.. (hi), Q5's fifth bit from qh (the rows' 32-bit masks side by side). */
+static inline __attribute__((always_inline)) void x16_small_step(int type, const uint8_t *qs, __m512i qh, int i,
+                                                                 __m512i *lo, __m512i *hi) {
+    const __m512i low4 = _mm512_set1_epi8(15), raw = _mm512_loadu_si512((const void *)(qs + 64 * i));
+    *lo = _mm512_and_si512(raw, low4), *hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+    if (x16_five(type)) { /* byte t of a lane: bit 4i + t (16 + 4i + t) of the row's qh, as 16 */
+        const __m512i lanes = _mm512_set4_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0);
+        const __m512i bits = _mm512_set1_epi32((int)(0x08040201u << (4 * (i & 1))));
+        const __m512i sixteen = _mm512_set1_epi8(16);
+        *lo = _mm512_mask_add_epi8(*lo, _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_add_epi8(lanes, _mm512_set1_epi8((char)(i / 2)))), bits), *lo, sixteen);
+        *hi = _mm512_mask_add_epi8(*hi, _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_add_epi8(lanes, _mm512_set1_epi8((char)(2 + i / 2)))), bits), *hi, sixteen);
+    }
+}
+
+/* Step i (of 8) of chunk pair c of a Q4_K/Q5_K block: sub-block 2c's values (wa) and 2c + 1's (wb), Q5_K's fifth
+ * bit moved from its qh bytes to bit 4. */
+static inline __attribute__((always_inline)) void x16_k_step(int type, const uint8_t *blk, int c, int i, __m512i *wa,
+                                                             __m512i *wb) {
+    const __m512i low4 = _mm512_set1_epi8(15), raw = _mm512_loadu_si512((const void *)(blk + 320 + 64 * (8 * c + i)));
+    *wa = _mm512_and_si512(raw, low4), *wb = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+    if (type == GG_Q5_K_X16) { /* bit 2c (2c + 1) of the step's qh bytes */
+        const __m512i qh = _mm512_loadu_si512((const void *)(blk + 2368 + 64 * i)), bit4 = _mm512_set1_epi8(16);
+        *wa = _mm512_or_si512(*wa, _mm512_and_si512(2 * c <= 4 ? _mm512_slli_epi16(qh, 4 - 2 * c) : _mm512_srli_epi16(qh, 2 * c - 4), bit4));
+        *wb = _mm512_or_si512(*wb, _mm512_and_si512(2 * c + 1 <= 4 ? _mm512_slli_epi16(qh, 3 - 2 * c) : _mm512_srli_epi16(qh, 2 * c - 3), bit4));
+    }
+}
+
+/* Chunk t (of 4) of a Q6_K step from its two vectors of low bits and one of high bits. */
+static inline __attribute__((always_inline)) __m512i x16_q6_values(__m512i ql0, __m512i ql1, __m512i qh, int t) {
+    const __m512i ql = t & 1 ? ql1 : ql0;
+    const __m512i low = _mm512_and_si512(t >= 2 ? _mm512_srli_epi16(ql, 4) : ql, _mm512_set1_epi8(15));
+    const __m512i high = _mm512_and_si512(t == 0 ? _mm512_slli_epi16(qh, 4)
+                                          : t == 1 ? _mm512_slli_epi16(qh, 2)
+                                          : t == 2 ? qh
+                                                   : _mm512_srli_epi16(qh, 2),
+                                          _mm512_set1_epi8(0x30));
+    return _mm512_or_si512(low, high);
+}
+
 /* The 16 rows of one group of a 16-row layout (`blocks` blocks of its type) against `count` inputs:
  * result[k] lane r = row r . input k. Always inlined with constant type, count and precise. */
 static inline __attribute__((always_inline)) void x16_group(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                             const gvec *x, int count, int precise, __m512 *result) {
     __m512 acc[GG_TILE], off[GG_TILE];
     for (int k = 0; k < count; k++) acc[k] = off[k] = _mm512_setzero_ps();
-    const __m512i low4 = _mm512_set1_epi8(15), bits45 = _mm512_set1_epi8(0x30);
     for (int b = 0; b < blocks; b++) {
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
         _mm_prefetch((const char *)blk + 2 * block_bytes, _MM_HINT_T0);
@@ -2359,15 +2418,8 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
             __m512i ia[GG_TILE], la[GG_TILE];
             for (int k = 0; k < count; k++) ia[k] = la[k] = _mm512_setzero_si512();
             for (int i = 0; i < 4; i++) {
-                const __m512i raw = _mm512_loadu_si512((const void *)(qs + 64 * i));
-                __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-                if (x16_five(type)) { /* byte t of a lane: bit 4i + t (16 + 4i + t) of the row's qh, as 16 */
-                    const __m512i lanes = _mm512_set4_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0);
-                    const __m512i bits = _mm512_set1_epi32((int)(0x08040201u << (4 * (i & 1))));
-                    const __m512i sixteen = _mm512_set1_epi8(16);
-                    lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_add_epi8(lanes, _mm512_set1_epi8((char)(i / 2)))), bits), lo, sixteen);
-                    hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_add_epi8(lanes, _mm512_set1_epi8((char)(2 + i / 2)))), bits), hi, sixteen);
-                }
+                __m512i lo, hi;
+                x16_small_step(type, qs, qh, i, &lo, &hi);
                 for (int k = 0; k < count; k++) {
                     ia[k] = _mm512_dpbusd_epi32(ia[k], lo, bcast4(x[k].q + 32 * b + 4 * i));
                     ia[k] = _mm512_dpbusd_epi32(ia[k], hi, bcast4(x[k].q + 32 * b + 16 + 4 * i));
@@ -2408,15 +2460,9 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                 __m512i ia[GG_TILE], ib[GG_TILE], la[GG_TILE], lb[GG_TILE];
                 for (int k = 0; k < count; k++) ia[k] = ib[k] = la[k] = lb[k] = _mm512_setzero_si512();
                 for (int i = 0; i < 8; i++) {
-                    const uint8_t *at = qs + 64 * (8 * c + i);
-                    _mm_prefetch((const char *)at + 4 * block_bytes, _MM_HINT_T0);
-                    const __m512i raw = _mm512_loadu_si512((const void *)at);
-                    __m512i wa = _mm512_and_si512(raw, low4), wb = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-                    if (type == GG_Q5_K_X16) { /* bit 2c (2c + 1) of the step's qh bytes, moved to bit 4 */
-                        const __m512i qh = _mm512_loadu_si512((const void *)(blk + 2368 + 64 * i)), bit4 = _mm512_set1_epi8(16);
-                        wa = _mm512_or_si512(wa, _mm512_and_si512(2 * c <= 4 ? _mm512_slli_epi16(qh, 4 - 2 * c) : _mm512_srli_epi16(qh, 2 * c - 4), bit4));
-                        wb = _mm512_or_si512(wb, _mm512_and_si512(2 * c + 1 <= 4 ? _mm512_slli_epi16(qh, 3 - 2 * c) : _mm512_srli_epi16(qh, 2 * c - 3), bit4));
-                    }
+                    _mm_prefetch((const char *)(qs + 64 * (8 * c + i)) + 4 * block_bytes, _MM_HINT_T0);
+                    __m512i wa, wb;
+                    x16_k_step(type, blk, c, i, &wa, &wb);
                     for (int k = 0; k < count; k++) {
                         ia[k] = _mm512_dpbusd_epi32(ia[k], wa, bcast4(x[k].q + 32 * ja + 4 * i));
                         ib[k] = _mm512_dpbusd_epi32(ib[k], wb, bcast4(x[k].q + 32 * jb + 4 * i));
@@ -2461,14 +2507,7 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                             const __m512i qh = _mm512_loadu_si512((const void *)(v + 128));
                             for (int tt = 0; tt < together; tt++) {
                                 const int t = t0 + tt, j = b * 8 + 4 * h + t;
-                                const __m512i ql = t & 1 ? ql1 : ql0;
-                                const __m512i low = _mm512_and_si512(t >= 2 ? _mm512_srli_epi16(ql, 4) : ql, low4);
-                                const __m512i high = _mm512_and_si512(t == 0 ? _mm512_slli_epi16(qh, 4)
-                                                                      : t == 1 ? _mm512_slli_epi16(qh, 2)
-                                                                      : t == 2 ? qh
-                                                                               : _mm512_srli_epi16(qh, 2),
-                                                                      bits45);
-                                const __m512i w = _mm512_or_si512(low, high);
+                                const __m512i w = x16_q6_values(ql0, ql1, qh, t);
                                 for (int k = 0; k < count; k++) {
                                     ia[k][tt] = _mm512_dpbusd_epi32(ia[k][tt], w, bcast4(x[k].q + 32 * j + 4 * i));
                                     if (precise)
@@ -2724,7 +2763,6 @@ static inline int amx_has_offset(int type) { /* an off term per input block: Q4_
  * mins): x16_group's vectors less the zero point, and its products. */
 static inline __attribute__((always_inline)) void amx_unpack_block(int type, const uint8_t *blk, uint8_t *tiles,
                                                                    float *scale, float *mins) {
-    const __m512i low4 = _mm512_set1_epi8(15), bits45 = _mm512_set1_epi8(0x30);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
     if (x16_small(type)) {
         const uint8_t *qs = blk + x16_qs(type);
@@ -2732,15 +2770,8 @@ static inline __attribute__((always_inline)) void amx_unpack_block(int type, con
                                           : _mm512_setzero_si512();
         const __m512i zero_point = _mm512_set1_epi8((char)(x16_with_min(type) ? 0 : x16_five(type) ? 16 : 8));
         for (int i = 0; i < 4; i++) {
-            const __m512i raw = _mm512_loadu_si512((const void *)(qs + 64 * i));
-            __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-            if (x16_five(type)) {
-                const __m512i lanes = _mm512_set4_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0);
-                const __m512i bits = _mm512_set1_epi32((int)(0x08040201u << (4 * (i & 1))));
-                const __m512i sixteen = _mm512_set1_epi8(16);
-                lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_add_epi8(lanes, _mm512_set1_epi8((char)(i / 2)))), bits), lo, sixteen);
-                hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_add_epi8(lanes, _mm512_set1_epi8((char)(2 + i / 2)))), bits), hi, sixteen);
-            }
+            __m512i lo, hi;
+            x16_small_step(type, qs, qh, i, &lo, &hi);
             _mm512_storeu_si512((void *)(tiles + 64 * i), _mm512_sub_epi8(lo, zero_point));
             _mm512_storeu_si512((void *)(tiles + 64 * (4 + i)), _mm512_sub_epi8(hi, zero_point));
         }
@@ -2753,13 +2784,8 @@ static inline __attribute__((always_inline)) void amx_unpack_block(int type, con
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
         for (int c = 0; c < 4; c++) {
             for (int i = 0; i < 8; i++) {
-                const __m512i raw = _mm512_loadu_si512((const void *)(blk + 320 + 64 * (8 * c + i)));
-                __m512i wa = _mm512_and_si512(raw, low4), wb = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-                if (type == GG_Q5_K_X16) {
-                    const __m512i qh = _mm512_loadu_si512((const void *)(blk + 2368 + 64 * i)), bit4 = _mm512_set1_epi8(16);
-                    wa = _mm512_or_si512(wa, _mm512_and_si512(2 * c <= 4 ? _mm512_slli_epi16(qh, 4 - 2 * c) : _mm512_srli_epi16(qh, 2 * c - 4), bit4));
-                    wb = _mm512_or_si512(wb, _mm512_and_si512(2 * c + 1 <= 4 ? _mm512_slli_epi16(qh, 3 - 2 * c) : _mm512_srli_epi16(qh, 2 * c - 3), bit4));
-                }
+                __m512i wa, wb;
+                x16_k_step(type, blk, c, i, &wa, &wb);
                 _mm512_storeu_si512((void *)(tiles + 512 * (2 * c) + 64 * i), wa);
                 _mm512_storeu_si512((void *)(tiles + 512 * (2 * c + 1) + 64 * i), wb);
             }
@@ -2774,17 +2800,9 @@ static inline __attribute__((always_inline)) void amx_unpack_block(int type, con
                 const uint8_t *v = blk + 288 + 192 * (8 * h + i);
                 const __m512i ql0 = _mm512_loadu_si512((const void *)v), ql1 = _mm512_loadu_si512((const void *)(v + 64));
                 const __m512i qh = _mm512_loadu_si512((const void *)(v + 128));
-                for (int t = 0; t < 4; t++) {
-                    const __m512i ql = t & 1 ? ql1 : ql0;
-                    const __m512i low = _mm512_and_si512(t >= 2 ? _mm512_srli_epi16(ql, 4) : ql, low4);
-                    const __m512i high = _mm512_and_si512(t == 0 ? _mm512_slli_epi16(qh, 4)
-                                                          : t == 1 ? _mm512_slli_epi16(qh, 2)
-                                                          : t == 2 ? qh
-                                                                   : _mm512_srli_epi16(qh, 2),
-                                                          bits45);
+                for (int t = 0; t < 4; t++)
                     _mm512_storeu_si512((void *)(tiles + 256 * (8 * h + 4 * (i / 4) + t) + 64 * (i % 4)),
-                                        _mm512_sub_epi8(_mm512_or_si512(low, high), _mm512_set1_epi8(32)));
-                }
+                                        _mm512_sub_epi8(x16_q6_values(ql0, ql1, qh, t), _mm512_set1_epi8(32)));
             }
         for (int h = 0; h < 2; h++)
             for (int s = 0; s < 2; s++)
@@ -2928,26 +2946,10 @@ static inline __attribute__((always_inline)) void amx_rows_of(int type, int prec
 }
 
 static void amx_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
-                                const gvec *x, int count, int64_t stride, float *y, int64_t ystride, const float *bias,
-                                int accumulate, uint8_t *work) {
+                     const gvec *x, int count, int64_t stride, float *y, int64_t ystride, const float *bias,
+                     int accumulate, uint8_t *work) {
 #define AMX_OF(t, p) amx_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, stride, y, ystride, bias, accumulate, work)
-#define AMX_BOTH(t)                                                                                                    \
-    if (precise)                                                                                                       \
-        AMX_OF(t, 1);                                                                                                  \
-    else                                                                                                               \
-        AMX_OF(t, 0);                                                                                                  \
-    break
-    switch (type) {
-    case GG_Q4_0_X16: AMX_BOTH(GG_Q4_0_X16);
-    case GG_Q4_1_X16: AMX_BOTH(GG_Q4_1_X16);
-    case GG_Q5_0_X16: AMX_BOTH(GG_Q5_0_X16);
-    case GG_Q5_1_X16: AMX_BOTH(GG_Q5_1_X16);
-    case GG_Q8_0_X16: AMX_BOTH(GG_Q8_0_X16);
-    case GG_Q4_K_X16: AMX_BOTH(GG_Q4_K_X16);
-    case GG_Q5_K_X16: AMX_BOTH(GG_Q5_K_X16);
-    default: AMX_BOTH(GG_Q6_K_X16);
-    }
-#undef AMX_BOTH
+    X16_EACH(AMX_OF)
 #undef AMX_OF
 }
 
@@ -3025,47 +3027,7 @@ static void x16_rows(int type, int precise, const uint8_t *w, int64_t row_bytes,
 #endif
 #if HEARTH_AVX2
 #define X16_OF(t, p) x16_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate)
-    if (type == GG_Q4_0_X16) {
-        if (precise)
-            X16_OF(GG_Q4_0_X16, 1);
-        else
-            X16_OF(GG_Q4_0_X16, 0);
-    } else if (type == GG_Q4_1_X16) {
-        if (precise)
-            X16_OF(GG_Q4_1_X16, 1);
-        else
-            X16_OF(GG_Q4_1_X16, 0);
-    } else if (type == GG_Q5_0_X16) {
-        if (precise)
-            X16_OF(GG_Q5_0_X16, 1);
-        else
-            X16_OF(GG_Q5_0_X16, 0);
-    } else if (type == GG_Q5_1_X16) {
-        if (precise)
-            X16_OF(GG_Q5_1_X16, 1);
-        else
-            X16_OF(GG_Q5_1_X16, 0);
-    } else if (type == GG_Q8_0_X16) {
-        if (precise)
-            X16_OF(GG_Q8_0_X16, 1);
-        else
-            X16_OF(GG_Q8_0_X16, 0);
-    } else if (type == GG_Q4_K_X16) {
-        if (precise)
-            X16_OF(GG_Q4_K_X16, 1);
-        else
-            X16_OF(GG_Q4_K_X16, 0);
-    } else if (type == GG_Q5_K_X16) {
-        if (precise)
-            X16_OF(GG_Q5_K_X16, 1);
-        else
-            X16_OF(GG_Q5_K_X16, 0);
-    } else {
-        if (precise)
-            X16_OF(GG_Q6_K_X16, 1);
-        else
-            X16_OF(GG_Q6_K_X16, 0);
-    }
+    X16_EACH(X16_OF)
 #undef X16_OF
 #else
     (void)type, (void)precise, (void)w, (void)row_bytes, (void)cols, (void)r0, (void)r1, (void)x, (void)count, (void)y;
