@@ -519,6 +519,7 @@ def parameter_counts(header: GGUFHeader) -> tuple[int, int]:
 
 LAYOUT_SLICE_BYTES = 8 << 20  # file bytes laid out (and released) at a time: what a load stages beside the model
 SPAN = 256  # positions per attention chunk (hearth_decode.c's SPAN)
+ATTEND_TOKENS = 4  # a prefill's tokens attended together (hearth_decode.c's ATTEND_TOKENS)
 TOKENIZER_FLOOR_BYTES = 16 << 20  # a GGUF's tokenizer before its vocabulary (measured: 27 MiB at 49k, 44 at 128k)
 TOKENIZER_BYTES_PER_TOKEN = 220
 
@@ -529,9 +530,11 @@ def forward_scratch_bytes(config: LiteConfig, threads: int, tokens: int, capacit
     hidden, heads, kv, hd, inter = config.hidden, config.heads, config.kv_heads, config.head_dim, config.inter
     widest, units, group = max(hidden, heads * hd, inter), heads + 2 * kv, heads // kv
     chunks = -(-capacity // SPAN)
-    partial_heads = heads if tokens == 1 else threads * group
+    block_heads = group if tokens == 1 else ATTEND_TOKENS * group
+    partial_heads = heads if tokens == 1 else threads * block_heads
     floats = tokens * (2 * hidden + units * hd + heads * hd + 2 * inter + 2 * (hd // 2))
-    floats += partial_heads * chunks * (hd + 2) + threads * group * SPAN
+    floats += partial_heads * chunks * (hd + 2) + threads * block_heads * SPAN
+    floats += 0 if tokens == 1 else threads * block_heads * hd  # a block's queries
     floats = -(-floats // 16) * 16
     quantized = 2 * widest + 2 * (widest // 32) * 4 + (widest // 16) * 4  # gbuf_bytes: h, l, d, s, n16
     floats += tokens * (-(-quantized // 64) * 16)

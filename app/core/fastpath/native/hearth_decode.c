@@ -2741,8 +2741,7 @@ static inline __attribute__((always_inline)) void x16_group_out(int type, const 
 #define AMX_ZERO(tile) __asm__ volatile("tilezero %%tmm" #tile::)
 #define AMX_DOT(name, sums, inputs, values) __asm__ volatile(#name " %%tmm" #values ", %%tmm" #inputs ", %%tmm" #sums::)
 #define AMX_TOKENS 16
-#define AMX_AHEAD 3      /* chunks issued before the first one's sums are read; odd (see amx_rows_of) */
-#define AMX_AHEAD_RING 4 /* stored sums in flight: AMX_AHEAD + 1 */
+#define AMX_RING 4 /* chunks' stored sums in flight */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -2823,11 +2822,9 @@ static void amx_configure(int chunk_values) { /* 16 tokens by 16 rows */
     amx_config config;
     memset(&config, 0, sizeof config);
     config.palette = 1;
-    for (int slot = 0; slot < 8; slot += 4) { /* two slots of 4 tiles: sums, low halves' sums, inputs, values */
-        config.rows[slot] = config.rows[slot + 1] = AMX_TOKENS;
-        config.colsb[slot] = config.colsb[slot + 1] = 64;
-        config.rows[slot + 2] = AMX_TOKENS, config.colsb[slot + 2] = (uint16_t)chunk_values;
-        config.rows[slot + 3] = (uint8_t)(chunk_values / 4), config.colsb[slot + 3] = 64;
+    for (int t = 0; t < 8; t++) { /* sums 0-3, inputs 4-5, values 6-7 */
+        config.rows[t] = t < 6 ? AMX_TOKENS : (uint8_t)(chunk_values / 4);
+        config.colsb[t] = t >= 4 && t < 6 ? (uint16_t)chunk_values : 64;
     }
     __asm__ volatile("ldtilecfg %0" ::"m"(config) : "memory");
 }
@@ -2858,37 +2855,70 @@ static inline __attribute__((always_inline)) void amx_rows_of(int type, int prec
             const int64_t at = ((int64_t)(k / AMX_TOKENS) * inputs + j) * AMX_TOKENS + k % AMX_TOKENS;
             dx[at] = x[k].d[j], sx[at] = x[k].s[j];
         }
-    int32_t sums[AMX_AHEAD_RING][2][AMX_TOKENS][X16_ROWS] __attribute__((aligned(64))); /* [chunk][high, low] */
-    /* Chunk `chunk`'s products in one slot's tiles, stored in the ring of sums; then their float steps. */
-#define AMX_ISSUE(sums_tile, low_tile, inputs_tile, values_tile, chunk)                                             \
+    int32_t sums[AMX_RING][2][AMX_TOKENS][X16_ROWS] __attribute__((aligned(64))); /* [chunk][high, low] */
+    /* Chunk `chunk`'s products into sums tile S (low halves: L) from inputs tile A (low halves: A2), values tile B. */
+#define AMX_PRODUCTS(S, L, A, A2, B, chunk)                                                                            \
     do {                                                                                                               \
         const int at_ = amx_input_at(type, (chunk));                                                                   \
-        AMX_LOAD(values_tile, tiles + (int64_t)(chunk) * tile_bytes, 64);                                              \
-        AMX_LOAD(inputs_tile, x[k0].q + at_, stride);                                                                  \
-        AMX_ZERO(sums_tile);                                                                                           \
+        AMX_LOAD(B, tiles + (int64_t)(chunk) * tile_bytes, 64);                                                        \
+        AMX_LOAD(A, x[k0].q + at_, stride);                                                                            \
+        AMX_ZERO(S);                                                                                                   \
         if (amx_signed(type))                                                                                          \
-            AMX_DOT(tdpbssd, sums_tile, inputs_tile, values_tile);                                                     \
+            AMX_DOT(tdpbssd, S, A, B);                                                                                 \
         else                                                                                                           \
-            AMX_DOT(tdpbsud, sums_tile, inputs_tile, values_tile);                                                     \
+            AMX_DOT(tdpbsud, S, A, B);                                                                                 \
         if (precise) {                                                                                                 \
-            AMX_LOAD(inputs_tile, x[k0].l + at_, stride);                                                              \
-            AMX_ZERO(low_tile);                                                                                        \
+            AMX_LOAD(A2, x[k0].l + at_, stride);                                                                       \
+            AMX_ZERO(L);                                                                                               \
             if (amx_signed(type))                                                                                      \
-                AMX_DOT(tdpbssd, low_tile, inputs_tile, values_tile);                                                  \
+                AMX_DOT(tdpbssd, L, A2, B);                                                                            \
             else                                                                                                       \
-                AMX_DOT(tdpbsud, low_tile, inputs_tile, values_tile);                                                  \
-            AMX_STORE(low_tile, sums[(chunk) % AMX_AHEAD_RING][1], 64);                                                \
+                AMX_DOT(tdpbsud, L, A2, B);                                                                            \
         }                                                                                                              \
-        AMX_STORE(sums_tile, sums[(chunk) % AMX_AHEAD_RING][0], 64);                                                   \
+    } while (0)
+#define AMX_SAVE(S, L, chunk)                                                                                          \
+    do {                                                                                                               \
+        AMX_STORE(S, sums[(chunk) % AMX_RING][0], 64);                                                                 \
+        if (precise) AMX_STORE(L, sums[(chunk) % AMX_RING][1], 64);                                                    \
+    } while (0)
+    /* 8-bit inputs: sums in tiles 0-3 by chunk % 4, inputs 4-5 and values 6-7 by chunk % 2; 15-bit: high sums 0-1,
+     * low sums 2-3, high and low inputs 4 and 5, values 6-7, by chunk % 2 */
+#define AMX_PRODUCTS_OF(chunk)                                                                                         \
+    do {                                                                                                               \
+        if (precise) {                                                                                                 \
+            if ((chunk) % 2 == 0) AMX_PRODUCTS(0, 2, 4, 5, 6, chunk);                                                  \
+            else AMX_PRODUCTS(1, 3, 4, 5, 7, chunk);                                                                   \
+        } else {                                                                                                       \
+            switch ((chunk) % 4) {                                                                                     \
+            case 0: AMX_PRODUCTS(0, 0, 4, 4, 6, chunk); break;                                                         \
+            case 1: AMX_PRODUCTS(1, 1, 5, 5, 7, chunk); break;                                                         \
+            case 2: AMX_PRODUCTS(2, 2, 4, 4, 6, chunk); break;                                                         \
+            default: AMX_PRODUCTS(3, 3, 5, 5, 7, chunk); break;                                                        \
+            }                                                                                                          \
+        }                                                                                                              \
+    } while (0)
+#define AMX_SAVE_OF(chunk)                                                                                             \
+    do {                                                                                                               \
+        if (precise) {                                                                                                 \
+            if ((chunk) % 2 == 0) AMX_SAVE(0, 2, chunk);                                                               \
+            else AMX_SAVE(1, 3, chunk);                                                                                \
+        } else {                                                                                                       \
+            switch ((chunk) % 4) {                                                                                     \
+            case 0: AMX_SAVE(0, 0, chunk); break;                                                                      \
+            case 1: AMX_SAVE(1, 1, chunk); break;                                                                      \
+            case 2: AMX_SAVE(2, 2, chunk); break;                                                                      \
+            default: AMX_SAVE(3, 3, chunk); break;                                                                     \
+            }                                                                                                          \
+        }                                                                                                              \
     } while (0)
 #define AMX_ADD(chunk)                                                                                                 \
     do {                                                                                                               \
         const __m512 a_ = _mm512_loadu_ps(scale + (int64_t)(chunk) * X16_ROWS);                                        \
         const float *jdx_ = tdx + (int64_t)amx_input_block(type, (chunk)) * AMX_TOKENS;                               \
-        for (int k = 0; k < AMX_TOKENS; k++) {                                                                         \
-            __m512i dot = _mm512_load_si512((const void *)sums[(chunk) % AMX_AHEAD_RING][0][k]);                       \
+        _Pragma("GCC unroll 16") for (int k = 0; k < AMX_TOKENS; k++) { /* unrolled: acc stays in registers */         \
+            __m512i dot = _mm512_load_si512((const void *)sums[(chunk) % AMX_RING][0][k]);                             \
             if (precise)                                                                                               \
-                dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), _mm512_load_si512((const void *)sums[(chunk) % AMX_AHEAD_RING][1][k])); \
+                dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), _mm512_load_si512((const void *)sums[(chunk) % AMX_RING][1][k])); \
             acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a_, _mm512_set1_ps(jdx_[k])), acc[k]);    \
         }                                                                                                              \
     } while (0)
@@ -2902,34 +2932,26 @@ static inline __attribute__((always_inline)) void amx_rows_of(int type, int prec
             const float *tdx = dx + (int64_t)(k0 / AMX_TOKENS) * inputs * AMX_TOKENS;
             const float *tsx = sx + (int64_t)(k0 / AMX_TOKENS) * inputs * AMX_TOKENS;
             __m512 acc[AMX_TOKENS];
-            for (int k = 0; k < AMX_TOKENS; k++) acc[k] = _mm512_setzero_ps();
-            /* chunk after chunk in two slots of tiles, each chunk's products issued AMX_AHEAD chunks before its float
-             * steps read them (a tile's stored sums take that long to reach the loads) */
-            for (int chunk = 0; chunk < AMX_AHEAD && chunk < chunks; chunk++) {
-                if (chunk % 2 == 0)
-                    AMX_ISSUE(0, 1, 2, 3, chunk);
-                else
-                    AMX_ISSUE(4, 5, 6, 7, chunk);
-            }
-            for (int chunk = 0; chunk < chunks; chunk += 2) { /* AMX_AHEAD is odd: chunk + AMX_AHEAD is in slot 1 */
-                if (chunk + AMX_AHEAD < chunks) AMX_ISSUE(4, 5, 6, 7, chunk + AMX_AHEAD);
-                AMX_ADD(chunk);
-                if (chunk + 1 < chunks) {
-                    if (chunk + 1 + AMX_AHEAD < chunks) AMX_ISSUE(0, 1, 2, 3, chunk + 1 + AMX_AHEAD);
-                    AMX_ADD(chunk + 1);
-                }
+            _Pragma("GCC unroll 16") for (int k = 0; k < AMX_TOKENS; k++) acc[k] = _mm512_setzero_ps();
+            /* a chunk's sums are stored `lag` chunks after its products were issued (a store right behind its product
+             * waits for it and holds up the tile instructions behind it) and added up one chunk later */
+            const int lag = precise ? 1 : 2;
+            for (int c = 0; c < chunks + lag + 1; c++) {
+                if (c < chunks) AMX_PRODUCTS_OF(c);
+                if (c >= lag && c - lag < chunks) AMX_SAVE_OF(c - lag);
+                if (c >= lag + 1) AMX_ADD(c - lag - 1);
             }
             __m512 off[AMX_TOKENS]; /* x16_group's off terms, in its order; all 16 chains side by side */
-            for (int k = 0; k < AMX_TOKENS; k++) off[k] = _mm512_setzero_ps();
+            _Pragma("GCC unroll 16") for (int k = 0; k < AMX_TOKENS; k++) off[k] = _mm512_setzero_ps();
             if (amx_has_offset(type))
                 for (int chunk = 0; chunk < chunks; chunk++) {
                     const __m512 mn = _mm512_loadu_ps(mins + (int64_t)chunk * X16_ROWS);
                     const float *jsx = tsx + (int64_t)amx_input_block(type, chunk) * AMX_TOKENS;
-                    for (int k = 0; k < AMX_TOKENS; k++)
+                    _Pragma("GCC unroll 16") for (int k = 0; k < AMX_TOKENS; k++)
                         off[k] = x16_with_min(type) ? _mm512_fmadd_ps(mn, _mm512_set1_ps(jsx[k]), off[k])
                                                     : _mm512_fnmadd_ps(mn, _mm512_set1_ps(jsx[k]), off[k]);
                 }
-            for (int k = 0; k < AMX_TOKENS; k++) {
+            _Pragma("GCC unroll 16") for (int k = 0; k < AMX_TOKENS; k++) {
                 float out[X16_ROWS];
                 _mm512_storeu_ps(out, _mm512_add_ps(acc[k], off[k]));
                 float *target = y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS;
@@ -2941,7 +2963,10 @@ static inline __attribute__((always_inline)) void amx_rows_of(int type, int prec
         }
     }
     __asm__ volatile("tilerelease" ::: "memory");
-#undef AMX_ISSUE
+#undef AMX_PRODUCTS
+#undef AMX_SAVE
+#undef AMX_PRODUCTS_OF
+#undef AMX_SAVE_OF
 #undef AMX_ADD
 }
 
@@ -3155,6 +3180,7 @@ enum { GL_ATTN_NORM, GL_FFN_NORM, GL_Q, GL_K, GL_V, GL_O, GL_GATE, GL_UP, GL_DOW
        GL_K_CACHE, GL_V_CACHE, GL_COUNT };
 enum { PRECISE_QKV = 1, PRECISE_O = 2, PRECISE_GATE_UP = 4, PRECISE_DOWN = 8, PRECISE_HEAD = 16 };
 #define SPAN 256 /* positions per attention chunk: fixed, so a token's attention never depends on the thread count */
+#define ATTEND_TOKENS 4 /* a prefill's consecutive tokens attended together (their whole chunks) */
 #define MAX_HEAD_DIM 256 /* widest head whose four K rows attend_chunk widens on the stack; wider ones take dot_kv */
 
 int hearth_gg_layout(int which) {
@@ -3375,11 +3401,13 @@ static void attend_merge(int chunks, const float *pmax, const float *psum, const
 }
 
 /* Scratch layout for n tokens: x, xn [n][hidden]; qkv [n][units hd]; att [n][heads hd]; gate, up [n][inter];
- * cos, sin [n][half]; attention partials per thread [threads][group][chunks][hd + 2] (a prefill's (token, kv head)
- * units each run on one thread) or, for one token, shared [heads][chunks][hd + 2] (its (kv head, chunk) units spread
- * over the threads); the chunk scores per thread [threads][group][SPAN]; the inputs' quantization buffers [n]. */
+ * cos, sin [n][half]; attention partials per thread [threads][ATTEND_TOKENS group][chunks][hd + 2] (a prefill's
+ * (block of tokens, kv head) units each run on one thread) or, for one token, shared [heads][chunks][hd + 2] (its
+ * (kv head, chunk) units spread over the threads); the chunk scores per thread [threads][ATTEND_TOKENS group][SPAN]
+ * (one token: [group]); a block's queries per thread [threads][ATTEND_TOKENS group][hd] (none for one token); the
+ * inputs' quantization buffers [n]. */
 typedef struct {
-    float *x, *xn, *qkv, *att, *gate, *up, *cosv, *sinv, *pout, *pmax, *psum, *scores;
+    float *x, *xn, *qkv, *att, *gate, *up, *cosv, *sinv, *pout, *pmax, *psum, *scores, *qblock;
     char *quant;
     int64_t quant_stride, chunks;
 } gg_scratch;
@@ -3401,11 +3429,13 @@ static int64_t gg_layout_scratch(const int64_t *cfg, int64_t n, int64_t capacity
     TAKE(up, n * inter);
     TAKE(cosv, n * (hd / 2));
     TAKE(sinv, n * (hd / 2));
-    const int64_t partial_heads = n == 1 ? heads : threads * group; /* partials held at once */
+    const int64_t block_heads = n == 1 ? group : ATTEND_TOKENS * group; /* query heads a thread attends at once */
+    const int64_t partial_heads = n == 1 ? heads : threads * block_heads; /* partials held at once */
     TAKE(pout, partial_heads * chunks * hd);
     TAKE(pmax, partial_heads * chunks);
     TAKE(psum, partial_heads * chunks);
-    TAKE(scores, threads * group * SPAN);
+    TAKE(scores, threads * block_heads * SPAN);
+    TAKE(qblock, n == 1 ? 0 : threads * block_heads * hd);
 #undef TAKE
     at = (at + 15) / 16 * 16;
     s.quant = base ? (char *)(base + at) : NULL;
@@ -3540,23 +3570,42 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                     const int64_t slot = (int64_t)h * chunks_max;
                     attend_merge((int)chunks, s.pmax + slot, s.psum + slot, s.pout + slot * hd, hd, s.att + (int64_t)h * hd);
                 }
-            } else { /* many tokens: each (token, kv head) unit on one thread, chunk after chunk, then its merges */
-                float *my_max = s.pmax + (int64_t)tid * group * chunks_max, *my_sum = s.psum + (int64_t)tid * group * chunks_max;
-                float *my_out = s.pout + (int64_t)tid * group * chunks_max * hd;
+            } else { /* many tokens: each (block of tokens, kv head) unit on one thread, chunk after chunk, then its
+                      * merges. A prefill's consecutive tokens go ATTEND_TOKENS at a time: the chunks every one of them
+                      * sees whole are scored for all their heads at once (each K row read and widened once for them),
+                      * the last ones token by token; a batch's rows (other sequences) go one at a time. Each query
+                      * head's operations are the same either way (attend_chunk's are per head), so the same bits. */
+                const int block = rk->kv ? 1 : ATTEND_TOKENS;
+                const int64_t blocks = (n + block - 1) / block, partials = (int64_t)block * group;
+                float *my_max = s.pmax + (int64_t)tid * partials * chunks_max, *my_sum = s.psum + (int64_t)tid * partials * chunks_max;
+                float *my_out = s.pout + (int64_t)tid * partials * chunks_max * hd, *my_q = s.qblock + (int64_t)tid * partials * hd;
+                float *my_block_scores = s.scores + (int64_t)tid * partials * SPAN;
 #pragma omp for schedule(dynamic, 1)
-                for (int64_t unit = 0; unit < n * kv_heads; unit++) {
-                    const int64_t i = unit / kv_heads, g = unit % kv_heads, positions = row_pos(rk, i) + 1;
-                    const int64_t chunks = (positions + SPAN - 1) / SPAN, cap = row_cap(rk, i);
-                    for (int64_t c = 0; c < chunks; c++) {
-                        const int64_t t0 = c * SPAN, t1 = t0 + SPAN < positions ? t0 + SPAN : positions;
-                        attend_chunk(s.qkv + i * units * hd + g * group * hd, group,
-                                     row_slab(rk, p, n_layers, l, i, 0) + (size_t)g * cap * hd * elem,
-                                     row_slab(rk, p, n_layers, l, i, 1) + (size_t)g * cap * hd * elem, kv_bf16, hd, t0,
-                                     t1, attn_scale, my_scores, my_max + c, my_sum + c, my_out + c * hd, chunks_max);
+                for (int64_t unit = 0; unit < blocks * kv_heads; unit++) {
+                    const int64_t i0 = unit / kv_heads * block, g = unit % kv_heads;
+                    const int tokens = n - i0 < block ? (int)(n - i0) : block;
+                    const int64_t cap = row_cap(rk, i0), whole = (row_pos(rk, i0) + 1) / SPAN;
+                    const char *kslab = row_slab(rk, p, n_layers, l, i0, 0) + (size_t)g * cap * hd * elem;
+                    const char *vslab = row_slab(rk, p, n_layers, l, i0, 1) + (size_t)g * cap * hd * elem;
+                    for (int tt = 0; tt < tokens; tt++)
+                        memcpy(my_q + (int64_t)tt * group * hd, s.qkv + (i0 + tt) * units * hd + g * group * hd,
+                               (size_t)group * hd * sizeof(float));
+                    for (int64_t c = 0; c < whole; c++) /* every token's chunk c is whole: all their heads at once */
+                        attend_chunk(my_q, tokens * group, kslab, vslab, kv_bf16, hd, c * SPAN, c * SPAN + SPAN,
+                                     attn_scale, my_block_scores, my_max + c, my_sum + c, my_out + c * hd, chunks_max);
+                    for (int tt = 0; tt < tokens; tt++) {
+                        const int64_t i = i0 + tt, positions = row_pos(rk, i) + 1, chunks = (positions + SPAN - 1) / SPAN;
+                        const int64_t first = (int64_t)tt * group * chunks_max;
+                        for (int64_t c = whole; c < chunks; c++) {
+                            const int64_t t0 = c * SPAN, t1 = t0 + SPAN < positions ? t0 + SPAN : positions;
+                            attend_chunk(my_q + (int64_t)tt * group * hd, group, kslab, vslab, kv_bf16, hd, t0, t1,
+                                         attn_scale, my_block_scores, my_max + first + c, my_sum + first + c,
+                                         my_out + (first + c) * hd, chunks_max);
+                        }
+                        for (int j = 0; j < group; j++)
+                            attend_merge((int)chunks, my_max + first + (int64_t)j * chunks_max, my_sum + first + (int64_t)j * chunks_max,
+                                         my_out + (first + (int64_t)j * chunks_max) * hd, hd, s.att + i * qdim + (g * group + j) * hd);
                     }
-                    for (int j = 0; j < group; j++)
-                        attend_merge((int)chunks, my_max + (int64_t)j * chunks_max, my_sum + (int64_t)j * chunks_max,
-                                     my_out + (int64_t)j * chunks_max * hd, hd, s.att + i * qdim + (g * group + j) * hd);
                 }
             }
             const int o_precise = (precise & PRECISE_O) && !gg_is_float((int)t[GT_O]);
