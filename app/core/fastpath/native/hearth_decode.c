@@ -2915,7 +2915,7 @@ static inline __attribute__((always_inline)) void amx_rows_of(int type, int prec
     do {                                                                                                               \
         const __m512 a_ = _mm512_loadu_ps(scale + (int64_t)(chunk) * X16_ROWS);                                        \
         const float *jdx_ = tdx + (int64_t)amx_input_block(type, (chunk)) * AMX_TOKENS;                               \
-        _Pragma("GCC unroll 16") for (int k = 0; k < AMX_TOKENS; k++) { /* unrolled: acc stays in registers */         \
+        _Pragma("GCC unroll 16") for (int k = 0; k < AMX_TOKENS; k++) {                                             \
             __m512i dot = _mm512_load_si512((const void *)sums[(chunk) % AMX_RING][0][k]);                             \
             if (precise)                                                                                               \
                 dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), _mm512_load_si512((const void *)sums[(chunk) % AMX_RING][1][k])); \
@@ -2951,12 +2951,14 @@ static inline __attribute__((always_inline)) void amx_rows_of(int type, int prec
                         off[k] = x16_with_min(type) ? _mm512_fmadd_ps(mn, _mm512_set1_ps(jsx[k]), off[k])
                                                     : _mm512_fnmadd_ps(mn, _mm512_set1_ps(jsx[k]), off[k]);
                 }
-            _Pragma("GCC unroll 16") for (int k = 0; k < AMX_TOKENS; k++) {
-                float out[X16_ROWS];
-                _mm512_storeu_ps(out, _mm512_add_ps(acc[k], off[k]));
+            /* every use of acc and off at a constant index (the loops unrolled), so the compiler keeps them in
+             * registers: an array it placed in memory cost a store and a load per token and chunk */
+            float out[AMX_TOKENS][X16_ROWS] __attribute__((aligned(64)));
+            _Pragma("GCC unroll 16") for (int k = 0; k < AMX_TOKENS; k++) _mm512_store_ps(out[k], _mm512_add_ps(acc[k], off[k]));
+            for (int k = 0; k < AMX_TOKENS; k++) {
                 float *target = y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS;
                 for (int r = 0; r < X16_ROWS; r++) {
-                    const float v = bias ? out[r] + bias[(int64_t)g * X16_ROWS + r] : out[r];
+                    const float v = bias ? out[k][r] + bias[(int64_t)g * X16_ROWS + r] : out[k][r];
                     target[r] = accumulate ? target[r] + v : v;
                 }
             }
