@@ -71,11 +71,19 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/vulture
 
-test: lint
+# A clean clone has no prebuilt kernel: the tests' first load compiles one (~20 s). It compiles here instead, into the
+# tests' cache and on the second core, while lint (mypy: ~40 s) runs on the first.
+TEST_CACHE = $${HEARTH_TEST_CACHE:-$(CURDIR)/.cache/test-models}
+WARM_KERNEL = mkdir -p "$(TEST_CACHE)" && HEARTH_CACHE_DIR="$(TEST_CACHE)" $(BIN)/python -c \
+	"from app.core.fastpath.kernel import load_library; load_library()" >/dev/null 2>&1
+
+test: $(STAMP)
+	@$(WARM_KERNEL) & warm=$$!; $(MAKE) --no-print-directory lint; status=$$?; wait $$warm; exit $$status
 	$(BIN)/python -m pytest -m "not rehearsal" --durations=15
 
 # The quick loop: everything but the slow packaging build.
-test-quick: lint
+test-quick: $(STAMP)
+	@$(WARM_KERNEL) & warm=$$!; $(MAKE) --no-print-directory lint; status=$$?; wait $$warm; exit $$status
 	$(BIN)/python -m pytest -m "not slow and not rehearsal"
 
 # The one-folder bundle (dist/hearth, packaging/hearth.spec) and the installer for this OS: the .deb on Linux
