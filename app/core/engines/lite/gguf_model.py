@@ -519,7 +519,18 @@ def parameter_counts(header: GGUFHeader) -> tuple[int, int]:
 
 LAYOUT_SLICE_BYTES = 8 << 20  # file bytes laid out (and released) at a time: what a load stages beside the model
 SPAN = 256  # positions per attention chunk (hearth_decode.c's SPAN)
-ATTEND_TOKENS = 4  # a prefill's tokens attended together (hearth_decode.c's ATTEND_TOKENS)
+ATTEND_TOKENS = 32  # a prefill's tokens attended together, at most (hearth_decode.c's ATTEND_TOKENS)
+ATTEND_PARTIAL_FLOATS = 1 << 20  # a thread's partials for them, at most (hearth_decode.c's)
+
+
+def attend_tokens(group: int, chunks: int, head_dim: int) -> int:
+    """hearth_decode.c's attend_tokens: how many of a prefill's tokens attend together."""
+    tokens = ATTEND_TOKENS
+    while tokens > 1 and tokens * group * chunks * (head_dim + 2) > ATTEND_PARTIAL_FLOATS:
+        tokens //= 2
+    return tokens
+
+
 TOKENIZER_FLOOR_BYTES = 16 << 20  # a GGUF's tokenizer before its vocabulary (measured: 27 MiB at 49k, 44 at 128k)
 TOKENIZER_BYTES_PER_TOKEN = 220
 
@@ -530,7 +541,7 @@ def forward_scratch_bytes(config: LiteConfig, threads: int, tokens: int, capacit
     hidden, heads, kv, hd, inter = config.hidden, config.heads, config.kv_heads, config.head_dim, config.inter
     widest, units, group = max(hidden, heads * hd, inter), heads + 2 * kv, heads // kv
     chunks = -(-capacity // SPAN)
-    block_heads = group if tokens == 1 else ATTEND_TOKENS * group
+    block_heads = group if tokens == 1 else attend_tokens(group, chunks, hd) * group
     partial_heads = heads if tokens == 1 else threads * block_heads
     floats = tokens * (2 * hidden + units * hd + heads * hd + 2 * inter + 2 * (hd // 2))
     floats += partial_heads * chunks * (hd + 2) + threads * block_heads * SPAN

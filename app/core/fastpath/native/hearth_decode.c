@@ -3182,7 +3182,8 @@ enum { GL_ATTN_NORM, GL_FFN_NORM, GL_Q, GL_K, GL_V, GL_O, GL_GATE, GL_UP, GL_DOW
        GL_K_CACHE, GL_V_CACHE, GL_COUNT };
 enum { PRECISE_QKV = 1, PRECISE_O = 2, PRECISE_GATE_UP = 4, PRECISE_DOWN = 8, PRECISE_HEAD = 16 };
 #define SPAN 256 /* positions per attention chunk: fixed, so a token's attention never depends on the thread count */
-#define ATTEND_TOKENS 4 /* a prefill's consecutive tokens attended together (their whole chunks) */
+#define ATTEND_TOKENS 32 /* a prefill's consecutive tokens attended together (their whole chunks), at most */
+#define ATTEND_PARTIAL_FLOATS (1 << 20) /* a thread's partials for them, at most (4 MiB; fewer tokens past that) */
 #define MAX_HEAD_DIM 256 /* widest head whose four K rows attend_chunk widens on the stack; wider ones take dot_kv */
 
 int hearth_gg_layout(int which) {
@@ -3402,12 +3403,22 @@ static void attend_merge(int chunks, const float *pmax, const float *psum, const
     for (int i = 0; i < hd; i++) out[i] *= inv;
 }
 
+/* How many of a prefill's consecutive tokens attend together: ATTEND_TOKENS, halved while their partials (every chunk
+ * of the widest slab, for each of their query heads) would pass ATTEND_PARTIAL_FLOATS a thread. Measured at 1,500 to
+ * 3,000 positions (2-core Intel Xeon, 2026-12-05): 4 tokens at a time 743-789 tok/s at 135M, 8 787-865, 16 813-854,
+ * 32 862-868; 1B Q5_K_M 259-273, 268-284, 277-284, 283-298. */
+static int64_t attend_tokens(int64_t group, int64_t chunks, int64_t hd) {
+    int64_t tokens = ATTEND_TOKENS;
+    while (tokens > 1 && tokens * group * chunks * (hd + 2) > ATTEND_PARTIAL_FLOATS) tokens /= 2;
+    return tokens;
+}
+
 /* Scratch layout for n tokens: x, xn [n][hidden]; qkv [n][units hd]; att [n][heads hd]; gate, up [n][inter];
- * cos, sin [n][half]; attention partials per thread [threads][ATTEND_TOKENS group][chunks][hd + 2] (a prefill's
- * (block of tokens, kv head) units each run on one thread) or, for one token, shared [heads][chunks][hd + 2] (its
- * (kv head, chunk) units spread over the threads); the chunk scores per thread [threads][ATTEND_TOKENS group][SPAN]
- * (one token: [group]); a block's queries per thread [threads][ATTEND_TOKENS group][hd] (none for one token); the
- * inputs' quantization buffers [n]. */
+ * cos, sin [n][half]; attention partials per thread [threads][T group][chunks][hd + 2] (T = attend_tokens: a
+ * prefill's (block of T tokens, kv head) units each run on one thread) or, for one token, shared [heads][chunks][hd + 2]
+ * (its (kv head, chunk) units spread over the threads); the chunk scores per thread [threads][T group][SPAN] (one
+ * token: [group]); a block's queries per thread [threads][T group][hd] (none for one token); the inputs'
+ * quantization buffers [n]. */
 typedef struct {
     float *x, *xn, *qkv, *att, *gate, *up, *cosv, *sinv, *pout, *pmax, *psum, *scores, *qblock;
     char *quant;
@@ -3431,7 +3442,7 @@ static int64_t gg_layout_scratch(const int64_t *cfg, int64_t n, int64_t capacity
     TAKE(up, n * inter);
     TAKE(cosv, n * (hd / 2));
     TAKE(sinv, n * (hd / 2));
-    const int64_t block_heads = n == 1 ? group : ATTEND_TOKENS * group; /* query heads a thread attends at once */
+    const int64_t block_heads = n == 1 ? group : attend_tokens(group, chunks, hd) * group; /* attended at once */
     const int64_t partial_heads = n == 1 ? heads : threads * block_heads; /* partials held at once */
     TAKE(pout, partial_heads * chunks * hd);
     TAKE(pmax, partial_heads * chunks);
@@ -3573,11 +3584,11 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                     attend_merge((int)chunks, s.pmax + slot, s.psum + slot, s.pout + slot * hd, hd, s.att + (int64_t)h * hd);
                 }
             } else { /* many tokens: each (block of tokens, kv head) unit on one thread, chunk after chunk, then its
-                      * merges. A prefill's consecutive tokens go ATTEND_TOKENS at a time: the chunks every one of them
+                      * merges. A prefill's consecutive tokens go attend_tokens() at a time: the chunks every one of them
                       * sees whole are scored for all their heads at once (each K row read and widened once for them),
                       * the last ones token by token; a batch's rows (other sequences) go one at a time. Each query
                       * head's operations are the same either way (attend_chunk's are per head), so the same bits. */
-                const int block = rk->kv ? 1 : ATTEND_TOKENS;
+                const int block = rk->kv ? 1 : (int)attend_tokens(group, chunks_max, hd);
                 const int64_t blocks = (n + block - 1) / block, partials = (int64_t)block * group;
                 float *my_max = s.pmax + (int64_t)tid * partials * chunks_max, *my_sum = s.psum + (int64_t)tid * partials * chunks_max;
                 float *my_out = s.pout + (int64_t)tid * partials * chunks_max * hd, *my_q = s.qblock + (int64_t)tid * partials * hd;

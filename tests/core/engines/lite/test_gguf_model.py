@@ -400,9 +400,9 @@ def test_a_reply_from_the_default_gguf_never_imports_torch(tmp_path: Path) -> No
 
 
 def test_long_prompts_give_the_same_bits_across_attention_chunks(tmp_path: Path) -> None:
-    """Past 256 positions attention runs in chunks of positions: a prefill's tokens (4 at a time on one thread, their
-    whole chunks together; a last block of 3 here) and a decode step's (chunks spread over the threads) still give
-    each head the same sums, merged in the same order."""
+    """Past 256 positions attention runs in chunks of positions: a prefill's tokens (up to 32 at a time on one thread,
+    their whole chunks together; a last block of 27 here) and a decode step's (chunks spread over the threads) still
+    give each head the same sums, merged in the same order."""
     model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K))
     try:
         ids = [int(i) for i in np.random.default_rng(7).integers(3, 400, size=500)]  # the context is 512
@@ -476,7 +476,7 @@ def test_prompt_chunks_and_decode_tokens_in_one_forward_give_each_sequence_its_o
         model.close()
 
 
-@pytest.mark.parametrize(("tokens", "capacity"), [(1, 512), (7, 512), (256, 8192)])
+@pytest.mark.parametrize(("tokens", "capacity"), [(1, 512), (7, 512), (256, 8192), (64, 1 << 20)])
 def test_the_plan_counts_the_forward_s_scratch_exactly(tokens: int, capacity: int, tmp_path: Path) -> None:
     from app.core.engines.lite.gguf_model import forward_scratch_bytes
 
