@@ -76,14 +76,15 @@ lint: $(STAMP)
 TEST_CACHE = $${HEARTH_TEST_CACHE:-$(CURDIR)/.cache/test-models}
 WARM_KERNEL = mkdir -p "$(TEST_CACHE)" && HEARTH_CACHE_DIR="$(TEST_CACHE)" $(BIN)/python -c \
 	"from app.core.fastpath.kernel import load_library; load_library()" >/dev/null 2>&1
+LINT_BESIDE_KERNEL = $(WARM_KERNEL) & warm=$$!; $(MAKE) --no-print-directory lint; status=$$?; wait $$warm; exit $$status
 
 test: $(STAMP)
-	@$(WARM_KERNEL) & warm=$$!; $(MAKE) --no-print-directory lint; status=$$?; wait $$warm; exit $$status
+	@$(LINT_BESIDE_KERNEL)
 	$(BIN)/python -m pytest -m "not rehearsal" --durations=15
 
 # The quick loop: everything but the slow packaging build.
 test-quick: $(STAMP)
-	@$(WARM_KERNEL) & warm=$$!; $(MAKE) --no-print-directory lint; status=$$?; wait $$warm; exit $$status
+	@$(LINT_BESIDE_KERNEL)
 	$(BIN)/python -m pytest -m "not slow and not rehearsal"
 
 # The one-folder bundle (dist/hearth, packaging/hearth.spec) and the installer for this OS: the .deb on Linux

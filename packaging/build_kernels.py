@@ -36,6 +36,7 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1  # app.core.fastpath.native.MANIFEST_FORMAT reads this
 COMMON_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off")
 OPENMP_FLAG = "-fopenmp"  # Apple's clang lacks it: there the library is built single-threaded (manifest "openmp")
+NO_AMX_FLAG = "-DHEARTH_NO_AMX"  # the kernel without its AMX code (app.core.fastpath.kernel.NO_AMX_FLAG)
 # x86-64-v3: what every AVX2 CPU (Haswell, Zen 1 and later) has; Linux's /proc/cpuinfo names.
 AVX2_FLAGS = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe")
 AVX512_FLAGS = (*AVX2_FLAGS, "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni")
@@ -118,9 +119,8 @@ def build_target(target: Target, compiler: str, out: Path) -> dict[str, object] 
     name = f"hearth_decode-{target.name}{suffix()}"
     partial = out / f"{name}.partial"
     # OpenMP first; then, for x86, without the AMX code too (an assembler older than binutils 2.36 lacks it)
-    choices = [[*base, OPENMP_FLAG], base]
-    if target.arch == "x86_64":
-        choices = [[*base, OPENMP_FLAG], [*base, OPENMP_FLAG, "-DHEARTH_NO_AMX"], base, [*base, "-DHEARTH_NO_AMX"]]
+    amx_choices = ([], [NO_AMX_FLAG]) if target.arch == "x86_64" else ([],)
+    choices = [[*base, *openmp, *amx] for openmp in ([OPENMP_FLAG], []) for amx in amx_choices]
     for flags in choices:
         command = [compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"]
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)

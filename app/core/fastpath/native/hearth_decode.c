@@ -2348,6 +2348,15 @@ static void x16_dequant_row(int type, const uint8_t *w, int64_t cols, int64_t r,
         gg_block_floats(type - GG_X16, x16_unpack(type, w, cols, r, b, &block), &block, out + b * values);
 }
 
+/* One token's results for a group's 16 rows into its output row: plus the bias (the group's 16, or NULL), and added to
+ * what is there when accumulating. */
+static inline void x16_store(const float *out, float *target, const float *bias, int accumulate) {
+    for (int r = 0; r < X16_ROWS; r++) {
+        const float v = bias ? out[r] + bias[r] : out[r];
+        target[r] = accumulate ? target[r] + v : v;
+    }
+}
+
 #if HEARTH_AVX512
 static inline __m512i bcast4(const int8_t *p) {
     int32_t v;
@@ -2857,57 +2866,46 @@ static inline __attribute__((always_inline)) void amx_rows_of(int type, int prec
         }
     int32_t sums[AMX_RING][2][AMX_TOKENS][X16_ROWS] __attribute__((aligned(64))); /* [chunk][high, low] */
     /* Chunk `chunk`'s products into sums tile S (low halves: L) from inputs tile A (low halves: A2), values tile B. */
+#define AMX_TYPED_DOT(S, A, B)                                                                                         \
+    do {                                                                                                               \
+        if (amx_signed(type))                                                                                          \
+            AMX_DOT(tdpbssd, S, A, B);                                                                                 \
+        else                                                                                                           \
+            AMX_DOT(tdpbsud, S, A, B);                                                                                 \
+    } while (0)
 #define AMX_PRODUCTS(S, L, A, A2, B, chunk)                                                                            \
     do {                                                                                                               \
         const int at_ = amx_input_at(type, (chunk));                                                                   \
         AMX_LOAD(B, tiles + (int64_t)(chunk) * tile_bytes, 64);                                                        \
         AMX_LOAD(A, x[k0].q + at_, stride);                                                                            \
         AMX_ZERO(S);                                                                                                   \
-        if (amx_signed(type))                                                                                          \
-            AMX_DOT(tdpbssd, S, A, B);                                                                                 \
-        else                                                                                                           \
-            AMX_DOT(tdpbsud, S, A, B);                                                                                 \
+        AMX_TYPED_DOT(S, A, B);                                                                                        \
         if (precise) {                                                                                                 \
             AMX_LOAD(A2, x[k0].l + at_, stride);                                                                       \
             AMX_ZERO(L);                                                                                               \
-            if (amx_signed(type))                                                                                      \
-                AMX_DOT(tdpbssd, L, A2, B);                                                                            \
-            else                                                                                                       \
-                AMX_DOT(tdpbsud, L, A2, B);                                                                            \
+            AMX_TYPED_DOT(L, A2, B);                                                                                   \
         }                                                                                                              \
     } while (0)
-#define AMX_SAVE(S, L, chunk)                                                                                          \
+    /* Chunk `chunk`'s sums (tiles S and L) into the ring; the tiles' other arguments are AMX_PRODUCTS' */
+#define AMX_SAVE(S, L, A, A2, B, chunk)                                                                                \
     do {                                                                                                               \
         AMX_STORE(S, sums[(chunk) % AMX_RING][0], 64);                                                                 \
         if (precise) AMX_STORE(L, sums[(chunk) % AMX_RING][1], 64);                                                    \
     } while (0)
-    /* 8-bit inputs: sums in tiles 0-3 by chunk % 4, inputs 4-5 and values 6-7 by chunk % 2; 15-bit: high sums 0-1,
-     * low sums 2-3, high and low inputs 4 and 5, values 6-7, by chunk % 2 */
-#define AMX_PRODUCTS_OF(chunk)                                                                                         \
+    /* OP (AMX_PRODUCTS or AMX_SAVE) on chunk `chunk`'s tiles. 8-bit inputs: sums in tiles 0-3 by chunk % 4, inputs
+     * 4-5 and values 6-7 by chunk % 2; 15-bit: high sums 0-1, low sums 2-3, high and low inputs 4 and 5, values 6-7,
+     * by chunk % 2 */
+#define AMX_ON_TILES(OP, chunk)                                                                                        \
     do {                                                                                                               \
         if (precise) {                                                                                                 \
-            if ((chunk) % 2 == 0) AMX_PRODUCTS(0, 2, 4, 5, 6, chunk);                                                  \
-            else AMX_PRODUCTS(1, 3, 4, 5, 7, chunk);                                                                   \
+            if ((chunk) % 2 == 0) OP(0, 2, 4, 5, 6, chunk);                                                            \
+            else OP(1, 3, 4, 5, 7, chunk);                                                                             \
         } else {                                                                                                       \
             switch ((chunk) % 4) {                                                                                     \
-            case 0: AMX_PRODUCTS(0, 0, 4, 4, 6, chunk); break;                                                         \
-            case 1: AMX_PRODUCTS(1, 1, 5, 5, 7, chunk); break;                                                         \
-            case 2: AMX_PRODUCTS(2, 2, 4, 4, 6, chunk); break;                                                         \
-            default: AMX_PRODUCTS(3, 3, 5, 5, 7, chunk); break;                                                        \
-            }                                                                                                          \
-        }                                                                                                              \
-    } while (0)
-#define AMX_SAVE_OF(chunk)                                                                                             \
-    do {                                                                                                               \
-        if (precise) {                                                                                                 \
-            if ((chunk) % 2 == 0) AMX_SAVE(0, 2, chunk);                                                               \
-            else AMX_SAVE(1, 3, chunk);                                                                                \
-        } else {                                                                                                       \
-            switch ((chunk) % 4) {                                                                                     \
-            case 0: AMX_SAVE(0, 0, chunk); break;                                                                      \
-            case 1: AMX_SAVE(1, 1, chunk); break;                                                                      \
-            case 2: AMX_SAVE(2, 2, chunk); break;                                                                      \
-            default: AMX_SAVE(3, 3, chunk); break;                                                                     \
+            case 0: OP(0, 0, 4, 4, 6, chunk); break;                                                                   \
+            case 1: OP(1, 1, 5, 5, 7, chunk); break;                                                                   \
+            case 2: OP(2, 2, 4, 4, 6, chunk); break;                                                                   \
+            default: OP(3, 3, 5, 5, 7, chunk); break;                                                                  \
             }                                                                                                          \
         }                                                                                                              \
     } while (0)
@@ -2937,8 +2935,8 @@ static inline __attribute__((always_inline)) void amx_rows_of(int type, int prec
              * waits for it and holds up the tile instructions behind it) and added up one chunk later */
             const int lag = precise ? 1 : 2;
             for (int c = 0; c < chunks + lag + 1; c++) {
-                if (c < chunks) AMX_PRODUCTS_OF(c);
-                if (c >= lag && c - lag < chunks) AMX_SAVE_OF(c - lag);
+                if (c < chunks) AMX_ON_TILES(AMX_PRODUCTS, c);
+                if (c >= lag && c - lag < chunks) AMX_ON_TILES(AMX_SAVE, c - lag);
                 if (c >= lag + 1) AMX_ADD(c - lag - 1);
             }
             __m512 off[AMX_TOKENS]; /* x16_group's off terms, in its order; all 16 chains side by side */
@@ -2955,20 +2953,16 @@ static inline __attribute__((always_inline)) void amx_rows_of(int type, int prec
              * registers: an array it placed in memory cost a store and a load per token and chunk */
             float out[AMX_TOKENS][X16_ROWS] __attribute__((aligned(64)));
             _Pragma("GCC unroll 16") for (int k = 0; k < AMX_TOKENS; k++) _mm512_store_ps(out[k], _mm512_add_ps(acc[k], off[k]));
-            for (int k = 0; k < AMX_TOKENS; k++) {
-                float *target = y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS;
-                for (int r = 0; r < X16_ROWS; r++) {
-                    const float v = bias ? out[k][r] + bias[(int64_t)g * X16_ROWS + r] : out[k][r];
-                    target[r] = accumulate ? target[r] + v : v;
-                }
-            }
+            for (int k = 0; k < AMX_TOKENS; k++)
+                x16_store(out[k], y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS,
+                          bias ? bias + (int64_t)g * X16_ROWS : NULL, accumulate);
         }
     }
     __asm__ volatile("tilerelease" ::: "memory");
+#undef AMX_TYPED_DOT
 #undef AMX_PRODUCTS
 #undef AMX_SAVE
-#undef AMX_PRODUCTS_OF
-#undef AMX_SAVE_OF
+#undef AMX_ON_TILES
 #undef AMX_ADD
 }
 
@@ -3019,13 +3013,9 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
                     x16_group_out(type, grp, blocks, block_bytes, x + k0, 2, precise, out);
                 else
                     x16_group_out(type, grp, blocks, block_bytes, x + k0, 1, precise, out);
-                for (int k = 0; k < tile; k++) {
-                    float *target = y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS;
-                    for (int r = 0; r < X16_ROWS; r++) {
-                        const float v = bias ? out[k][r] + bias[(int64_t)g * X16_ROWS + r] : out[k][r];
-                        target[r] = accumulate ? target[r] + v : v;
-                    }
-                }
+                for (int k = 0; k < tile; k++)
+                    x16_store(out[k], y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS,
+                              bias ? bias + (int64_t)g * X16_ROWS : NULL, accumulate);
             }
             k0 += tile;
         }
