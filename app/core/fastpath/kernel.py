@@ -89,7 +89,7 @@ PREBUILT_TARGET_CAPS = {
 }
 NO_AMX_FLAG = "-DHEARTH_NO_AMX"  # the kernel built without its AMX code
 SPIN_ENV = "GOMP_SPINCOUNT"
-OPENMP_SPIN_COUNT = "30000"  # see _open_with_spin_count
+OPENMP_SPIN_COUNT = "3000"  # see _open_with_spin_count
 CACHE_TAG = "hashed-1"  # part of the compiled library's cache name: files from before sidecars are never looked at
 
 
@@ -558,8 +558,11 @@ def _open_with_spin_count(path: Path) -> ctypes.CDLL:
     """ctypes.CDLL, with GOMP_SPINCOUNT set while the library (and with it GCC's OpenMP runtime, which reads the
     variable once, as it loads) comes in, unless the user set it or OMP_WAIT_POLICY. libgomp's default, 300,000
     spins, keeps an idle thread busy for a millisecond or more: between the torch-free prefill's kernel calls that took
-    a core from numpy's attention threads (a 135M prefill took 1.5-2.7 s from run to run; 1.42-1.46 s with 30,000),
-    and decode measured the same with either (its barriers wait microseconds). Nothing else in the process sees it."""
+    a core from numpy's attention threads (a 135M prefill took 1.5-2.7 s from run to run; 1.42-1.46 s with 30,000).
+    3,000: beside one busy process a waiting thread that spins holds the core its late partner needs (on Intel a
+    spin's PAUSE takes ~140 cycles): two threads decoded the default model at 20 tok/s with 30,000 and 50 with 3,000,
+    while a quiet machine's decode and prefill (135M and 1B) measured the same with 30,000, 10,000 and 3,000 (1,000
+    lost ~5 % at 1B). Nothing else in the process sees it."""
     added = SPIN_ENV not in os.environ and "OMP_WAIT_POLICY" not in os.environ
     if added:
         os.environ[SPIN_ENV] = OPENMP_SPIN_COUNT

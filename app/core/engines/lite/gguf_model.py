@@ -521,6 +521,7 @@ LAYOUT_SLICE_BYTES = 8 << 20  # file bytes laid out (and released) at a time: wh
 SPAN = 256  # positions per attention chunk (hearth_decode.c's SPAN)
 ATTEND_TOKENS = 32  # a prefill's tokens attended together, at most (hearth_decode.c's ATTEND_TOKENS)
 ATTEND_PARTIAL_FLOATS = 1 << 20  # a thread's partials for them, at most (hearth_decode.c's)
+OWN_INPUT_ROWS = 8  # up to this many rows every thread prepares each input for itself (hearth_decode.c's)
 
 
 def attend_tokens(group: int, chunks: int, head_dim: int) -> int:
@@ -543,12 +544,13 @@ def forward_scratch_bytes(config: LiteConfig, threads: int, tokens: int, capacit
     chunks = -(-capacity // SPAN)
     block_heads = group if tokens == 1 else attend_tokens(group, chunks, hd) * group
     partial_heads = heads if tokens == 1 else threads * block_heads
-    floats = tokens * (2 * hidden + units * hd + heads * hd + 2 * inter + 2 * (hd // 2))
+    copies = threads if tokens <= OWN_INPUT_ROWS else 1  # of each row's normalized and quantized input
+    floats = tokens * (hidden + copies * hidden + units * hd + heads * hd + 2 * inter + 2 * (hd // 2))
     floats += partial_heads * chunks * (hd + 2) + threads * block_heads * SPAN
-    floats += 0 if tokens == 1 else threads * block_heads * hd  # a block's queries
+    floats += threads * block_heads * hd  # a block's (one token: a group's) roped queries
     floats = -(-floats // 16) * 16
     quantized = 2 * widest + 2 * (widest // 32) * 4 + (widest // 16) * 4  # gbuf_bytes: h, l, d, s, n16
-    floats += tokens * (-(-quantized // 64) * 16)
+    floats += copies * tokens * (-(-quantized // 64) * 16)
     return 4 * floats
 
 

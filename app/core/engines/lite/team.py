@@ -10,8 +10,10 @@ size is measured, not assumed.
 The policy: time every call per token, keep a moving average per team size, use the fastest, and now and then (after
 the first few calls, then every `explore_every`) try another size for a few calls so a change in load is noticed. A
 size that measured clearly slower is tried half as often each time (down to one try in MAX_BACKOFF intervals: on a
-quiet machine the tries of one thread cost 7 % of a 4-reply batch's rate), and any clear change in the chosen size's
-own time per token (a load that came or went) brings the next try forward.
+quiet machine the tries of one thread cost 7 % of a 4-reply batch's rate), a try whose first call is twice as slow
+as the best ends there (beside one busy process a two-thread decode step took 7x one thread's time: three such calls
+cost more than the forty-odd fast ones between tries), and any clear change in the chosen size's own time per token
+(a load that came or went) brings the next try forward.
 Decode steps and prefill chunks each have their own chooser (their times per token differ a hundredfold). The
 kernel's results do not depend on the team size (row-invariant products, attention in fixed chunks), so switching
 never changes a reply.
@@ -27,8 +29,9 @@ from dataclasses import dataclass, field
 SMOOTHING = 0.3  # weight of the newest measurement in a team size's average
 EXPLORE_EVERY = 48  # calls between tries of another team size
 EXPLORE_CALLS = 3  # calls per try
-FIRST_TRY = 4  # the first try comes early: a machine may be busy from the start
+FIRST_TRY = 1  # the first try comes at once: a machine may be busy from the start
 SLOWER = 1.25  # a tried size this much slower per token than the best is tried less often
+ABANDON = 2.0  # a try whose first call is this much slower than the best ends after that call
 MAX_BACKOFF = 8  # explore_every intervals at most between tries
 LOAD_CHANGE = 1.3  # the best size's time per token moved this far (either way) since the last try: try again now
 
@@ -81,7 +84,8 @@ class TeamChooser:
         self._calls += 1
         if self._trying:
             self._tried += 1
-            if self._tried >= self.explore_calls:
+            hopeless = size != self.best and self.average[size] > ABANDON * self.average[self.best]
+            if self._tried >= self.explore_calls or hopeless:
                 tried, self._trying = self._trying, 0
                 best = self.best
                 if tried != best and self.average[tried] > SLOWER * self.average[best]:

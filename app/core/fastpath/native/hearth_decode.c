@@ -3173,6 +3173,8 @@ enum { GL_ATTN_NORM, GL_FFN_NORM, GL_Q, GL_K, GL_V, GL_O, GL_GATE, GL_UP, GL_DOW
 enum { PRECISE_QKV = 1, PRECISE_O = 2, PRECISE_GATE_UP = 4, PRECISE_DOWN = 8, PRECISE_HEAD = 16 };
 #define SPAN 256 /* positions per attention chunk: fixed, so a token's attention never depends on the thread count */
 #define ATTEND_TOKENS 32 /* a prefill's consecutive tokens attended together (their whole chunks), at most */
+#define OWN_INPUT_ROWS 8 /* up to this many rows (a decode step, a small batch), every thread normalizes and quantizes
+                          * each input for itself: no barrier between the rows' update and the next product */
 #define ATTEND_PARTIAL_FLOATS (1 << 20) /* a thread's partials for them, at most (4 MiB; fewer tokens past that) */
 #define MAX_HEAD_DIM 256 /* widest head whose four K rows attend_chunk widens on the stack; wider ones take dot_kv */
 
@@ -3407,8 +3409,9 @@ static int64_t attend_tokens(int64_t group, int64_t chunks, int64_t hd) {
  * cos, sin [n][half]; attention partials per thread [threads][T group][chunks][hd + 2] (T = attend_tokens: a
  * prefill's (block of T tokens, kv head) units each run on one thread) or, for one token, shared [heads][chunks][hd + 2]
  * (its (kv head, chunk) units spread over the threads); the chunk scores per thread [threads][T group][SPAN] (one
- * token: [group]); a block's queries per thread [threads][T group][hd] (none for one token); the inputs'
- * quantization buffers [n]. */
+ * token: [group]); a block's queries per thread [threads][T group][hd] (one token: its group's roped queries); the
+ * inputs' quantization buffers [n]. Up to OWN_INPUT_ROWS rows, xn and the quantization buffers are per thread
+ * ([threads][n]): each thread prepares every row's input for itself. */
 typedef struct {
     float *x, *xn, *qkv, *att, *gate, *up, *cosv, *sinv, *pout, *pmax, *psum, *scores, *qblock;
     char *quant;
@@ -3424,8 +3427,9 @@ static int64_t gg_layout_scratch(const int64_t *cfg, int64_t n, int64_t capacity
     int64_t at = 0;
     gg_scratch s;
 #define TAKE(field, count) (s.field = base ? base + at : NULL, at += (count))
+    const int64_t copies = n <= OWN_INPUT_ROWS ? threads : 1; /* of each row's normalized and quantized input */
     TAKE(x, n * hidden);
-    TAKE(xn, n * hidden);
+    TAKE(xn, copies * n * hidden);
     TAKE(qkv, n * units * hd);
     TAKE(att, n * heads * hd);
     TAKE(gate, n * inter);
@@ -3438,11 +3442,11 @@ static int64_t gg_layout_scratch(const int64_t *cfg, int64_t n, int64_t capacity
     TAKE(pmax, partial_heads * chunks);
     TAKE(psum, partial_heads * chunks);
     TAKE(scores, threads * block_heads * SPAN);
-    TAKE(qblock, n == 1 ? 0 : threads * block_heads * hd);
+    TAKE(qblock, threads * block_heads * hd);
 #undef TAKE
     at = (at + 15) / 16 * 16;
     s.quant = base ? (char *)(base + at) : NULL;
-    at += n * quant_stride;
+    at += copies * n * quant_stride;
     s.quant_stride = quant_stride * 4, s.chunks = chunks;
     if (out) *out = s;
     return at;
@@ -3496,8 +3500,15 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
     const int group = heads / kv_heads;
     const int64_t chunks_max = s.chunks;
     const float *inv_freq = (const float *)glob[GG_INV_FREQ];
-    gvec *inputs = malloc((size_t)n * sizeof(gvec));
-    if (!inputs) return -3;
+    const int own = n <= OWN_INPUT_ROWS; /* each thread its own copy of every row's input (see gg_layout_scratch) */
+    const int64_t copies = own ? threads : 1;
+    gvec *inputs = malloc((size_t)(copies * n) * sizeof(gvec));
+    int *attended = n == 1 ? calloc((size_t)n_layers * kv_heads, sizeof(int)) : NULL; /* chunks done per kv head */
+    if (!inputs || (n == 1 && !attended)) {
+        free(inputs);
+        free(attended);
+        return -3;
+    }
     for (int64_t i = 0; i < n; i++) {
         if (gg_is_x16(embed_type)) /* a tied embedding read from the head's 16-row layout */
             x16_dequant_row(embed_type, (const uint8_t *)glob[GG_EMBED], hidden, tokens[i], s.x + i * hidden);
@@ -3511,73 +3522,106 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
         }
     }
 
+/* A row's input for the next product: with own copies every thread prepares each row for itself (no barrier after),
+ * else the rows are shared out and the threads meet before the product. The same operations either way. */
+#define EACH_ROW(i, from, body)                                                                                        \
+    if (own) {                                                                                                         \
+        for (int64_t i = from; i < n; i++) { body }                                                                    \
+    } else {                                                                                                           \
+        _Pragma("omp for schedule(static)") for (int64_t i = from; i < n; i++) { body }                                \
+    }
 #pragma omp parallel num_threads(threads)
     {
         int tid, team, lo, hi;
         team_position(&tid, &team);
         float *my_scores = s.scores + (int64_t)tid * group * SPAN;
+        float *xn = s.xn + (own ? (int64_t)tid * n * hidden : 0);
+        char *quant = s.quant + (own ? (int64_t)tid * n * s.quant_stride : 0);
+        gvec *in = inputs + (own ? (int64_t)tid * n : 0);
         for (int l = 0; l < n_layers; l++) {
             void *const *p = layers + (int64_t)l * GL_COUNT;
             const int64_t *t = types + (int64_t)l * GT_COUNT;
             /* q, k and v read one quantization of the normalized input (a float matrix among them reads xn itself) */
             const int qkv_precise = (precise & PRECISE_QKV) != 0;
             const int qkv_type = !gg_is_float((int)t[GT_Q]) ? (int)t[GT_Q] : !gg_is_float((int)t[GT_K]) ? (int)t[GT_K] : (int)t[GT_V];
-#pragma omp for schedule(static)
-            for (int64_t i = 0; i < n; i++) {
-                rmsnorm(s.x + i * hidden, (const float *)p[GL_ATTN_NORM], s.xn + i * hidden, hidden, eps);
-                inputs[i] = gg_input(s.xn + i * hidden, hidden, qkv_type, qkv_precise, gbuf_at(s.quant + i * s.quant_stride, hidden));
-            }
+            EACH_ROW(i, 0, {
+                rmsnorm(s.x + i * hidden, (const float *)p[GL_ATTN_NORM], xn + i * hidden, hidden, eps);
+                in[i] = gg_input(xn + i * hidden, hidden, qkv_type, qkv_precise, gbuf_at(quant + i * s.quant_stride, hidden));
+            })
             for (int which = 0; which < 3; which++) { /* q, k, v: each thread its rows of each, for every token */
                 const int kind = (int)t[GT_Q + which], rows = which == 0 ? qdim : kvdim;
                 split_rows(rows, team, tid, X16_ROWS, &lo, &hi);
                 gg_rows(kind, qkv_precise && !gg_is_float(kind), (const uint8_t *)p[GL_Q + which], gg_row_bytes(kind, hidden),
-                        hidden, lo, hi, inputs, (int)n, s.qkv + (which == 0 ? 0 : which == 1 ? qdim : qdim + kvdim),
+                        hidden, lo, hi, in, (int)n, s.qkv + (which == 0 ? 0 : which == 1 ? qdim : qdim + kvdim),
                         (int64_t)units * hd, (const float *)p[GL_Q_BIAS + which], 0);
             }
 #pragma omp barrier
-#pragma omp for schedule(static)
-            for (int64_t unit = 0; unit < n * (heads + 2 * kv_heads); unit++) { /* RoPE on q and k, K/V into the cache */
-                const int64_t i = unit / units;
-                const int u = (int)(unit % units);
-                float *out = s.qkv + i * units * hd + (int64_t)u * hd;
-                if (u < heads + kv_heads) {
-                    if (pairs)
-                        rope_pairs(out, s.cosv + i * half, s.sinv + i * half, half);
-                    else
-                        rope(out, s.cosv + i * half, s.sinv + i * half, half);
-                }
-                if (u >= heads) {
-                    const int is_v = u >= heads + kv_heads, head = (u - heads) % kv_heads;
-                    store_kv(row_slab(rk, p, n_layers, l, i, is_v), kv_bf16, ((int64_t)head * row_cap(rk, i) + row_pos(rk, i)) * hd,
-                             out, hd);
-                }
-            }
             /* attention: the same chunks of positions and the same merge in chunk order, however they are shared
              * out (so one token's result never depends on the threads or on the other tokens of the call) */
             const size_t elem = kv_bf16 ? 2 : 4;
-            if (n == 1) { /* one token: its (kv head, chunk) units over the threads, then each head's merge */
+            if (n == 1) { /* one token: its (kv head, chunk) units over the threads. Each unit ropes its heads' queries
+                           * into a copy; the last chunk's unit ropes the head's key and stores the new K/V row (no
+                           * other unit reads that position); whichever unit finishes a head's chunks last merges
+                           * them. So a step's attention needs no barrier of its own. */
                 const int64_t pos = row_pos(rk, 0), cap = row_cap(rk, 0);
                 const int64_t chunks = (pos + 1 + SPAN - 1) / SPAN;
                 const char *kslab = row_slab(rk, p, n_layers, l, 0, 0), *vslab = row_slab(rk, p, n_layers, l, 0, 1);
+                float *my_q = s.qblock + (int64_t)tid * group * hd;
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t unit = 0; unit < kv_heads * chunks; unit++) {
                     const int64_t c = unit % chunks, g = unit / chunks, t0 = c * SPAN;
                     const int64_t t1 = t0 + SPAN < pos + 1 ? t0 + SPAN : pos + 1;
                     const int64_t slot = g * group * chunks_max + c;
-                    attend_chunk(s.qkv + g * group * hd, group, kslab + (size_t)g * cap * hd * elem,
-                                 vslab + (size_t)g * cap * hd * elem, kv_bf16, hd, t0, t1,
-                                 attn_scale, my_scores, s.pmax + slot, s.psum + slot, s.pout + slot * hd, chunks_max);
+                    memcpy(my_q, s.qkv + g * group * hd, (size_t)group * hd * sizeof(float));
+                    for (int j = 0; j < group; j++) {
+                        if (pairs)
+                            rope_pairs(my_q + (int64_t)j * hd, s.cosv, s.sinv, half);
+                        else
+                            rope(my_q + (int64_t)j * hd, s.cosv, s.sinv, half);
+                    }
+                    if (c == chunks - 1) {
+                        float *key = s.qkv + (int64_t)(heads + g) * hd, *value = s.qkv + (int64_t)(heads + kv_heads + g) * hd;
+                        if (pairs)
+                            rope_pairs(key, s.cosv, s.sinv, half);
+                        else
+                            rope(key, s.cosv, s.sinv, half);
+                        store_kv(row_slab(rk, p, n_layers, l, 0, 0), kv_bf16, (g * cap + pos) * hd, key, hd);
+                        store_kv(row_slab(rk, p, n_layers, l, 0, 1), kv_bf16, (g * cap + pos) * hd, value, hd);
+                    }
+                    attend_chunk(my_q, group, kslab + (size_t)g * cap * hd * elem, vslab + (size_t)g * cap * hd * elem,
+                                 kv_bf16, hd, t0, t1, attn_scale, my_scores, s.pmax + slot, s.psum + slot,
+                                 s.pout + slot * hd, chunks_max);
+                    /* acquire-release: the last one here sees every other unit's partials of this head */
+                    if (__atomic_add_fetch(attended + (int64_t)l * kv_heads + g, 1, __ATOMIC_ACQ_REL) == chunks)
+                        for (int j = 0; j < group; j++) {
+                            const int64_t first = (g * group + j) * chunks_max;
+                            attend_merge((int)chunks, s.pmax + first, s.psum + first, s.pout + first * hd, hd,
+                                         s.att + (g * group + j) * hd);
+                        }
                 }
+            } else { /* many tokens: RoPE on q and k and K/V into the cache, then each (block of tokens, kv head)
+                      * unit on one thread, chunk after chunk, then its merges. A prefill's consecutive tokens go
+                      * attend_tokens() at a time: the chunks every one of them sees whole are scored for all their
+                      * heads at once (each K row read and widened once for them), the last ones token by token; a
+                      * batch's rows (other sequences) go one at a time. Each query head's operations are the same
+                      * either way (attend_chunk's are per head), so the same bits. */
 #pragma omp for schedule(static)
-                for (int h = 0; h < heads; h++) {
-                    const int64_t slot = (int64_t)h * chunks_max;
-                    attend_merge((int)chunks, s.pmax + slot, s.psum + slot, s.pout + slot * hd, hd, s.att + (int64_t)h * hd);
+                for (int64_t unit = 0; unit < n * (heads + 2 * kv_heads); unit++) {
+                    const int64_t i = unit / units;
+                    const int u = (int)(unit % units);
+                    float *out = s.qkv + i * units * hd + (int64_t)u * hd;
+                    if (u < heads + kv_heads) {
+                        if (pairs)
+                            rope_pairs(out, s.cosv + i * half, s.sinv + i * half, half);
+                        else
+                            rope(out, s.cosv + i * half, s.sinv + i * half, half);
+                    }
+                    if (u >= heads) {
+                        const int is_v = u >= heads + kv_heads, head = (u - heads) % kv_heads;
+                        store_kv(row_slab(rk, p, n_layers, l, i, is_v), kv_bf16, ((int64_t)head * row_cap(rk, i) + row_pos(rk, i)) * hd,
+                                 out, hd);
+                    }
                 }
-            } else { /* many tokens: each (block of tokens, kv head) unit on one thread, chunk after chunk, then its
-                      * merges. A prefill's consecutive tokens go attend_tokens() at a time: the chunks every one of them
-                      * sees whole are scored for all their heads at once (each K row read and widened once for them),
-                      * the last ones token by token; a batch's rows (other sequences) go one at a time. Each query
-                      * head's operations are the same either way (attend_chunk's are per head), so the same bits. */
                 const int block = rk->kv ? 1 : (int)attend_tokens(group, chunks_max, hd);
                 const int64_t blocks = (n + block - 1) / block, partials = (int64_t)block * group;
                 float *my_max = s.pmax + (int64_t)tid * partials * chunks_max, *my_sum = s.psum + (int64_t)tid * partials * chunks_max;
@@ -3612,25 +3656,22 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                 }
             }
             const int o_precise = (precise & PRECISE_O) && !gg_is_float((int)t[GT_O]);
-#pragma omp for schedule(static)
-            for (int64_t i = 0; i < n; i++)
-                inputs[i] = gg_input(s.att + i * qdim, qdim, (int)t[GT_O], o_precise, gbuf_at(s.quant + i * s.quant_stride, qdim));
+            EACH_ROW(i, 0, { in[i] = gg_input(s.att + i * qdim, qdim, (int)t[GT_O], o_precise, gbuf_at(quant + i * s.quant_stride, qdim)); })
             split_rows(hidden, team, tid, X16_ROWS, &lo, &hi);
             gg_rows((int)t[GT_O], o_precise, (const uint8_t *)p[GL_O], gg_row_bytes((int)t[GT_O], qdim), qdim, lo, hi,
-                    inputs, (int)n, s.x, hidden, NULL, 1);
+                    in, (int)n, s.x, hidden, NULL, 1);
 #pragma omp barrier
             const int gu_precise = (precise & PRECISE_GATE_UP) != 0;
             const int gu_type = !gg_is_float((int)t[GT_GATE]) ? (int)t[GT_GATE] : (int)t[GT_UP];
-#pragma omp for schedule(static)
-            for (int64_t i = 0; i < n; i++) {
-                rmsnorm(s.x + i * hidden, (const float *)p[GL_FFN_NORM], s.xn + i * hidden, hidden, eps);
-                inputs[i] = gg_input(s.xn + i * hidden, hidden, gu_type, gu_precise, gbuf_at(s.quant + i * s.quant_stride, hidden));
-            }
+            EACH_ROW(i, 0, {
+                rmsnorm(s.x + i * hidden, (const float *)p[GL_FFN_NORM], xn + i * hidden, hidden, eps);
+                in[i] = gg_input(xn + i * hidden, hidden, gu_type, gu_precise, gbuf_at(quant + i * s.quant_stride, hidden));
+            })
             split_rows(inter, team, tid, X16_ROWS, &lo, &hi);
             gg_rows((int)t[GT_GATE], gu_precise && !gg_is_float((int)t[GT_GATE]), (const uint8_t *)p[GL_GATE],
-                    gg_row_bytes((int)t[GT_GATE], hidden), hidden, lo, hi, inputs, (int)n, s.gate, inter, NULL, 0);
+                    gg_row_bytes((int)t[GT_GATE], hidden), hidden, lo, hi, in, (int)n, s.gate, inter, NULL, 0);
             gg_rows((int)t[GT_UP], gu_precise && !gg_is_float((int)t[GT_UP]), (const uint8_t *)p[GL_UP],
-                    gg_row_bytes((int)t[GT_UP], hidden), hidden, lo, hi, inputs, (int)n, s.up, inter, NULL, 0);
+                    gg_row_bytes((int)t[GT_UP], hidden), hidden, lo, hi, in, (int)n, s.up, inter, NULL, 0);
             for (int64_t i = 0; i < n; i++)
                 for (int r = lo; r < hi; r++) {
                     float *g = s.gate + i * inter + r;
@@ -3638,28 +3679,27 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                 }
 #pragma omp barrier
             const int down_precise = (precise & PRECISE_DOWN) && !gg_is_float((int)t[GT_DOWN]);
-#pragma omp for schedule(static)
-            for (int64_t i = 0; i < n; i++)
-                inputs[i] = gg_input(s.gate + i * inter, inter, (int)t[GT_DOWN], down_precise, gbuf_at(s.quant + i * s.quant_stride, inter));
+            EACH_ROW(i, 0, { in[i] = gg_input(s.gate + i * inter, inter, (int)t[GT_DOWN], down_precise, gbuf_at(quant + i * s.quant_stride, inter)); })
             split_rows(hidden, team, tid, X16_ROWS, &lo, &hi);
             gg_rows((int)t[GT_DOWN], down_precise, (const uint8_t *)p[GL_DOWN], gg_row_bytes((int)t[GT_DOWN], inter), inter,
-                    lo, hi, inputs, (int)n, s.x, hidden, NULL, 1);
+                    lo, hi, in, (int)n, s.x, hidden, NULL, 1);
 #pragma omp barrier
         }
         if (logit_rows > 0) {
             const int head_precise = (precise & PRECISE_HEAD) && !gg_is_float(head_type);
             const int64_t first = n - logit_rows;
-#pragma omp for schedule(static)
-            for (int64_t i = first; i < n; i++) {
-                rmsnorm(s.x + i * hidden, (const float *)glob[GG_FINAL_NORM], s.xn + i * hidden, hidden, eps);
-                inputs[i] = gg_input(s.xn + i * hidden, hidden, head_type, head_precise, gbuf_at(s.quant + i * s.quant_stride, hidden));
-            }
+            EACH_ROW(i, first, {
+                rmsnorm(s.x + i * hidden, (const float *)glob[GG_FINAL_NORM], xn + i * hidden, hidden, eps);
+                in[i] = gg_input(xn + i * hidden, hidden, head_type, head_precise, gbuf_at(quant + i * s.quant_stride, hidden));
+            })
             split_rows(vocab, team, tid, X16_ROWS, &lo, &hi);
-            gg_rows(head_type, head_precise, (const uint8_t *)glob[GG_HEAD], head_row, hidden, lo, hi, inputs + first,
+            gg_rows(head_type, head_precise, (const uint8_t *)glob[GG_HEAD], head_row, hidden, lo, hi, in + first,
                     (int)logit_rows, logits, vocab, NULL, 0);
         }
     }
+#undef EACH_ROW
     free(inputs);
+    free(attended);
     return 0;
 }
 

@@ -476,7 +476,7 @@ def test_prompt_chunks_and_decode_tokens_in_one_forward_give_each_sequence_its_o
         model.close()
 
 
-@pytest.mark.parametrize(("tokens", "capacity"), [(1, 512), (7, 512), (256, 8192), (64, 1 << 20)])
+@pytest.mark.parametrize(("tokens", "capacity"), [(1, 512), (7, 512), (8, 512), (9, 512), (256, 8192), (64, 1 << 20)])
 def test_the_plan_counts_the_forward_s_scratch_exactly(tokens: int, capacity: int, tmp_path: Path) -> None:
     from app.core.engines.lite.gguf_model import forward_scratch_bytes
 

@@ -43,6 +43,17 @@ def test_a_size_that_keeps_measuring_slower_is_tried_less_and_less_until_the_loa
     assert busy[-5:] == [1] * 5  # two's time rose 10x: one is tried at once and kept
 
 
+def test_a_try_far_slower_than_the_best_ends_after_its_first_call() -> None:
+    chooser = TeamChooser(2, explore_every=10, explore_calls=3)
+    used = run(chooser, {2: 0.7, 1: 0.1}, 60)  # two threads 7x slower: a busy machine
+    assert used[:4] == [2, 1, 1, 1]  # one thread tried after the first call, for a whole try (it was faster)
+    tries_of_two = [index for index in range(4, len(used)) if used[index] == 2]
+    assert tries_of_two and all(used[index + 1] == 1 for index in tries_of_two)  # each try of two: one call
+    slightly = TeamChooser(2, explore_every=10, explore_calls=3)
+    used = run(slightly, {2: 0.15, 1: 0.1}, 30)  # 1.5x slower: worth the whole try
+    assert used[14:17] == [2, 2, 2]
+
+
 def test_sizes_tried_are_halvings_down_to_one() -> None:
     assert TeamChooser(8).candidates() == [8, 4, 2, 1]
     assert TeamChooser(1).candidates() == [1]
