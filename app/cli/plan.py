@@ -7,11 +7,10 @@ import json
 
 from app.cli import Subparsers
 from app.cli.common import quant_help
-from app.core.engines.batching import MAX_PARALLEL
 from app.core.errors import InvalidSettingError
 from app.core.memory.types import MemoryPlan, format_bytes, parse_size
 from app.core.models.quant import QUANTIZATIONS
-from app.core.settings import DEVICES
+from app.core.settings import DEVICES, MAX_PARALLEL
 
 VERDICTS = {"yes": "fits", "offload": "fits only with CPU offload", "no": "does not fit"}
 

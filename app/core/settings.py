@@ -26,6 +26,8 @@ THEMES: tuple[str, ...] = get_args(Theme)
 CONTEXT_POLICIES: tuple[str, ...] = get_args(ContextPolicy)
 
 SETTINGS_VERSION = 1
+DEFAULT_PARALLEL = 4  # replies a server decodes together where the model can (llama-server's --parallel)
+MAX_PARALLEL = 16  # the most `hearth serve --parallel`, `hearth plan --parallel` and the window's server take
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ class Settings:
     ] = None
     # the window's Server switch listens on 127.0.0.1 at this port (0 = any free port)
     server_port: Annotated[int, Field(ge=0, le=65535), Rule("server port", "0 to 65535")] = 8080
+    # replies that server decodes together where the model can (each with its own KV cache)
+    server_parallel: Annotated[
+        int, Field(ge=1, le=MAX_PARALLEL), Rule("replies decoded together", f"1 to {MAX_PARALLEL}")
+    ] = DEFAULT_PARALLEL
     # Safety opt-ins: only a JSON `true` switches them on (strict bool); anything else is an error.
     allow_pickle: Annotated[bool, Rule("allow pickle")] = False
     trust_remote_code: Annotated[bool, Rule("trust remote code")] = False

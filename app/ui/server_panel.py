@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.settings import MAX_PARALLEL
 from app.ui.settings_store import SettingsStore
 from app.ui.worker import WorkerHost
 
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
 DEPTH_EVERY_MS = 250
 MAX_LOG_ROWS = 500
 LOG_COLUMNS = ("Time", "Endpoint", "Status", "Prompt", "Cached", "Out", "TTFT ms", "tok/s")
+PARALLEL_TOOLTIP = (
+    "Replies decoded together for programs using the server: each step reads the weights once for all of them, "
+    "each reply has its own KV cache. Only the torch-free runtime on a GGUF file decodes replies together; other "
+    "runtimes answer one at a time. Your own chats always go first."
+)
 LOOPBACK_NOTE = (
     "Only programs on this computer can connect (127.0.0.1, no API key). To serve other machines, run "
     "`hearth serve --allow-network --api-key-name NAME` instead: the key is kept in the system keyring."
@@ -74,6 +80,16 @@ class ServerPanel(QWidget):
         port_row.addStretch(1)
         layout.addLayout(port_row)
 
+        parallel_row = QHBoxLayout()
+        parallel_row.addWidget(QLabel("Replies at once"))
+        self.parallel = QSpinBox()
+        self.parallel.setRange(1, MAX_PARALLEL)
+        self.parallel.setValue(settings.current.server_parallel)
+        self.parallel.setToolTip(PARALLEL_TOOLTIP)
+        parallel_row.addWidget(self.parallel)
+        parallel_row.addStretch(1)
+        layout.addLayout(parallel_row)
+
         address_row = QHBoxLayout()
         self.address = QLineEdit()
         self.address.setReadOnly(True)
@@ -91,6 +107,7 @@ class ServerPanel(QWidget):
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout.addWidget(self.status)
         self.depth_label = QLabel("")
+        self.depth_label.setWordWrap(True)  # the side panel is narrow: never cut the line
         layout.addWidget(self.depth_label)
         note = QLabel(LOOPBACK_NOTE)
         note.setWordWrap(True)
@@ -124,10 +141,10 @@ class ServerPanel(QWidget):
         if on and self.state == "off":
             self._set_state("starting")
             self.status.setText("Starting…")
-            port = self.port.value()
-            if port != self.settings.current.server_port:
-                self.settings.update(server_port=port)  # remembered for the next run
-            self.host.start_server(port)
+            port, parallel = self.port.value(), self.parallel.value()
+            if (port, parallel) != (self.settings.current.server_port, self.settings.current.server_parallel):
+                self.settings.update(server_port=port, server_parallel=parallel)  # remembered for the next run
+            self.host.start_server(port, parallel)
         elif not on and self.state in ("starting", "on"):
             self._set_state("stopping")
             self.status.setText("Stopping…")
@@ -136,6 +153,7 @@ class ServerPanel(QWidget):
     def _set_state(self, state: str) -> None:
         self.state = state
         self.port.setEnabled(state == "off")
+        self.parallel.setEnabled(state == "off")
         self.copy_button.setEnabled(state == "on")
         if state == "on":
             self.depth_timer.start()
@@ -182,8 +200,7 @@ class ServerPanel(QWidget):
         depth = self.host.server_depth()
         if depth is None:
             return
-        running, waiting = depth
-        self.depth_label.setText(f"Queue: {running} running, {waiting} waiting")
+        self.depth_label.setText(depth_text(*depth))
 
     @Slot(object)
     def _on_request(self, record: RequestRecord) -> None:
@@ -200,6 +217,12 @@ class ServerPanel(QWidget):
             if record.error:
                 item.setToolTip(record.error)
             table.setItem(0, column, item)
+
+
+def depth_text(running: int, waiting: int, together: int) -> str:
+    """The queue line: what runs, what waits, and how many the model decodes together (1: one at a time)."""
+    shared = f"up to {together} together" if together > 1 else "one at a time"
+    return f"Queue: {running} running, {waiting} waiting ({shared})"
 
 
 def log_row(record: Any) -> tuple[str, ...]:

@@ -132,9 +132,11 @@ class WindowServer:
         on_request: Callable[[RequestRecord], None],
         stop_requested: threading.Event,
         max_waiting: int = MAX_WAITING,
+        parallel: int = 1,
     ) -> None:
         self.backend = backend
         self.max_waiting = max_waiting
+        self.parallel = parallel  # asked for; the model's max_batch caps it (1 where it has no batched step)
         self.model = SharedModel(backend)
         self.on_request = on_request
         self.handle: ServerHandle | None = None
@@ -147,7 +149,8 @@ class WindowServer:
             from app.core.server import ServerConfig, ServerHandle
 
             handle = ServerHandle(
-                ServerConfig(host=LOOPBACK, port=port, max_queue=self.max_waiting), on_request=self.on_request
+                ServerConfig(host=LOOPBACK, port=port, max_queue=self.max_waiting, parallel=self.parallel),
+                on_request=self.on_request,
             )
             address = handle.start(self.model)
         except ImportError as exc:  # a build without the HTTP stack (uvicorn is imported by start)
@@ -172,13 +175,13 @@ class WindowServer:
             handle.stop()
         self.model.apply_forgets()
 
-    def depth(self) -> tuple[int, int]:
-        """(running, waiting) requests, thread-safe."""
+    def depth(self) -> tuple[int, int, int]:
+        """(running, waiting, decoded together at most) requests, thread-safe."""
         handle = self.handle
         request_queue = handle.queue if handle is not None else None
         if request_queue is None:
-            return (0, 0)
-        return (request_queue.running, request_queue.waiting)
+            return (0, 0, 1)
+        return (request_queue.running, request_queue.waiting, request_queue.parallel)
 
     def memory(self) -> MemoryReading | None:
         """The last reading the queue's thread took (the worker must not read the backend while serving)."""

@@ -285,8 +285,9 @@ class InferenceWorker(QObject):
 
     # --- the window's server -------------------------------------------------------------------------------------
     @Slot(int)
-    def start_server(self, port: int) -> None:
-        """Serve the loaded model on 127.0.0.1:`port` (0 = any free port)."""
+    def start_server(self, port: int, parallel: int = 1) -> None:
+        """Serve the loaded model on 127.0.0.1:`port` (0 = any free port), up to `parallel` replies decoded together
+        where the model can."""
         self.server_stop_requested.clear()
         if self._server is not None:
             self.server_started.emit(self._server.address)
@@ -294,7 +295,7 @@ class InferenceWorker(QObject):
         if self._backend is None:
             self.server_failed.emit(NO_MODEL_MESSAGE)
             return
-        server = WindowServer(self._backend, self._on_server_request, self.server_stop_requested)
+        server = WindowServer(self._backend, self._on_server_request, self.server_stop_requested, parallel=parallel)
         try:
             address = server.start(port)
         except HearthError as exc:
@@ -312,8 +313,9 @@ class InferenceWorker(QObject):
         self._stop_server("")
         self.server_stop_requested.clear()
 
-    def server_depth(self) -> tuple[int, int] | None:
-        """(running, waiting) requests in the server's queue, or None when not serving. Thread-safe."""
+    def server_depth(self) -> tuple[int, int, int] | None:
+        """(running, waiting, decoded together at most) requests in the server's queue, or None when not serving.
+        Thread-safe."""
         server = self._server
         return server.depth() if server is not None else None
 
@@ -351,7 +353,7 @@ class WorkerHost(QObject):
     _generate_requested = Signal(object)
     _forget_requested = Signal(int)
     _shutdown_requested = Signal()
-    _start_server_requested = Signal(int)
+    _start_server_requested = Signal(int, int)
     _stop_server_requested = Signal()
 
     def __init__(
@@ -414,9 +416,10 @@ class WorkerHost(QObject):
     def forget(self, conversation_id: int) -> None:
         self._forget_requested.emit(conversation_id)
 
-    def start_server(self, port: int) -> None:
-        """Serve the loaded model on 127.0.0.1:`port`; the worker answers server_started or server_failed."""
-        self._start_server_requested.emit(port)
+    def start_server(self, port: int, parallel: int = 1) -> None:
+        """Serve the loaded model on 127.0.0.1:`port`, up to `parallel` replies decoded together where the model can;
+        the worker answers server_started or server_failed."""
+        self._start_server_requested.emit(port, parallel)
 
     def stop_server(self) -> None:
         """The worker answers server_stopped. A window reply waiting behind API clients does not delay it: the
@@ -424,7 +427,7 @@ class WorkerHost(QObject):
         self.worker.server_stop_requested.set()
         self._stop_server_requested.emit()
 
-    def server_depth(self) -> tuple[int, int] | None:
+    def server_depth(self) -> tuple[int, int, int] | None:
         return self.worker.server_depth()
 
     def shutdown(self, timeout_ms: int = 30_000) -> bool:

@@ -28,6 +28,8 @@ def test_missing_file_gives_defaults() -> None:
         ({"theme": "neon"}, "theme must be one of"),
         ({"context_length": 4}, "at least 16 tokens"),
         ({"server_port": 70000}, "server port.*0 to 65535"),
+        ({"server_parallel": 0}, "replies decoded together must be 1 to 16"),
+        ({"server_parallel": 17}, "replies decoded together must be 1 to 16"),
     ],
 )
 def test_bad_values_are_named(changes: dict[str, object], message: str) -> None:

@@ -113,7 +113,7 @@ def test_switch_serves_the_loaded_model_and_logs_each_request_with_its_stats(mak
     assert int(cells[3]) == record.prompt_tokens > 0
     assert cells[4] == "0" and cells[5] == "3"  # cached, completion tokens
     assert float(cells[7]) == pytest.approx(record.decode_tokens_per_s, rel=0.01)
-    assert panel.depth_label.text() == "Queue: 0 running, 0 waiting"
+    assert panel.depth_label.text() == "Queue: 0 running, 0 waiting (one at a time)"  # no batched step
 
     panel.copy_button.click()
     assert QApplication.clipboard().text() == address
@@ -148,7 +148,9 @@ def test_window_chat_answers_while_a_client_streams_both_through_the_one_queue(m
         with qtbot.waitSignal(window.reply_finished, timeout=30_000) as finished:
             window.chat.send("And you?")
             # The window's request waits its turn behind the client's stream, and the panel shows it waiting.
-            qtbot.waitUntil(lambda: panel.depth_label.text() == "Queue: 1 running, 1 waiting", timeout=10_000)
+            qtbot.waitUntil(
+                lambda: panel.depth_label.text() == "Queue: 1 running, 1 waiting (one at a time)", timeout=10_000
+            )
             gate.set()
     finally:
         gate.set()
@@ -208,7 +210,7 @@ def test_switching_off_while_the_window_waits_behind_a_client_runs_its_reply_at_
         assert started.wait(30)
         with qtbot.waitSignal(window.reply_finished, timeout=30_000) as finished:
             window.chat.send("Are you busy?")
-            qtbot.waitUntil(lambda: panel.depth_label.text().endswith("1 waiting"), timeout=10_000)
+            qtbot.waitUntil(lambda: "1 waiting" in panel.depth_label.text(), timeout=10_000)
             panel.switch.click()
     finally:
         streamer.join(30)
@@ -242,6 +244,26 @@ def test_the_port_is_a_setting_remembered_when_the_switch_is_used(make_window, q
     assert window.settings.server_port == 0
     assert panel.address.text() != "http://127.0.0.1:0/v1"  # 0 asked for any free port: the chosen one is shown
     assert int(panel.address.text().rsplit(":", 1)[1].removesuffix("/v1")) > 0
+
+
+class BatchingBackend(ScriptedBackend):
+    """A model that says it decodes up to 8 replies together (the torch-free runtime's cap)."""
+
+    max_batch = 8
+
+
+def test_replies_at_once_is_a_setting_the_window_s_server_decodes_with(make_window, qtbot) -> None:
+    window = make_window(BatchingBackend(), settings=Settings(server_parallel=3))
+    panel = window.server_panel
+    assert panel.parallel.value() == 3
+    panel.parallel.setValue(12)
+    switch_on(qtbot, panel)
+    assert window.settings.server_parallel == 12 and not panel.parallel.isEnabled()  # remembered, fixed while on
+    assert window.host.server_depth() == (0, 0, 8)  # the model's own cap bounds what was asked
+    qtbot.waitUntil(lambda: panel.depth_label.text() == "Queue: 0 running, 0 waiting (up to 8 together)")
+    with qtbot.waitSignal(panel.state_changed, timeout=30_000, check_params_cb=lambda s: s == "off"):
+        panel.switch.click()
+    assert panel.parallel.isEnabled()
 
 
 def test_switching_on_without_a_model_says_to_load_one(make_window, qtbot) -> None:
@@ -341,9 +363,9 @@ def test_the_windows_request_goes_before_the_clients_waiting_in_a_full_queue() -
         waiter = threading.Thread(target=lambda: window.extend(server.stream(hello, threading.Event())))
         waiter.start()
         deadline = time.monotonic() + 10
-        while server.depth() != (1, 2) and time.monotonic() < deadline:
+        while server.depth() != (1, 2, 1) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert server.depth() == (1, 2)  # the window's request is taken although clients filled the queue
+        assert server.depth() == (1, 2, 1)  # the window's request is taken although clients filled the queue
         gate.set()
         list(running)
         waiter.join(30)

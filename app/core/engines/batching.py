@@ -17,8 +17,6 @@ from typing import Any, Protocol, runtime_checkable
 from app.core.chat.events import Event
 from app.core.engines.backend import ModelInfo, ReplyRequest
 
-DEFAULT_PARALLEL = 4  # replies a server decodes together where the model can (llama-server's --parallel)
-MAX_PARALLEL = 16  # the most `hearth serve --parallel` and `hearth plan --parallel` take
 # Prompt tokens one batched step runs beside other replies' decode tokens: their next token waits for the whole
 # forward, so a long prompt is cut in chunks of this many (the running replies' streams slow, never stall); a step of
 # prompts alone takes PREFILL_CHUNK tokens, as a reply alone does.

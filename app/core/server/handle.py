@@ -15,12 +15,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from app.core.engines.batching import DEFAULT_PARALLEL, MAX_PARALLEL
 from app.core.errors import HearthError
 from app.core.server.api import Policy, RequestLog, RequestRecord, ServerApp
 from app.core.server.protocol import Limits
 from app.core.server.queue import RequestQueue, ServedModel
 from app.core.server.security import check_bind, check_cors_origins
+from app.core.settings import DEFAULT_PARALLEL, MAX_PARALLEL
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8080

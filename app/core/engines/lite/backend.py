@@ -34,7 +34,7 @@ from app.core.engines.backend import (
     ProgressCallback,
     ReplyRequest,
 )
-from app.core.engines.batching import DEFAULT_PARALLEL, BatchStep, NoRoomYet, ReplyItem
+from app.core.engines.batching import BatchStep, NoRoomYet, ReplyItem
 from app.core.engines.generation import token_ids
 from app.core.engines.kv_pool import MAX_POOLED, POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
 from app.core.engines.lite.engine import LiteEngine, LiteKV, eos_ids, load_tokenizer
@@ -81,6 +81,7 @@ from app.core.models.model_source import (
     resolve_model,
     weights_fingerprint,
 )
+from app.core.settings import DEFAULT_PARALLEL
 from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
