@@ -55,19 +55,24 @@ class TeamChooser:
     def __post_init__(self) -> None:
         self.largest = max(1, self.largest)
         self._interval = self.explore_every
-
-    def candidates(self) -> list[int]:
-        """Team sizes worth trying: the largest, halvings of it, and one."""
         sizes, size = [], self.largest
         while size > 1:
             sizes.append(size)
             size //= 2
-        return [*sizes, 1]
+        self._candidates = (*sizes, 1)  # asked for on every call: worked out once
+
+    def candidates(self) -> list[int]:
+        """Team sizes worth trying: the largest, halvings of it, and one."""
+        return list(self._candidates)
 
     @property
     def best(self) -> int:
-        measured = {size: value for size, value in self.average.items() if size in self.candidates()}
-        return min(measured, key=lambda size: measured[size]) if measured else self.largest
+        best, fastest = self.largest, None
+        for size in self._candidates:
+            value = self.average.get(size)
+            if value is not None and (fastest is None or value < fastest):
+                best, fastest = size, value
+        return best
 
     @property
     def size(self) -> int:
