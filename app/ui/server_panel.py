@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.engines.kv_pool import MAX_POOLED, POOL_MEMORY_SHARE
 from app.core.settings import MAX_PARALLEL
 from app.ui.settings_store import SettingsStore
 from app.ui.worker import WorkerHost
@@ -38,9 +39,11 @@ DEPTH_EVERY_MS = 250
 MAX_LOG_ROWS = 500
 LOG_COLUMNS = ("Time", "Endpoint", "Status", "Prompt", "Cached", "Out", "TTFT ms", "tok/s")
 PARALLEL_TOOLTIP = (
-    "Replies decoded together for programs using the server: each step reads the weights once for all of them, "
-    "each reply has its own KV cache. Only the torch-free runtime on a GGUF file decodes replies together; other "
-    "runtimes answer one at a time. Your own chats always go first."
+    "Replies decoded together for programs using the server: each step reads the weights once for all of them. "
+    f"Each reply has its own KV cache; together they take at most {POOL_MEMORY_SHARE:.0%} of the memory free when "
+    "the model was loaded, and a request beyond that waits for a running one to end. Only the torch-free runtime on "
+    f"a GGUF file decodes replies together (up to {MAX_POOLED}); other runtimes answer one at a time. Your own chats "
+    "always go first."
 )
 LOOPBACK_NOTE = (
     "Only programs on this computer can connect (127.0.0.1, no API key). To serve other machines, run "
