@@ -27,8 +27,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.engines.backend import ModelInfo
 from app.core.engines.kv_pool import MAX_POOLED, POOL_MEMORY_SHARE
 from app.core.settings import MAX_PARALLEL
+from app.ui.memory_panel import format_bytes
 from app.ui.settings_store import SettingsStore
 from app.ui.worker import WorkerHost
 
@@ -92,6 +94,13 @@ class ServerPanel(QWidget):
         parallel_row.addWidget(self.parallel)
         parallel_row.addStretch(1)
         layout.addLayout(parallel_row)
+        self.capacity = QLabel("")  # what the loaded model's runtime allows that many replies
+        self.capacity.setObjectName("Hint")
+        self.capacity.setWordWrap(True)
+        self.capacity.hide()
+        layout.addWidget(self.capacity)
+        self.model_info: ModelInfo | None = None
+        self.parallel.valueChanged.connect(self._show_capacity)
 
         address_row = QHBoxLayout()
         self.address = QLineEdit()
@@ -137,6 +146,9 @@ class ServerPanel(QWidget):
         worker.server_failed.connect(self._on_failed, queued)
         worker.server_stopped.connect(self._on_stopped, queued)
         worker.server_request.connect(self._on_request, queued)
+        worker.model_loaded.connect(self.set_model, queued)
+        worker.model_unloaded.connect(self._no_model, queued)
+        worker.load_failed.connect(self._no_model, queued)
 
     # -- the switch ---------------------------------------------------------------------------------------
     @Slot(bool)
@@ -198,6 +210,21 @@ class ServerPanel(QWidget):
         if self.address.text():
             QApplication.clipboard().setText(self.address.text())
 
+    @Slot(object)
+    def set_model(self, info: ModelInfo | None) -> None:
+        """The loaded model (None: none): what its runtime allows for the replies at once."""
+        self.model_info = info
+        self._show_capacity()
+
+    @Slot()
+    def _no_model(self) -> None:  # unloaded, or a load failed
+        self.set_model(None)
+
+    def _show_capacity(self) -> None:
+        text = capacity_text(self.model_info, self.parallel.value()) if self.model_info is not None else ""
+        self.capacity.setText(text)
+        self.capacity.setVisible(bool(text))
+
     # -- live state ----------------------------------------------------------------------------------------
     def _show_depth(self) -> None:
         depth = self.host.server_depth()
@@ -220,6 +247,22 @@ class ServerPanel(QWidget):
             if record.error:
                 item.setToolTip(record.error)
             table.setItem(0, column, item)
+
+
+def capacity_text(info: ModelInfo, asked: int) -> str:
+    """What `asked` replies at once come to on this model: one at a time where its runtime has no batched step, else
+    how many run together and how long each may be within the KV cache they may reserve."""
+    if info.replies_together <= 1:
+        return "This model's runtime answers one request at a time."
+    together = min(asked, info.replies_together)
+    capped = f" (this runtime's most: {info.replies_together})" if asked > info.replies_together else ""
+    if info.served_kv_budget_bytes <= 0 or info.kv_bytes_per_token <= 0:
+        return f"{together} replies decoded together{capped}."
+    each = min(info.context_window, info.served_kv_budget_bytes // (together * info.kv_bytes_per_token))
+    return (
+        f"{together} at once{capped}, each up to {each:,} tokens: their KV caches take at most "
+        f"{format_bytes(info.served_kv_budget_bytes)}. Longer requests wait for a turn."
+    )
 
 
 def depth_text(running: int, waiting: int, together: int) -> str:

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import openai
@@ -16,11 +17,11 @@ from PySide6.QtWidgets import QApplication
 
 from app.core.chat.events import ChatMessage, DoneEvent, Event
 from app.core.chat.sampling import SamplingParams
-from app.core.engines.backend import LoadRequest, ReplyRequest, ScriptedBackend
+from app.core.engines.backend import LoadRequest, ModelInfo, ReplyRequest, ScriptedBackend
 from app.core.engines.local import EngineBackend
 from app.core.server.queue import End, QueueFullError
 from app.core.settings import Settings
-from app.ui.server_panel import ServerPanel
+from app.ui.server_panel import ServerPanel, capacity_text
 from app.ui.serving import (
     NO_MODEL_MESSAGE,
     NO_SERVER_LIBRARIES_MESSAGE,
@@ -247,16 +248,35 @@ def test_the_port_is_a_setting_remembered_when_the_switch_is_used(make_window, q
 
 
 class BatchingBackend(ScriptedBackend):
-    """A model that says it decodes up to 8 replies together (the torch-free runtime's cap)."""
+    """A model that says it decodes up to 8 replies together (the torch-free runtime's cap), its served replies'
+    KV caches within 64 MiB at 16 KiB a token."""
 
     max_batch = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.info = replace(self.info, replies_together=8, served_kv_budget_bytes=64 << 20, kv_bytes_per_token=16 << 10)
+
+
+def test_what_replies_at_once_allow_is_said_in_the_runtime_s_terms() -> None:
+    info = ModelInfo("m", "Q4_1", "cpu", 8192, replies_together=8, served_kv_budget_bytes=64 << 20,
+                     kv_bytes_per_token=16 << 10)  # fmt: skip
+    assert capacity_text(info, 4) == (
+        "4 at once, each up to 1,024 tokens: their KV caches take at most 64.0 MiB. Longer requests wait for a turn."
+    )
+    assert capacity_text(info, 1).startswith("1 at once, each up to 4,096 tokens")
+    assert capacity_text(replace(info, served_kv_budget_bytes=1 << 40), 2).startswith("2 at once, each up to 8,192")
+    assert capacity_text(info, 12).startswith("8 at once (this runtime's most: 8), each up to 512 tokens")
+    assert capacity_text(replace(info, replies_together=1), 4) == "This model's runtime answers one request at a time."
 
 
 def test_replies_at_once_is_a_setting_the_window_s_server_decodes_with(make_window, qtbot) -> None:
     window = make_window(BatchingBackend(), settings=Settings(server_parallel=3))
     panel = window.server_panel
     assert panel.parallel.value() == 3
+    assert not panel.capacity.isHidden() and panel.capacity.text().startswith("3 at once, each up to 1,365 tokens")
     panel.parallel.setValue(12)
+    assert panel.capacity.text().startswith("8 at once (this runtime's most: 8)")
     switch_on(qtbot, panel)
     assert window.settings.server_parallel == 12 and not panel.parallel.isEnabled()  # remembered, fixed while on
     assert window.host.server_depth() == (0, 0, 8)  # the model's own cap bounds what was asked
@@ -264,6 +284,13 @@ def test_replies_at_once_is_a_setting_the_window_s_server_decodes_with(make_wind
     with qtbot.waitSignal(panel.state_changed, timeout=30_000, check_params_cb=lambda s: s == "off"):
         panel.switch.click()
     assert panel.parallel.isEnabled()
+    window.unload_model()
+    qtbot.waitUntil(lambda: panel.capacity.isHidden(), timeout=10_000)  # no model: nothing to say
+
+
+def test_a_model_that_answers_one_at_a_time_says_so_in_the_server_tab(make_window) -> None:
+    panel = make_window(ScriptedBackend()).server_panel
+    assert panel.capacity.text() == "This model's runtime answers one request at a time."
 
 
 def test_switching_on_without_a_model_says_to_load_one(make_window, qtbot) -> None:

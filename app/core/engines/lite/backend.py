@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -365,9 +365,14 @@ class LiteBackend:
 
     def __init__(self, engine: LiteEngine, info: ModelInfo) -> None:
         self.engine = engine
-        self.info = info
-        self._caches = ConversationCaches(engine.new_kv)
         budget = int(psutil.virtual_memory().available * POOL_MEMORY_SHARE)
+        self.info = replace(
+            info,
+            replies_together=self.max_batch,
+            served_kv_budget_bytes=budget,
+            kv_bytes_per_token=engine.model.config.kv_bytes_per_token,
+        )
+        self._caches = ConversationCaches(engine.new_kv)
         self._pool = PrefixKVPool(
             pool_size(budget, engine.model.config.kv_bytes_per_token, info.context_window), engine.new_kv
         )
