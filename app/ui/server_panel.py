@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.engines.backend import ModelInfo
-from app.core.engines.kv_pool import MAX_POOLED, POOL_MEMORY_SHARE
+from app.core.engines.kv_pool import MAX_POOLED, POOL_MEMORY_SHARE, tokens_each
 from app.core.settings import MAX_PARALLEL
 from app.ui.memory_panel import format_bytes
 from app.ui.settings_store import SettingsStore
@@ -258,7 +258,7 @@ def capacity_text(info: ModelInfo, asked: int) -> str:
     capped = f" (this runtime's most: {info.replies_together})" if asked > info.replies_together else ""
     if info.served_kv_budget_bytes <= 0 or info.kv_bytes_per_token <= 0:
         return f"{together} replies decoded together{capped}."
-    each = min(info.context_window, info.served_kv_budget_bytes // (together * info.kv_bytes_per_token))
+    each = tokens_each(info.served_kv_budget_bytes, info.kv_bytes_per_token, together, info.context_window)
     return (
         f"{together} at once{capped}, each up to {each:,} tokens: their KV caches take at most "
         f"{format_bytes(info.served_kv_budget_bytes)}. Longer requests wait for a turn."

@@ -284,7 +284,7 @@ class InferenceWorker(QObject):
                 log.exception("closing the model failed")
 
     # --- the window's server -------------------------------------------------------------------------------------
-    @Slot(int)
+    @Slot(int, int)
     def start_server(self, port: int, parallel: int = 1) -> None:
         """Serve the loaded model on 127.0.0.1:`port` (0 = any free port), up to `parallel` replies decoded together
         where the model can."""

@@ -42,6 +42,12 @@ def pool_size(budget_bytes: int, kv_bytes_per_token: int, context_window: int) -
     return max(1, min(MAX_POOLED, budget_bytes // per_cache))
 
 
+def tokens_each(budget_bytes: int, kv_bytes_per_token: int, replies: int, context_window: int) -> int:
+    """How long each of `replies` served replies may be (prompt plus reply) when their KV caches share the budget:
+    at most the context window."""
+    return min(context_window, budget_bytes // (max(replies, 1) * max(kv_bytes_per_token, 1)))
+
+
 class ConversationCaches(Generic[KV]):
     """The caches of the last MAX_KEPT_CACHES conversations used, by conversation id."""
 

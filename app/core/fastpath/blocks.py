@@ -228,7 +228,7 @@ class GGForward:
                 self.layer_args[index * len(STEP_LAYER) + offset] = fields.get(name)
         self.capacity = 0
         self.scratch = np.empty(0, dtype=np.float32)
-        self._scratch_needed: dict[tuple[int, int, int], int] = {}  # (rows, capacity, threads) -> floats
+        self._scratch_needed = ((0, 0, 0), 0)  # the last (rows, capacity, threads) asked about, and its floats
         self._threads_at = STEP_SIZES.index("threads")
 
     def bind_kv(self, keys: Sequence[int], values: Sequence[int], capacity: int) -> None:
@@ -248,10 +248,10 @@ class GGForward:
     def _scratch_for(self, tokens: int, capacity: int) -> tuple[int, int]:
         """The scratch buffer (grown when `tokens` rows over slabs of `capacity` positions need more): address, size."""
         key = (tokens, capacity, self.sizes[self._threads_at])
-        needed = self._scratch_needed.get(key)
-        if needed is None:  # asked of the library once per shape (a decode step asks every token)
-            needed = int(self.lib.hearth_gg_scratch_floats(ctypes.addressof(self.sizes), tokens, capacity))
-            self._scratch_needed[key] = needed
+        if key != self._scratch_needed[0]:  # a decode step asks the same shape token after token
+            floats = int(self.lib.hearth_gg_scratch_floats(ctypes.addressof(self.sizes), tokens, capacity))
+            self._scratch_needed = (key, floats)
+        needed = self._scratch_needed[1]
         if self.scratch.size < needed:
             self.scratch = np.empty(needed, dtype=np.float32)
         return self.scratch.ctypes.data, self.scratch.size

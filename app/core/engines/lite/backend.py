@@ -36,7 +36,14 @@ from app.core.engines.backend import (
 )
 from app.core.engines.batching import BatchStep, NoRoomYet, ReplyItem
 from app.core.engines.generation import token_ids
-from app.core.engines.kv_pool import MAX_POOLED, POOL_MEMORY_SHARE, ConversationCaches, PrefixKVPool, pool_size
+from app.core.engines.kv_pool import (
+    MAX_POOLED,
+    POOL_MEMORY_SHARE,
+    ConversationCaches,
+    PrefixKVPool,
+    pool_size,
+    tokens_each,
+)
 from app.core.engines.lite.engine import LiteEngine, LiteKV, eos_ids, load_tokenizer
 from app.core.engines.lite.gguf_model import (
     GGUFModel,
@@ -266,7 +273,7 @@ def serving_note(config: LiteConfig, free: int, replies: int = 1, window: int = 
     several replies of `window` tokens, how many of them the budget runs together."""
     budget = int(free * POOL_MEMORY_SHARE)
     together = replies if replies > 1 else DEFAULT_PARALLEL
-    each = min(config.context_window, budget // (together * config.kv_bytes_per_token))
+    each = tokens_each(budget, config.kv_bytes_per_token, together, config.context_window)
     note = (
         f"served (`hearth serve`): replies decoded together reserve at most {format_bytes(budget)} of KV cache, a "
         f"quarter of the memory free at load: {together} at once of up to {each:,} tokens each (prompt plus "

@@ -3196,6 +3196,14 @@ static void rope_pairs(float *v, const float *cosv, const float *sinv, int half)
     }
 }
 
+/* One head's RoPE in the model's layout: adjacent pairs (`pairs`, GGUF's llama) or the two halves. */
+static inline void rope_head(float *v, const float *cosv, const float *sinv, int half, int pairs) {
+    if (pairs)
+        rope_pairs(v, cosv, sinv, half);
+    else
+        rope(v, cosv, sinv, half);
+}
+
 #if HEARTH_AVX2
 /* e^x for 8 lanes of x <= 0 (softmax weights: a score minus its chunk's max): x = n ln2 + r with |r| <= ln2 / 2,
  * e^r by a degree-6 polynomial (Cephes' expf coefficients: within 1 ulp of expf on every 64th float of [-100, 0]),
@@ -3565,7 +3573,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                            * them. So a step's attention needs no barrier of its own. */
                 const int64_t pos = row_pos(rk, 0), cap = row_cap(rk, 0);
                 const int64_t chunks = (pos + 1 + SPAN - 1) / SPAN;
-                const char *kslab = row_slab(rk, p, n_layers, l, 0, 0), *vslab = row_slab(rk, p, n_layers, l, 0, 1);
+                char *kslab = row_slab(rk, p, n_layers, l, 0, 0), *vslab = row_slab(rk, p, n_layers, l, 0, 1);
                 float *my_q = s.qblock + (int64_t)tid * group * hd;
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t unit = 0; unit < kv_heads * chunks; unit++) {
@@ -3573,20 +3581,12 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                     const int64_t t1 = t0 + SPAN < pos + 1 ? t0 + SPAN : pos + 1;
                     const int64_t slot = g * group * chunks_max + c;
                     memcpy(my_q, s.qkv + g * group * hd, (size_t)group * hd * sizeof(float));
-                    for (int j = 0; j < group; j++) {
-                        if (pairs)
-                            rope_pairs(my_q + (int64_t)j * hd, s.cosv, s.sinv, half);
-                        else
-                            rope(my_q + (int64_t)j * hd, s.cosv, s.sinv, half);
-                    }
+                    for (int j = 0; j < group; j++) rope_head(my_q + (int64_t)j * hd, s.cosv, s.sinv, half, pairs);
                     if (c == chunks - 1) {
                         float *key = s.qkv + (int64_t)(heads + g) * hd, *value = s.qkv + (int64_t)(heads + kv_heads + g) * hd;
-                        if (pairs)
-                            rope_pairs(key, s.cosv, s.sinv, half);
-                        else
-                            rope(key, s.cosv, s.sinv, half);
-                        store_kv(row_slab(rk, p, n_layers, l, 0, 0), kv_bf16, (g * cap + pos) * hd, key, hd);
-                        store_kv(row_slab(rk, p, n_layers, l, 0, 1), kv_bf16, (g * cap + pos) * hd, value, hd);
+                        rope_head(key, s.cosv, s.sinv, half, pairs);
+                        store_kv(kslab, kv_bf16, (g * cap + pos) * hd, key, hd);
+                        store_kv(vslab, kv_bf16, (g * cap + pos) * hd, value, hd);
                     }
                     attend_chunk(my_q, group, kslab + (size_t)g * cap * hd * elem, vslab + (size_t)g * cap * hd * elem,
                                  kv_bf16, hd, t0, t1, attn_scale, my_scores, s.pmax + slot, s.psum + slot,
@@ -3610,12 +3610,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                     const int64_t i = unit / units;
                     const int u = (int)(unit % units);
                     float *out = s.qkv + i * units * hd + (int64_t)u * hd;
-                    if (u < heads + kv_heads) {
-                        if (pairs)
-                            rope_pairs(out, s.cosv + i * half, s.sinv + i * half, half);
-                        else
-                            rope(out, s.cosv + i * half, s.sinv + i * half, half);
-                    }
+                    if (u < heads + kv_heads) rope_head(out, s.cosv + i * half, s.sinv + i * half, half, pairs);
                     if (u >= heads) {
                         const int is_v = u >= heads + kv_heads, head = (u - heads) % kv_heads;
                         store_kv(row_slab(rk, p, n_layers, l, i, is_v), kv_bf16, ((int64_t)head * row_cap(rk, i) + row_pos(rk, i)) * hd,
