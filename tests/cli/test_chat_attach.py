@@ -161,7 +161,7 @@ def test_chat_attach_end_to_end_in_a_subprocess(tmp_path: Path) -> None:
     pdf = write_pdf(tmp_path / "notes.pdf", ["Meeting notes about the weather station.", SECRET])
     result = subprocess.run(
         [
-            *(sys.executable, "-m", "app", "chat", "--json", "-t", "0", "--quant", "bf16", "--max-tokens", "14"),
+            *(sys.executable, "-m", "app", "chat", "--json", "-t", "0", "--max-tokens", "14"),  # the default runtime
             *("--no-response-cache", "--attach", str(pdf), QUESTION),
         ],
         capture_output=True,

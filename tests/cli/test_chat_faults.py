@@ -15,6 +15,7 @@ import pytest
 
 from app.core.chat.response_cache import CachedReply, ResponseCache
 from tests.helpers.full_disk import fill, small_filesystem
+from tests.helpers.kernel_cache import seed_kernel
 
 REPO = Path(__file__).resolve().parents[2]
 ESCAPE = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
@@ -61,7 +62,7 @@ def test_library_warnings_go_to_the_log_file_not_the_terminal(tmp_path: Path) ->
     """2.10: a damaged response cache is logged as a WARNING (to hearth.log) and told as a `hearth: note:`; the raw
     WARNING line reaches the terminal only with --verbose."""
     cache = tmp_path / "cache"
-    cache.mkdir()
+    seed_kernel(cache)
     (cache / "responses.sqlite").write_bytes(b"not a database at all" * 100)
     args = ("chat", "-t", "0", "--max-tokens", "3", "Hi")  # the default model, on the torch-free runtime
     quiet = hearth(*args, home=tmp_path / "home", cache=cache)

@@ -127,6 +127,27 @@ def compiled_before(compiled_only: Path, compiled_once: Path) -> Path:
     return compiled_only
 
 
+@pytest.fixture
+def compiles_by_copy(monkeypatch: pytest.MonkeyPatch, compiled_once: Path) -> list[list[str]]:
+    """kernel._compile publishes a copy of compiled_once's library instead of running the compiler (7 s at -O1): these
+    tests are about what happens around a compile (the checks, the quarantine, the notices), and the compile itself
+    has its own tests (other compilers, assemblers and targets, in a fresh process too). Returns the flags of every
+    compile asked for."""
+    (library,) = compiled_once.glob("hearth_decode-*.so")
+    asked: list[list[str]] = []
+
+    def copy(compiler: str, flags: list[str], target: Path) -> str:
+        asked.append(flags)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+        shutil.copyfile(library, partial)
+        integrity.publish(partial, target)
+        return ""
+
+    monkeypatch.setattr(kernel, "_compile", copy)
+    return asked
+
+
 @pytest.fixture(scope="module")
 def prebuilt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (IS_X86 and HAS_CC):
@@ -158,7 +179,11 @@ def with_flags(monkeypatch: pytest.MonkeyPatch, flags: frozenset[str]) -> None:
 @needs_kernel
 @pytest.mark.parametrize("case", list(LIBRARY_DAMAGE))
 def test_a_damaged_compiled_library_is_moved_aside_rebuilt_and_never_loaded(
-    case: str, default_loaded: Any, compiled_before: Path, dlopened: list[tuple[Path, str]]
+    case: str,
+    default_loaded: Any,
+    compiled_before: Path,
+    dlopened: list[tuple[Path, str]],
+    compiles_by_copy: list[list[str]],
 ) -> None:
     clean = Engine(default_loaded)
     assert clean.decode_path == "fused-q4", clean.decode_path_note
@@ -180,6 +205,7 @@ def test_a_damaged_compiled_library_is_moved_aside_rebuilt_and_never_loaded(
     assert hashlib.sha256(damaged).hexdigest() not in {digest for _, digest in dlopened}
     assert kernel.load_library() is not None and engine.path.fused is not None
     assert engine.path.fused.native.threaded  # the same OpenMP kernel again, not a silent single-threaded one
+    assert len(compiles_by_copy) == 1 and "-fopenmp" in compiles_by_copy[0]
 
 
 @needs_kernel
@@ -201,7 +227,9 @@ def test_a_cut_short_library_no_longer_crashes_the_next_process(compiled_before:
 
 
 @needs_kernel
-def test_a_library_whose_checksum_file_is_gone_is_rebuilt(default_loaded: Any, compiled_before: Path) -> None:
+def test_a_library_whose_checksum_file_is_gone_is_rebuilt(
+    default_loaded: Any, compiled_before: Path, compiles_by_copy: list[list[str]]
+) -> None:
     assert isinstance(kernel.load_library(), kernel.NativeLibrary)
     (library,) = (compiled_before / "native").glob("hearth_decode-*.so")
     integrity.sidecar(library).unlink()
@@ -209,11 +237,15 @@ def test_a_library_whose_checksum_file_is_gone_is_rebuilt(default_loaded: Any, c
     assert isinstance(kernel.load_library(), kernel.NativeLibrary)
     (notice,) = kernel.take_library_notices()
     assert "its checksum file is missing" in notice and integrity.verify(library) is not None
+    assert len(compiles_by_copy) == 1
 
 
 @needs_kernel
 def test_a_library_that_changes_after_it_was_written_is_not_loaded(
-    compiled_only: Path, monkeypatch: pytest.MonkeyPatch, dlopened: list[tuple[Path, str]]
+    compiled_only: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    dlopened: list[tuple[Path, str]],
+    compiles_by_copy: list[list[str]],
 ) -> None:
     real_publish = integrity.publish
 
@@ -225,7 +257,7 @@ def test_a_library_that_changes_after_it_was_written_is_not_loaded(
     monkeypatch.setattr(integrity, "publish", publish_then_damage)
     found = kernel.load_library()
     assert isinstance(found, str) and "changed before it could be loaded" in found
-    assert dlopened == []
+    assert dlopened == [] and len(compiles_by_copy) == 2  # with OpenMP, then without: neither loaded
 
 
 # -- packed copies ---------------------------------------------------------------------------------------------------
@@ -365,6 +397,8 @@ def test_a_damaged_prebuilt_library_is_never_loaded_and_the_next_target_is(
     prebuilt: Path, monkeypatch: pytest.MonkeyPatch, dlopened: list[tuple[Path, str]]
 ) -> None:
     with_flags(monkeypatch, AVX512_CPU)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no compiler to fall back on: the prebuilt choice alone
+    monkeypatch.delenv("CC", raising=False)
     best = prebuilt / "hearth_decode-x86-64-avx512.so"
     damage(best, flipped(best.read_bytes(), 2000))
     monkeypatch.setattr(kernel, "_load", lambda path, *args: f"(test) would load {path.name}")
