@@ -272,7 +272,7 @@ class TorchSampler:
     def pick(self, logits: torch.Tensor) -> int:
         if self.processors:
             # In float64: a repetition penalty or temperature near 0 (1e-300) must not make float32 infinities.
-            logits = self.processors(self.seen, logits.double())  # type: ignore[arg-type]
+            logits = self.processors(self.seen, logits.double())
         if self.generator is None:
             return greedy_pick(logits)
         probs = torch.softmax(logits, dim=-1)

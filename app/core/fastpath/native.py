@@ -335,7 +335,7 @@ class FusedDecoder:
 
     def step(self, token: int, cache: DynamicCache) -> torch.Tensor:
         """Run `token` at the cache's next position; returns the next token's logits [1, vocab] (fp32)."""
-        layers: list[SlabLayer] = cache.layers  # type: ignore[assignment]
+        layers: list[SlabLayer] = cache.layers
         position = layers[0].length
         arena = layers[0].arena
         bound = self._bound

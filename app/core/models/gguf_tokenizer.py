@@ -91,7 +91,7 @@ def load_gguf_tokenizer(path: Path) -> Any:
     # tokenizer_object= would deep-copy the backend (1.1 s at 128k tokens); __init__ keeps one already set instead.
     tokenizer = TokenizersBackend.__new__(TokenizersBackend)
     tokenizer._tokenizer = backend
-    tokenizer.__init__(name_or_path=str(path.parent), **config, **extra)  # type: ignore[misc]
+    tokenizer.__init__(name_or_path=str(path.parent), **config, **extra)
     return tokenizer
 
 

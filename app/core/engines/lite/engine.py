@@ -49,8 +49,9 @@ def load_tokenizer(folder: Path) -> Any:
         raise LiteUnavailable(f"tokenizer class {name} is not in this transformers") from exc
     if not (isinstance(tokenizer_class, type) and issubclass(tokenizer_class, base)):
         raise LiteUnavailable(f"tokenizer class {name} is not a tokenizers-backed one")
+    loader: Any = tokenizer_class  # a transformers class (Any to mypy: pyproject.toml)
     try:
-        return tokenizer_class.from_pretrained(folder)
+        return loader.from_pretrained(folder)
     except (OSError, ValueError) as exc:
         raise LiteUnavailable(f"its tokenizer could not be loaded ({exc})") from exc
 
