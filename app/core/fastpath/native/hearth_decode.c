@@ -2418,7 +2418,8 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
     for (int k = 0; k < count; k++) acc[k] = off[k] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; b++) {
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
-        _mm_prefetch((const char *)blk + 2 * block_bytes, _MM_HINT_T0);
+        if (x16_small(type) || type == GG_Q8_0_X16) /* the whole block, PREFETCH_BYTES ahead (K-quants: by step) */
+            for (int64_t o = 0; o < block_bytes; o += 64) _mm_prefetch((const char *)blk + PREFETCH_BYTES + o, _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         if (x16_small(type)) { /* low nibbles: values 4i.., high: 16 + 4i..; Q4_0's -8 (Q5_0's -16) off the sum (exact) */
             const uint8_t *qs = blk + x16_qs(type);
@@ -2510,7 +2511,8 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                             for (int tt = 0; tt < together; tt++) ia[k][tt] = la[k][tt] = _mm512_setzero_si512();
                         for (int i = 4 * s; i < 4 * s + 4; i++) {
                             const uint8_t *v = qv + 192 * (8 * h + i);
-                            if (t0 == 0) _mm_prefetch((const char *)v + 4 * block_bytes, _MM_HINT_T0);
+                            if (t0 == 0) /* the step's three vectors */
+                                for (int o = 0; o < 192; o += 64) _mm_prefetch((const char *)v + 4 * block_bytes + o, _MM_HINT_T0);
                             const __m512i ql0 = _mm512_loadu_si512((const void *)v);
                             const __m512i ql1 = _mm512_loadu_si512((const void *)(v + 64));
                             const __m512i qh = _mm512_loadu_si512((const void *)(v + 128));
@@ -2572,6 +2574,8 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
     const __m256i low4 = _mm256_set1_epi8(15), bits45 = _mm256_set1_epi8(0x30);
     for (int b = 0; b < blocks; b++) {
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
+        if (half == 0 && (x16_small(type) || type == GG_Q8_0_X16)) /* as the AVX-512 loop; half 1 finds it cached */
+            for (int64_t o = 0; o < block_bytes; o += 64) _mm_prefetch((const char *)blk + PREFETCH_BYTES + o, _MM_HINT_T0);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
         if (x16_small(type)) { /* the AVX-512 loop's sums, in int16 while they fit (a step's two maddubs are at most
                                 * 2 * 2 * 15 * 127 for nibbles, four steps in all; 2 * 2 * 31 * 127 for 5 bits, two) */
@@ -2676,7 +2680,8 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                                 for (int tt = 0; tt < together; tt++) s16[k][tt] = l16[k][tt] = _mm256_setzero_si256();
                             for (int step = i; step < i + 2; step++) {
                                 const uint8_t *v = qv + 192 * (8 * h + step);
-                                if (t0 == 0) _mm_prefetch((const char *)v + 4 * block_bytes, _MM_HINT_T0);
+                                if (t0 == 0 && half == 0) /* the step's three vectors */
+                                    for (int o = 0; o < 192; o += 64) _mm_prefetch((const char *)v + 4 * block_bytes + o, _MM_HINT_T0);
                                 const __m256i ql0 = _mm256_loadu_si256((const __m256i *)v);
                                 const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(v + 64));
                                 const __m256i qh = _mm256_loadu_si256((const __m256i *)(v + 128));
