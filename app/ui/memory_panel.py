@@ -15,6 +15,8 @@ from PySide6.QtGui import QColor, QFontMetrics, QHelpEvent, QPainter, QPainterPa
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from app.core.engines.backend import ContextUsage, MemoryReading
+from app.core.engines.kv_pool import tokens_each
+from app.core.settings import DEFAULT_PARALLEL
 from app.ui.theme import Palette
 
 
@@ -232,6 +234,8 @@ class MemoryPanel(QWidget):
         self.earlier_turns: int | None = None
         self.estimate = False
         self.plan_summary = ""
+        self.plan: Any = None  # the last plan shown, redrawn when the served replies asked for change
+        self.served_replies = DEFAULT_PARALLEL  # the Server tab's "Replies at once" (app/ui/window_panels.py)
         self.set_context(None)
 
     def _clear_prompt_cache(self) -> None:
@@ -339,16 +343,26 @@ class MemoryPanel(QWidget):
         max_context = getattr(plan, "max_context", None)
         if max_context:
             lines.append(f"largest context that fits: {int(max_context):,} tokens")
+        lines.append(served_line(plan, self.served_replies))
+        self.plan = plan
         self.plan_label.setText("<br>".join(lines))
         self.plan_summary = verdict.get(fits, "")
         self._summary_changed()
 
+    def set_served_replies(self, replies: int) -> None:
+        """How many replies at once the server is asked for: the plan's served line follows it."""
+        self.served_replies = replies
+        if self.plan is not None:
+            self.set_plan(self.plan)
+
     def set_plan_message(self, text: str) -> None:
+        self.plan = None
         self.plan_label.setText(text)
         self.plan_summary = ""
         self._summary_changed()
 
     def set_plan_pending(self) -> None:
+        self.plan = None
         self.plan_label.setText(PLAN_PENDING)
         self.plan_summary = "Memory: checking the fit…"
         self._summary_changed()
@@ -376,6 +390,23 @@ class MemoryPanel(QWidget):
 
     def _summary_changed(self) -> None:
         self.summary_changed.emit(self.summary())
+
+
+def served_line(plan: Any, asked: int) -> str:
+    """What serving this model would take, before it loads: one request at a time where its runtime has no batched
+    step, else how many of the `asked` replies run together and how long each may be within the KV memory they may
+    reserve (the Server tab says the same after loading)."""
+    most = int(getattr(plan, "served_together", 1) or 1)
+    if most <= 1:
+        return "served: one request at a time"
+    together = max(1, min(asked, most))
+    replies = "one reply at a time" if together == 1 else f"{together} replies at once"
+    budget, per_token = int(getattr(plan, "served_kv_budget_bytes", 0)), int(getattr(plan, "kv_bytes_per_token", 0))
+    if budget <= 0 or per_token <= 0:
+        return f"served: {replies}"
+    each = tokens_each(budget, per_token, together, int(getattr(plan, "context", 0)) or 1)
+    length = "up to" if together == 1 else "each up to"
+    return f"served: {replies}, {length} {each:,} tokens (KV at most {format_bytes(budget)})"
 
 
 def context_caption(usage: ContextUsage) -> str:

@@ -82,6 +82,9 @@ class WindowPanels(QObject):
         self.memory_panel = memory_panel
         self.server_panel = server_panel
         self.summary = summary
+        # The plan before loading says what serving would take at the Server tab's "Replies at once"
+        memory_panel.set_served_replies(server_panel.parallel.value())
+        server_panel.parallel.valueChanged.connect(memory_panel.set_served_replies)
 
         self.side_tabs = QTabWidget()
         self.side_tabs.setObjectName("SidePanel")

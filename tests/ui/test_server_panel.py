@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import openai
@@ -286,6 +287,18 @@ def test_replies_at_once_is_a_setting_the_window_s_server_decodes_with(make_wind
     assert panel.parallel.isEnabled()
     window.unload_model()
     qtbot.waitUntil(lambda: panel.capacity.isHidden(), timeout=10_000)  # no model: nothing to say
+
+
+def test_the_memory_tab_s_plan_follows_replies_at_once(make_window) -> None:
+    window = make_window(ScriptedBackend(), settings=Settings(server_parallel=3))
+    assert window.memory_panel.served_replies == 3
+    window.memory_panel.set_plan(
+        SimpleNamespace(fits="yes", served_together=8, served_kv_budget_bytes=2**30, kv_bytes_per_token=2**16,
+                        context=8192)
+    )  # fmt: skip
+    assert "served: 3 replies at once, each up to 5,461 tokens" in window.memory_panel.plan_label.text()
+    window.server_panel.parallel.setValue(6)
+    assert "served: 6 replies at once, each up to 2,730 tokens" in window.memory_panel.plan_label.text()
 
 
 def test_a_model_that_answers_one_at_a_time_says_so_in_the_server_tab(make_window) -> None:

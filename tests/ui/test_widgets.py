@@ -117,3 +117,22 @@ def test_memory_panel_shows_the_prompt_cache_and_clears_it(qtbot, tmp_path, monk
     assert panel.prompt_cache_label.text() == "Prompt cache cleared (2 blocks, 6.0 MiB)"
     panel.set_memory(MemoryReading((device,)))  # an engine that keeps none (torch, a remote one): no row
     assert not panel.prompt_cache_row.isVisibleTo(panel)
+
+
+def test_the_plan_before_loading_says_what_serving_would_take(qtbot) -> None:
+    panel = MemoryPanel(theme.LIGHT)
+    qtbot.addWidget(panel)
+    batched = SimpleNamespace(
+        fits="yes", served_together=8, served_kv_budget_bytes=2**30, kv_bytes_per_token=2**16, context=8192
+    )
+    panel.set_plan(batched)
+    assert "served: 4 replies at once, each up to 4,096 tokens (KV at most 1.0 GiB)" in panel.plan_label.text()
+    panel.set_served_replies(12)  # the runtime's own most bounds what is asked
+    assert "served: 8 replies at once, each up to 2,048 tokens" in panel.plan_label.text()
+    panel.set_served_replies(1)
+    assert "served: one reply at a time, up to 8,192 tokens" in panel.plan_label.text()
+    panel.set_plan(SimpleNamespace(fits="yes", total_bytes=2**30, free_bytes=2**33))  # a torch runtime's plan
+    assert panel.plan_label.text().endswith("served: one request at a time")
+    panel.set_plan_message("runs on the remote engine 'hosted'")
+    panel.set_served_replies(3)  # no plan shown: the message stays
+    assert panel.plan_label.text() == "runs on the remote engine 'hosted'"

@@ -43,6 +43,10 @@ class MemoryPlan:
     cpu_free_bytes: int | None = None  # the host's available memory, when offloading to it was considered
     notes: tuple[str, ...] = ()
     replies: int = 1  # replies planned at once, each with its own KV cache of `context` tokens (kv_bytes counts all)
+    # Served (`hearth serve`, the window's server): the most replies the runtime decodes together (1: one at a time)
+    # and the KV memory they may reserve between them (0 where one at a time: a reply's cache is the plan's own).
+    served_together: int = 1
+    served_kv_budget_bytes: int = 0
 
     def to_json_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -264,6 +264,8 @@ def memory_plan(
             *([serving_note(config, free, replies, window)] if gguf_type else []),
         ),
         replies=replies,
+        served_together=MAX_POOLED if gguf_type else 1,  # LiteBackend.max_batch: a packed copy has no batched step
+        served_kv_budget_bytes=int(free * POOL_MEMORY_SHARE) if gguf_type else 0,
     )
 
 

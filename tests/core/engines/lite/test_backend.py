@@ -118,5 +118,6 @@ def test_the_plan_before_loading_is_the_runtime_s_own(packed_default: str, monke
     assert plan.quantization == "q4" and plan.context == 4096 and plan.kv_dtype == "bf16"
     assert 94e6 < plan.weights_bytes < 96e6  # the packed copy (Q4_1 matrices, int8 lm_head) and the norms
     assert plan.kv_bytes == 4096 * 30 * 2 * 3 * 64 * 2 and plan.fits == "yes"
+    assert (plan.served_together, plan.served_kv_budget_bytes) == (1, 0)  # a packed copy serves one at a time
     monkeypatch.setenv("HEARTH_RUNTIME", "torch")
     assert lite_plan(LoadRequest(packed_default, device="cpu")) == "HEARTH_RUNTIME=torch"

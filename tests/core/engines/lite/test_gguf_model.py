@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from app.core.engines.backend import LoadRequest
-from app.core.engines.lite.backend import lite_candidate, lite_plan
+from app.core.engines.kv_pool import MAX_POOLED
+from app.core.engines.lite.backend import LiteBackend, lite_candidate, lite_plan
 from app.core.engines.lite.gguf_model import (
     PRECISE_ALL,
     PRECISE_INPUTS,
@@ -332,6 +333,23 @@ def test_a_cut_short_file_is_named_before_its_tensors_are_read(tmp_path: Path) -
     with pytest.raises(LiteUnavailable, match=r"cut\.gguf is an incomplete GGUF file"):
         open_gguf_model(path)
     assert "incomplete GGUF file" in gguf_support(path)
+
+
+def test_the_plan_says_what_serving_the_file_would_take(tmp_path: Path) -> None:
+    """Before loading: served replies decode together, up to the backend's own batch, within a quarter of the memory
+    stated free (what LiteBackend reserves from the memory free at load)."""
+    path = tiny_gguf(tmp_path / "plain.gguf", blocks.Q4_K)
+    plan = lite_plan(LoadRequest(model=str(path), quantization="auto", device="cpu"), free_bytes=8 << 30)
+    assert not isinstance(plan, str)
+    assert plan.served_together == MAX_POOLED and plan.served_kv_budget_bytes == 2 << 30
+    from app.core.engines.opening import open_backend
+
+    backend = open_backend(LoadRequest(model=str(path), quantization="auto", device="cpu", response_cache=False))
+    try:
+        assert isinstance(backend, LiteBackend) and backend.max_batch == plan.served_together
+        assert backend.info.replies_together == plan.served_together
+    finally:
+        backend.close()
 
 
 def test_a_load_writes_nothing_but_a_small_tokenizer_file_and_plans_the_files_bytes(
