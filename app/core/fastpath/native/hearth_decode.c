@@ -226,6 +226,9 @@ static inline void prefetch_rows(const char *ahead, int64_t bytes) {
  * block, so a row's dot product is sum_b d[b] * (int8 . int8)_b, done with maddubs (32 MACs in 2 instructions) instead
  * of converting every weight to float (measured: the float path ran at ~10 GB/s, below this CPU's ~25 GB/s). */
 #define QBLOCK 32
+/* How far ahead attention prefetches a bf16 K or V row: 16 positions of a 64-value head (a chunk's rows stream from
+ * memory once a context outgrows the caches). */
+#define KV_PREFETCH_BYTES 2048
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 8192 /* 2048-12288 measured; 8192 best on the 2-core Zen 3 (bench/engine_speed.py) */
 #endif
@@ -3266,6 +3269,8 @@ static void attend_values(float *out, const float *p, const char *vbase, int hd,
         for (int64_t t = t0; t < t1; t++) {
             const __m256 pp = _mm256_set1_ps(p[t - t0]);
             const uint16_t *row = (const uint16_t *)vbase + (size_t)t * hd + seg;
+            if (seg == 0) /* the whole row, a few positions ahead */
+                for (int o = 0; o < hd * 2; o += 64) _mm_prefetch((const char *)row + KV_PREFETCH_BYTES + o, _MM_HINT_T0);
             for (int b = 0; b < vectors; b++) acc[b] = _mm256_fmadd_ps(bf16x8(row + 8 * b), pp, acc[b]);
         }
         for (int b = 0; b < vectors; b++) _mm256_storeu_ps(out + seg + 8 * b, acc[b]);
@@ -3284,6 +3289,8 @@ static inline __attribute__((always_inline)) void attend_values_heads(int heads,
             for (int b = 0; b < 4; b++) acc[j][b] = _mm512_loadu_ps(out + j * out_step + seg + 16 * b);
         for (int64_t t = t0; t < t1; t++) {
             const uint16_t *row = (const uint16_t *)vbase + (size_t)t * hd + seg;
+            if (seg == 0) /* the whole row, a few positions ahead */
+                for (int o = 0; o < hd * 2; o += 64) _mm_prefetch((const char *)row + KV_PREFETCH_BYTES + o, _MM_HINT_T0);
             __m512 v[4];
             for (int b = 0; b < 4; b++)
                 v[b] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 16 * b))), 16));
@@ -3316,6 +3323,7 @@ static void attend_chunk(const float *q, int group, const char *kbase, const cha
         for (; t + 4 <= t1; t += 4) {
             float rows[4 * MAX_HEAD_DIM];
             const uint16_t *k = (const uint16_t *)(kbase + (size_t)t * hd * elem);
+            for (int o = 0; o < 4 * hd * 2; o += 64) _mm_prefetch((const char *)k + KV_PREFETCH_BYTES + o, _MM_HINT_T0);
             int i = 0;
             for (; i + 8 <= 4 * hd; i += 8) _mm256_storeu_ps(rows + i, bf16x8(k + i));
             for (; i < 4 * hd; i++) rows[i] = bf16_to_f32(k[i]);
