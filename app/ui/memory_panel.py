@@ -15,7 +15,7 @@ from PySide6.QtGui import QColor, QFontMetrics, QHelpEvent, QPainter, QPainterPa
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from app.core.engines.backend import ContextUsage, MemoryReading
-from app.core.engines.kv_pool import tokens_each
+from app.core.engines.kv_pool import served_split
 from app.core.settings import DEFAULT_PARALLEL
 from app.ui.theme import Palette
 
@@ -399,12 +399,12 @@ def served_line(plan: Any, asked: int) -> str:
     most = int(getattr(plan, "served_together", 1) or 1)
     if most <= 1:
         return "served: one request at a time"
-    together = max(1, min(asked, most))
+    budget = int(getattr(plan, "served_kv_budget_bytes", 0))
+    per_token, window = int(getattr(plan, "kv_bytes_per_token", 0)), int(getattr(plan, "context", 0)) or 1
+    together, each = served_split(most, asked, budget, per_token, window)
     replies = "one reply at a time" if together == 1 else f"{together} replies at once"
-    budget, per_token = int(getattr(plan, "served_kv_budget_bytes", 0)), int(getattr(plan, "kv_bytes_per_token", 0))
-    if budget <= 0 or per_token <= 0:
+    if each is None:
         return f"served: {replies}"
-    each = tokens_each(budget, per_token, together, int(getattr(plan, "context", 0)) or 1)
     length = "up to" if together == 1 else "each up to"
     return f"served: {replies}, {length} {each:,} tokens (KV at most {format_bytes(budget)})"
 

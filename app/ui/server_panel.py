@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.engines.backend import ModelInfo
-from app.core.engines.kv_pool import MAX_POOLED, POOL_MEMORY_SHARE, tokens_each
+from app.core.engines.kv_pool import MAX_POOLED, POOL_MEMORY_SHARE, served_split
 from app.core.settings import MAX_PARALLEL
 from app.ui.memory_panel import format_bytes
 from app.ui.settings_store import SettingsStore
@@ -252,13 +252,15 @@ class ServerPanel(QWidget):
 def capacity_text(info: ModelInfo, asked: int) -> str:
     """What `asked` replies at once come to on this model: one at a time where its runtime has no batched step, else
     how many run together and how long each may be within the KV cache they may reserve."""
-    if info.replies_together <= 1:
+    most = info.served_together
+    if most <= 1:
         return "This model's runtime answers one request at a time."
-    together = min(asked, info.replies_together)
-    capped = f" (this runtime's most: {info.replies_together})" if asked > info.replies_together else ""
-    if info.served_kv_budget_bytes <= 0 or info.kv_bytes_per_token <= 0:
+    together, each = served_split(
+        most, asked, info.served_kv_budget_bytes, info.kv_bytes_per_token, info.context_window
+    )
+    capped = f" (this runtime's most: {most})" if asked > most else ""
+    if each is None:
         return f"{together} replies decoded together{capped}."
-    each = tokens_each(info.served_kv_budget_bytes, info.kv_bytes_per_token, together, info.context_window)
     return (
         f"{together} at once{capped}, each up to {each:,} tokens: their KV caches take at most "
         f"{format_bytes(info.served_kv_budget_bytes)}. Longer requests wait for a turn."

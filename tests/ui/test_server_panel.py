@@ -256,11 +256,11 @@ class BatchingBackend(ScriptedBackend):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.info = replace(self.info, replies_together=8, served_kv_budget_bytes=64 << 20, kv_bytes_per_token=16 << 10)
+        self.info = replace(self.info, served_together=8, served_kv_budget_bytes=64 << 20, kv_bytes_per_token=16 << 10)
 
 
 def test_what_replies_at_once_allow_is_said_in_the_runtime_s_terms() -> None:
-    info = ModelInfo("m", "Q4_1", "cpu", 8192, replies_together=8, served_kv_budget_bytes=64 << 20,
+    info = ModelInfo("m", "Q4_1", "cpu", 8192, served_together=8, served_kv_budget_bytes=64 << 20,
                      kv_bytes_per_token=16 << 10)  # fmt: skip
     assert capacity_text(info, 4) == (
         "4 at once, each up to 1,024 tokens: their KV caches take at most 64.0 MiB. Longer requests wait for a turn."
@@ -268,7 +268,7 @@ def test_what_replies_at_once_allow_is_said_in_the_runtime_s_terms() -> None:
     assert capacity_text(info, 1).startswith("1 at once, each up to 4,096 tokens")
     assert capacity_text(replace(info, served_kv_budget_bytes=1 << 40), 2).startswith("2 at once, each up to 8,192")
     assert capacity_text(info, 12).startswith("8 at once (this runtime's most: 8), each up to 512 tokens")
-    assert capacity_text(replace(info, replies_together=1), 4) == "This model's runtime answers one request at a time."
+    assert capacity_text(replace(info, served_together=1), 4) == "This model's runtime answers one request at a time."
 
 
 def test_replies_at_once_is_a_setting_the_window_s_server_decodes_with(make_window, qtbot) -> None:

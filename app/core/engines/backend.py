@@ -104,7 +104,7 @@ class ModelInfo:
     tokenizer_file: str | None = None  # tokenizer.json, for torch-free token counts in the GUI
     # Served replies: how many the runtime decodes together (1: one at a time), and the KV cache they may reserve in
     # all (0: no limit of their own) at so many bytes a token. The window's Server tab shows what that allows.
-    replies_together: int = 1
+    served_together: int = 1
     served_kv_budget_bytes: int = 0
     kv_bytes_per_token: int = 0
 

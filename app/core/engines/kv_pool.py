@@ -48,6 +48,18 @@ def tokens_each(budget_bytes: int, kv_bytes_per_token: int, replies: int, contex
     return min(context_window, budget_bytes // (max(replies, 1) * max(kv_bytes_per_token, 1)))
 
 
+def served_split(
+    most: int, asked: int, budget_bytes: int, kv_bytes_per_token: int, context_window: int
+) -> tuple[int, int | None]:
+    """`asked` served replies at once on a runtime that decodes up to `most` together: how many run together, and how
+    long each may be within the KV budget they share (None where they have no budget of their own). What the Server
+    tab says of a loaded model and the Memory tab of a plan."""
+    together = max(1, min(asked, most))
+    if budget_bytes <= 0 or kv_bytes_per_token <= 0:
+        return together, None
+    return together, tokens_each(budget_bytes, kv_bytes_per_token, together, context_window)
+
+
 class ConversationCaches(Generic[KV]):
     """The caches of the last MAX_KEPT_CACHES conversations used, by conversation id."""
 

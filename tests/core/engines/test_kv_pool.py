@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.core.engines.engine import KVState
-from app.core.engines.kv_pool import PrefixKVPool, pool_size, shared_prefix
+from app.core.engines.kv_pool import PrefixKVPool, pool_size, served_split, shared_prefix
 
 
 def filled(ids: list[int]) -> KVState:
@@ -68,3 +68,9 @@ def test_a_held_cache_is_never_given_to_another_reply_nor_dropped() -> None:
     pool.release(third)
     assert pool.in_use == 0
     assert pool.take([1, 2, 3, 4]) is running  # free again: the prompt that extends it takes it
+
+
+def test_served_replies_split_the_budget_up_to_the_runtime_s_most() -> None:
+    assert served_split(8, 3, 3 << 20, 1024, 8192) == (3, 1024)
+    assert served_split(8, 12, 8 << 20, 1024, 512) == (8, 512)  # capped by the runtime, then by the window
+    assert served_split(8, 4, 0, 1024, 8192) == (4, None)  # no budget of their own

@@ -272,7 +272,7 @@ def lite_default() -> Iterator[LiteBackend]:
 
 def test_the_default_model_tells_the_window_what_served_replies_may_take(lite_default: LiteBackend) -> None:
     info = lite_default.info
-    assert info.replies_together == lite_default.max_batch > 1
+    assert info.served_together == lite_default.max_batch > 1
     assert info.served_kv_budget_bytes == lite_default.kv_budget_bytes > 0
     assert info.kv_bytes_per_token == lite_default.engine.model.config.kv_bytes_per_token > 0
 

@@ -377,7 +377,7 @@ class LiteBackend:
         budget = int(psutil.virtual_memory().available * POOL_MEMORY_SHARE)
         self.info = replace(
             info,
-            replies_together=self.max_batch,
+            served_together=self.max_batch,
             served_kv_budget_bytes=budget,
             kv_bytes_per_token=engine.model.config.kv_bytes_per_token,
         )

@@ -347,7 +347,7 @@ def test_the_plan_says_what_serving_the_file_would_take(tmp_path: Path) -> None:
     backend = open_backend(LoadRequest(model=str(path), quantization="auto", device="cpu", response_cache=False))
     try:
         assert isinstance(backend, LiteBackend) and backend.max_batch == plan.served_together
-        assert backend.info.replies_together == plan.served_together
+        assert backend.info.served_together == plan.served_together
     finally:
         backend.close()
 
