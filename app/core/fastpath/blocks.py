@@ -146,18 +146,21 @@ def repack_x16(
     threads: int,
     slice_bytes: int = 0,
     copied: Callable[[npt.NDArray[np.uint8]], None] | None = None,
+    out: npt.NDArray[np.uint8] | None = None,
 ) -> tuple[int, npt.NDArray[np.uint8]] | None:
     """The matrix in its 16-row layout (the same blocks' bits, rows interleaved 16 at a time so that one vector
     instruction steps 16 rows' dot products): (its type code, its bytes); None where it has none (x16_bytes). With
     `slice_bytes`, laid out that many bytes of `weights` at a time, each slice handed to `copied` once done (a load
-    releases the file's pages as it goes)."""
+    releases the file's pages as it goes). `out`: where to lay it out (x16_bytes long), else a new array."""
     size = x16_bytes(lib, kind, rows, cols)
     if size is None:
         return None
+    if out is not None and out.nbytes != size:
+        raise ValueError(f"the layout takes {size} bytes, not {out.nbytes}")
     in_row = row_bytes(kind, cols)
     if weights.nbytes < rows * in_row:
         raise ValueError(f"the {type_name(kind)} tensor holds {weights.nbytes} bytes, not {rows} rows of {cols}")
-    out = np.empty(size, dtype=np.uint8)
+    out = np.empty(size, dtype=np.uint8) if out is None else out
     out_row = size // rows
     step = max(X16_ROWS, slice_bytes // in_row // X16_ROWS * X16_ROWS) if slice_bytes else rows
     code = -1

@@ -29,6 +29,7 @@ from app.core.engines.lite.runtime import (
 )
 from app.core.errors import HearthError
 from app.core.fastpath import blocks
+from app.core.fastpath.huge_pages import PageArena, arena_bytes, arena_on_huge_pages, huge_pages_setting
 from app.core.fastpath.kernel import Q4_KERNELS, NativeLibrary, library_origin, load_library, on_a_passing_thread
 from app.core.models.gguf_meta import GGUFHeader, TensorExtent, check_gguf_complete, read_gguf_header
 
@@ -249,15 +250,21 @@ class GGUFModel(DecoderRuntime):
         """Each quantized matrix in the kernel's 16-row layout where this build has one (AVX-512, AVX2):
         the file's blocks, bit for bit, with 16 rows interleaved so that one vector instruction steps 16 rows' dot
         products. A tied embedding then reads its rows from the head's layout. Done in slices, each slice's file pages
-        released once copied, so memory holds the model once (plus a slice) while it happens. Returns the layouts'
+        released once copied, so memory holds the model once (plus a slice) while it happens. The layouts share one
+        arena on 2 MiB pages where the system gives them (app.core.fastpath.huge_pages). Returns the layouts'
         bytes."""
+        matrices = [*(matrix for layer in self.layers for matrix in layer.values()), self.head]
+        sizes = [blocks.x16_bytes(self.lib, matrix.kind, matrix.rows, matrix.cols) for matrix in matrices]
+        self.arena = PageArena([size for size in sizes if size is not None]) if any(sizes) else None
         laid_out = 0
 
-        def lay_out(matrix: Matrix) -> Matrix:
+        def lay_out(matrix: Matrix, size: int | None) -> Matrix:
             nonlocal laid_out
+            if size is None or self.arena is None:
+                return matrix
             layout = blocks.repack_x16(
                 self.lib, matrix.kind, matrix.data, matrix.rows, matrix.cols, self.threads,
-                slice_bytes=LAYOUT_SLICE_BYTES, copied=self._release,
+                slice_bytes=LAYOUT_SLICE_BYTES, copied=self._release, out=self.arena.take(size),
             )  # fmt: skip
             if layout is None:
                 return matrix
@@ -266,15 +273,17 @@ class GGUFModel(DecoderRuntime):
             return Matrix(matrix.name, kind, matrix.rows, matrix.cols, data)
 
         def lay_out_all() -> None:
+            given = iter(sizes)
             for layer in self.layers:
                 for name, matrix in layer.items():
-                    layer[name] = lay_out(matrix)
+                    layer[name] = lay_out(matrix, next(given))
             tied = self.head is self.embedding
-            self.head = lay_out(self.head)
+            self.head = lay_out(self.head, next(given))
             if tied:
                 self.embedding = self.head
 
         on_a_passing_thread(lay_out_all)  # its threads must not outlive the load (see there)
+        self.huge_page_bytes = (self.arena.huge_bytes() or 0) if self.arena is not None and self.arena.huge else 0
         return laid_out
 
     def _release(self, part: npt.NDArray[np.uint8]) -> None:
@@ -321,7 +330,7 @@ class GGUFModel(DecoderRuntime):
             if self.threads > 1 and self.decode_team.explore_every
             else f"{self.threads} thread{'s' if self.threads > 1 else ''}"
         )
-        layout = ", rows 16 at a time" if self.layout_bytes else ""
+        layout = f", rows 16 at a time{self._pages_note()}" if self.layout_bytes else ""
         head = blocks.type_name(blocks.file_type(self.head.kind))
         activations = {
             PRECISE_INPUTS: "activations per 32 values at 15 bits into attention and the head, 8 into the MLP",
@@ -333,6 +342,21 @@ class GGUFModel(DecoderRuntime):
             f"{kernel} ({library_origin(self.library)}), {activations}; decode in one C step, prefill in chunks of "
             f"up to {PREFILL_CHUNK} tokens; {threads}"
         )
+
+    def _pages_note(self) -> str:
+        """Which pages the layouts lie on, as measured after the load (huge_pages)."""
+        if self.arena is None:
+            return ""
+        if not self.arena.huge:  # a model too small to fill a 2 MiB page, or a system without them, says nothing
+            return (
+                " on 4 KiB pages (the system's transparent huge pages are off)"
+                if huge_pages_setting() == "never"
+                else ""
+            )
+        share = self.huge_page_bytes / self.arena.nbytes if self.arena.nbytes else 0.0
+        if share >= 0.99:
+            return " on 2 MiB pages"
+        return f" on 2 MiB pages for {share:.0%} of them (the system had no more)"
 
     def _bind_step(self) -> None:
         config = self.config
@@ -480,17 +504,24 @@ def gguf_support(path: Path) -> str:
 
 def resident_weight_bytes(header: GGUFHeader, library: Any = None) -> int:
     """What the model's weights hold in memory once every matrix has been read: each tensor's bytes in the file, to
-    the byte, except an untied input embedding, of which only the rows of the tokens seen are ever read; a matrix the
-    kernel `library` lays out 16 rows at a time (GGUFModel._lay_out_matrices) counts its layout's bytes instead."""
+    the byte, except an untied input embedding, of which only the rows of the tokens seen are ever read; the matrices
+    the kernel `library` lays out 16 rows at a time (GGUFModel._lay_out_matrices) count their arena instead (the
+    layouts' bytes, on huge pages its last 2 MiB page whole)."""
     tied = not any(tensor.name == "output.weight" for tensor in header.tensors)
     total = 0
+    layouts: list[int] = []
     for tensor in header.tensors:
         if tensor.kind not in blocks.GEOMETRY or (not tied and tensor.name == "token_embd.weight"):
             continue
         laid_out = None
         if library is not None and len(tensor.dims) == 2:
             laid_out = blocks.x16_bytes(library, tensor.kind, tensor.dims[1], tensor.dims[0])
-        total += laid_out if laid_out is not None else tensor_bytes(tensor)
+        if laid_out is not None:
+            layouts.append(laid_out)
+        else:
+            total += tensor_bytes(tensor)
+    if layouts:
+        total += arena_bytes(layouts, arena_on_huge_pages(layouts))
     return total
 
 

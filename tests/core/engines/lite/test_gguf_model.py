@@ -34,6 +34,7 @@ from app.core.engines.lite.gguf_model import (
 )
 from app.core.engines.lite.runtime import LiteUnavailable
 from app.core.fastpath import blocks
+from app.core.fastpath.huge_pages import arena_bytes, arena_on_huge_pages
 from app.core.models.gguf_meta import read_gguf_header
 from app.core.models.model_source import default_model_gguf
 from tests.helpers.gguf_files import LLAMA_SHAPE, byte_level_bpe, llama_permute, random_blocks, write_gguf
@@ -276,6 +277,28 @@ def test_the_default_model_runs_from_its_shipped_file() -> None:
         assert_agrees(model, ReferenceModel(path).logits(ids), ids, prefilled=10)
         assert "Q4_1 x210; head Q8_0" in model.describe()
         assert model.weight_bytes == resident_weight_bytes(model.header)  # tied: the whole file's tensors
+        if model.arena is not None and model.arena.huge:  # 92 MiB of layouts: on 2 MiB pages, measured
+            assert model.huge_page_bytes > 0 and "rows 16 at a time on 2 MiB pages" in model.describe()
+    finally:
+        model.close()
+
+
+def test_a_model_s_layouts_on_4_kib_pages_say_so_where_the_system_turned_huge_pages_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.core.fastpath import huge_pages
+
+    setting = tmp_path / "enabled"
+    setting.write_text("always madvise [never]\n", encoding="ascii")
+    monkeypatch.setattr(huge_pages, "THP_SETTING", setting)
+    model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K))
+    try:
+        if model.arena is None:
+            pytest.skip("this kernel build lays out no matrices (no AVX2)")
+        assert not model.arena.huge and model.huge_page_bytes == 0
+        assert "rows 16 at a time on 4 KiB pages (the system's transparent huge pages are off)" in model.describe()
+        setting.write_text("always [madvise] never\n", encoding="ascii")  # on, but the tiny model fills no 2 MiB
+        assert "rows 16 at a time), " in model.describe()
     finally:
         model.close()
 
@@ -367,8 +390,11 @@ def test_a_load_writes_nothing_but_a_small_tokenizer_file_and_plans_the_files_by
         laid_out = [m for layer in model.layers for m in layer.values() if m.kind >= blocks.X16] + [model.head]
         files_bytes = {m.name: m.data.nbytes for m in laid_out if m.kind >= blocks.X16}
         in_file = {t.name: blocks.row_bytes(t.kind, t.dims[0]) * (t.elements // t.dims[0]) for t in header.tensors}
-        expected = sum(files_bytes.get(name, size) for name, size in in_file.items())
-        assert model.layout_bytes == sum(files_bytes.values())
+        sizes = list(files_bytes.values())
+        expected = sum(size for name, size in in_file.items() if name not in files_bytes)
+        expected += arena_bytes(sizes, arena_on_huge_pages(sizes))  # the layouts' arena, as the load holds it
+        assert model.layout_bytes == sum(sizes)
+        assert model.arena is not None and model.arena.nbytes == arena_bytes(sizes, model.arena.huge)
     finally:
         model.close()
     assert plan.weights_bytes == expected
