@@ -64,6 +64,21 @@ def test_pieces_are_cut_in_order_on_cache_lines_and_never_past_the_end(tmp_path:
         arena.take(1)
 
 
+def test_an_arena_whose_advice_the_system_refuses_is_ordinary_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Refusing:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(mmap, "mmap", Refusing)
+    monkeypatch.setattr(mmap, "MADV_HUGEPAGE", 14, raising=False)
+    arena = PageArena([3 * HUGE_PAGE_BYTES], setting_file(tmp_path, "always [madvise] never\n"))
+    assert not arena.huge and arena.nbytes == 3 * HUGE_PAGE_BYTES
+    arena.take(3 * HUGE_PAGE_BYTES)[:] = 1
+    assert int(arena.memory[-1]) == 1
+
+
 @linux_only
 @pytest.mark.skipif(not huge_pages_offered(), reason="this system gives no transparent huge pages")
 def test_where_the_system_offers_huge_pages_a_written_arena_lies_on_them() -> None:

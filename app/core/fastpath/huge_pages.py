@@ -61,18 +61,26 @@ class PageArena:
     def __init__(self, sizes: list[int], setting: Path | None = None) -> None:
         self.huge = arena_on_huge_pages(sizes, setting)
         self.nbytes = arena_bytes(sizes, self.huge)
-        if self.huge:
-            # mapped one page longer than needed so that the arena can start on a 2 MiB boundary
+        memory = self._advised() if self.huge else None
+        if memory is None:  # ordinary pages: not offered, too small, or the advice refused
+            self.huge = False
+            whole = np.empty(self.nbytes + ALIGN, dtype=np.uint8)
+            start = -whole.ctypes.data % ALIGN
+            memory = whole[start : start + self.nbytes]
+        self.memory: npt.NDArray[np.uint8] = memory
+        self._used = 0
+
+    def _advised(self) -> npt.NDArray[np.uint8] | None:
+        """The arena on a 2 MiB boundary of an anonymous map advised MADV_HUGEPAGE (mapped one page longer so that
+        it can start there); None where the system refuses the map or the advice (a kernel built without them)."""
+        try:
             self._map = mmap.mmap(-1, self.nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             whole = np.frombuffer(self._map, dtype=np.uint8)
             start = -whole.ctypes.data % HUGE_PAGE_BYTES
             self._map.madvise(mmap.MADV_HUGEPAGE, start, self.nbytes)
-            self.memory: npt.NDArray[np.uint8] = whole[start : start + self.nbytes]
-        else:
-            whole = np.empty(self.nbytes + ALIGN, dtype=np.uint8)
-            start = -whole.ctypes.data % ALIGN
-            self.memory = whole[start : start + self.nbytes]
-        self._used = 0
+        except OSError:
+            return None
+        return whole[start : start + self.nbytes]
 
     def take(self, size: int) -> npt.NDArray[np.uint8]:
         """The next `size` bytes of the arena (uninitialised)."""
