@@ -78,7 +78,7 @@ class PageArena:
             whole = np.frombuffer(self._map, dtype=np.uint8)
             start = -whole.ctypes.data % HUGE_PAGE_BYTES
             self._map.madvise(mmap.MADV_HUGEPAGE, start, self.nbytes)
-        except OSError:
+        except (OSError, AttributeError):  # AttributeError: a platform without private anonymous maps
             return None
         return whole[start : start + self.nbytes]
 
