@@ -1,7 +1,7 @@
 """Decode beside busy cores: Hearth's torch-free runtime (its adaptive team, as users run it) and llama.cpp on the
 same GGUF, quiet and with 1 and 2 competing CPU-bound processes, interleaved, with paired ratios.
 
-    python bench/contention.py [--model FILE.gguf] [--trials 3] [--tokens 64] [--busy 0,1,2] [--apart]
+    python bench/contention.py [--model FILE.gguf] [--trials 3] [--tokens 64] [--busy 0,1,2] [--apart] [--runtime torch]
 
 Each measurement is one fresh process per engine (bench/peer.py's workers: the same prompt ids, greedy, llama.cpp
 with as many threads as this machine has CPUs, its default), while N processes running `while True: pass` compete
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--busy", default="0,1,2", help="numbers of competing processes")
     parser.add_argument("--apart", action="store_true", help="each competitor in a session of its own")
+    parser.add_argument(
+        "--runtime", choices=["auto", "torch"], default="auto", help="Hearth's runtime (auto: as the app)"
+    )
     parser.add_argument("--peer-python", default=str(peer.DEFAULT_PEER_PYTHON))
     args = parser.parse_args(argv)
     if not Path(args.peer_python).exists():
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     info = gguf_files.describe(gguf)
     spec: dict[str, object] = {
         "model": args.model, "context": 1024, "short_ids": short, "long_ids": long, "tokens": args.tokens,
-        "threads": os.cpu_count() or 2, "quant": "auto", "runtime": "auto", "adaptive": True, "gguf": str(gguf),
+        "threads": os.cpu_count() or 2, "quant": "auto", "runtime": args.runtime, "adaptive": True, "gguf": str(gguf),
         "gguf_bytes_per_token": info["decode_bytes_per_token"],
     }  # fmt: skip
     print(f"machine: {llama_build.machine_line()}")
