@@ -3,8 +3,10 @@ reads them whole. Torch-free.
 
 Why: on 4 KiB pages a step that streams the weights misses the TLB every 4 KiB (a 1B Q4_K_M file: ~200,000 misses
 a token), and each miss walks the page tables, in a virtual machine twice (the guest's tables, then the host's).
-The walks take the place of the loads the loop waits for. Measured on the 2-core KVM guest (2026-12-06, the same
-bits): a 135M Q4_1 decode step 3.7-3.9 ms on 4 KiB pages against 2.9-3.1 ms on 2 MiB pages, 1B Q4_K_M 45 against 37.
+The walks take the place of the loads the loop waits for. numpy asks for huge pages only for arrays of 4 MiB or more,
+so one array per matrix left every 135M matrix and a 1B model's attention on 4 KiB pages. Measured on the 2-core KVM
+guest (2026-12-06, alternating processes, the same bits), one array per matrix against this arena: a 135M Q4_1
+decode step 3.26-3.36 against 2.73-2.93 ms, 1B Q4_K_M 37.3-38.5 against 35.2-36.1 ms.
 
 Linux backs a range advised MADV_HUGEPAGE with 2 MiB pages when transparent huge pages are "madvise" (the usual
 default) or "always"; with "never" the advice is taken and nothing changes. macOS and Windows get ordinary pages
@@ -47,10 +49,15 @@ def arena_on_huge_pages(sizes: list[int], setting: Path | None = None) -> bool:
     return huge_pages_offered(setting) and sum(sizes) >= HUGE_PAGE_BYTES
 
 
+def piece_bytes(size: int) -> int:
+    """The room a piece of `size` bytes takes in an arena: the next piece starts on a cache line."""
+    return -(-size // ALIGN) * ALIGN
+
+
 def arena_bytes(sizes: list[int], huge: bool) -> int:
-    """The bytes an arena holding pieces of `sizes` takes in memory once written: each piece on a cache line, and
-    on huge pages the last page whole (the kernel backs it with one 2 MiB page however little of it is used)."""
-    total = sum(-(-size // ALIGN) * ALIGN for size in sizes)
+    """The bytes an arena holding pieces of `sizes` takes in memory once written: each piece's room, and on huge
+    pages the last page whole (the kernel backs it with one 2 MiB page however little of it is used)."""
+    total = sum(piece_bytes(size) for size in sizes)
     return -(-total // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES if huge and total else total
 
 
@@ -87,7 +94,7 @@ class PageArena:
         start = self._used
         if start + size > self.nbytes:
             raise ValueError(f"the arena has {self.nbytes - start} bytes left, not {size}")
-        self._used = -(-(start + size) // ALIGN) * ALIGN
+        self._used = start + piece_bytes(size)
         return self.memory[start : start + size]
 
     def huge_bytes(self) -> int | None:
