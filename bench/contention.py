@@ -1,5 +1,6 @@
-"""Decode beside busy cores: Hearth's torch-free runtime (its adaptive team, as users run it) and llama.cpp on the
-same GGUF, quiet and with 1 and 2 competing CPU-bound processes, interleaved, with paired ratios.
+"""Decode beside busy cores: Hearth's torch-free runtime (its adaptive team, as users run it; `--runtime torch`: its
+torch runtime) and llama.cpp on the same GGUF, quiet and with 1 and 2 competing CPU-bound processes, interleaved, with
+paired ratios.
 
     python bench/contention.py [--model FILE.gguf] [--trials 3] [--tokens 64] [--busy 0,1,2] [--apart] [--runtime torch]
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {llama_build.machine_line()}")
     where = "each in a session of its own" if args.apart else "in the bench's session"
     print(f"model: {gguf.name} ({info['format']} file); {args.tokens} new tokens; competing: {levels} processes, "
-          f"{where}; scheduler autogroup: {autogroup()}")  # fmt: skip
+          f"{where}; scheduler autogroup: {autogroup()}; Hearth's runtime: {args.runtime}")  # fmt: skip
     print(f"llama.cpp build: {worker_process.llama_build_line(args.peer_python)}")
     pythons = {"hearth": sys.executable, "llama": args.peer_python}
     speed: dict[tuple[str, int], list[float]] = {(engine, n): [] for engine in pythons for n in levels}
