@@ -28,6 +28,9 @@ def freeze_startup_objects() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from app.core.fastpath.openmp import prefer_short_spin
+
+    prefer_short_spin()  # before the worker imports torch (app.core.fastpath.openmp)
     parser = argparse.ArgumentParser(prog="hearth-gui", description="Hearth: chat with a local language model.")
     parser.add_argument(
         "model",

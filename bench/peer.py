@@ -75,6 +75,9 @@ def _memory() -> dict[str, int]:
 def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
     sys.path.insert(0, str(ROOT))
     runtime = str(spec.get("runtime") or "auto")
+    from app.core.fastpath.openmp import prefer_short_spin
+
+    prefer_short_spin()  # as the app's entry points do, before torch
     if runtime == "torch":
         import torch
 
@@ -93,7 +96,7 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
     request = LoadRequest(spec.get("model") or None, quantization=str(spec["quant"]), device="cpu", prompt_cache_gib=0)  # type: ignore[arg-type]
     backend = open_backend(request, runtime=runtime)
     engine = backend.engine  # type: ignore[attr-defined]
-    fix_threads = getattr(getattr(engine, "model", None), "fix_threads", None)
+    fix_threads = getattr(engine, "fix_threads", None) or getattr(getattr(engine, "model", None), "fix_threads", None)
     if fix_threads is not None and not spec.get("adaptive"):  # llama.cpp's thread count, not the adaptive team
         fix_threads(int(spec["threads"]))  # type: ignore[call-overload]
     result: dict[str, object] = {

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from app.core.fastpath.openmp import prefer_short_spin
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+prefer_short_spin()  # libgomp's spin count as the app's entry points set it, before any test imports torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Hearth's derived files (packed copies, compiled kernels) survive between runs here (gitignored).

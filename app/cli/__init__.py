@@ -14,6 +14,7 @@ from typing import NoReturn, Protocol, TypeAlias, cast
 
 from app import __version__
 from app.core.errors import HearthError
+from app.core.fastpath.openmp import prefer_short_spin
 
 # Each module defines `register(subparsers)`, which adds its parser and sets `handler=run`.
 COMMANDS: tuple[str, ...] = (
@@ -126,6 +127,7 @@ def sweep_leftovers() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    prefer_short_spin()  # before anything imports torch (app.core.fastpath.openmp)
     parser = build_parser()
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.core.fastpath import kernel
+from app.core.fastpath import kernel, openmp
 
 
 @pytest.fixture
@@ -20,11 +20,11 @@ def environment_at_load(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, str |
 
     def spy(name: Any, *args: Any, **kwargs: Any) -> Any:
         if "hearth_decode" in str(name):
-            seen.append({key: os.environ.get(key) for key in (kernel.SPIN_ENV, "OMP_WAIT_POLICY")})
+            seen.append({key: os.environ.get(key) for key in (openmp.SPIN_ENV, "OMP_WAIT_POLICY")})
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(kernel.ctypes, "CDLL", spy)
-    monkeypatch.delenv(kernel.SPIN_ENV, raising=False)
+    monkeypatch.delenv(openmp.SPIN_ENV, raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     kernel.reset_library_for_tests()
     yield seen
@@ -35,8 +35,8 @@ def test_the_openmp_spin_count_is_set_only_while_the_library_loads(environment_a
     library = kernel.load_library()
     if isinstance(library, str):
         pytest.skip(f"no kernel library here: {library}")
-    assert environment_at_load[-1][kernel.SPIN_ENV] == kernel.OPENMP_SPIN_COUNT
-    assert kernel.SPIN_ENV not in os.environ  # torch's own OpenMP runtime, loaded later, never sees it
+    assert environment_at_load[-1][openmp.SPIN_ENV] == openmp.OPENMP_SPIN_COUNT
+    assert openmp.SPIN_ENV not in os.environ  # a process that did not set it keeps its environment as it was
 
 
 @pytest.mark.parametrize(("name", "value"), [("GOMP_SPINCOUNT", "5"), ("OMP_WAIT_POLICY", "PASSIVE")])
@@ -49,5 +49,5 @@ def test_a_user_s_own_openmp_setting_is_left_alone(
         pytest.skip(f"no kernel library here: {library}")
     assert environment_at_load[-1][name] == value
     if name == "OMP_WAIT_POLICY":
-        assert environment_at_load[-1][kernel.SPIN_ENV] is None
+        assert environment_at_load[-1][openmp.SPIN_ENV] is None
     assert os.environ[name] == value

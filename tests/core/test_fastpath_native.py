@@ -23,6 +23,7 @@ from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
 from app.core.fastpath import kernel, native, packed
 from app.core.fastpath import select as fastpath
+from app.core.fastpath.team import TeamChooser
 from tests.core.test_fastpath import (
     AGREEMENT_BOUND,
     GREEDY,
@@ -453,3 +454,37 @@ def test_the_avx2_build_prefills_from_the_records_and_prefills_head_like_the_ref
     head, in_torch = packed.Int8RowsLinear(q, scale, library), packed.Int8RowsLinear(q, scale)
     want = in_torch(x[:2])
     assert float((head(x[:2]) - want).abs().max() / want.abs().max()) < LOGIT_ERROR_BOUND
+
+
+def test_the_step_s_team_follows_the_chooser_and_any_size_gives_the_same_logits(fused: Engine) -> None:
+    """The torch runtime's step runs on the team its chooser picks, as the torch-free runtime's does (a fixed team
+    collapsed beside another program's busy process); the chooser may switch between any two steps."""
+    decoder = fused.path.fused
+    assert decoder is not None and decoder.decode_team.largest == decoder.threads
+    if decoder.threads < 2:
+        pytest.skip("one thread here: no other team size to switch to")
+    ids = [(i * 37) % 40000 + 100 for i in range(40)]
+    chosen = decoder.decode_team
+    logits = {}
+    try:
+        for size in (decoder.threads, 1):
+            decoder.decode_team = TeamChooser(size, explore_every=0)
+            kv = KVState()
+            with torch.inference_mode():
+                fused._forward(ids, kv)
+                logits[size] = [fused._forward([token], kv, decode_step=True) for token in (7, 8, 9)]
+            assert set(decoder.decode_team.average) == {size}  # each step was timed on that team
+    finally:
+        decoder.decode_team = chosen
+    assert all(torch.equal(a, b) for a, b in zip(logits[decoder.threads], logits[1], strict=True))
+
+
+def test_fix_threads_holds_the_torch_runtime_s_fused_step_to_one_team(default_loaded: Any) -> None:
+    """What bench/peer.py uses to give Hearth llama.cpp's thread count: capped at the team the engine started with."""
+    engine = Engine(default_loaded)
+    fused = engine.path.fused
+    assert fused is not None
+    engine.fix_threads(64)
+    assert fused.decode_team.largest == fused.threads and fused.decode_team.explore_every == 0
+    engine.fix_threads(1)
+    assert fused.decode_team.candidates() == [1]

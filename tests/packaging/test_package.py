@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def installed_root(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     (deb,) = sorted(dist.glob("hearth_*.deb"))
     root = tmp_path_factory.mktemp("scratch-root")
     result = dpkg_in_root(root, "--install", str(deb))
-    assert result.returncode == 0, result.stderr
+    free_mib = shutil.disk_usage(root).free // 2**20
+    assert result.returncode == 0, f"{result.stderr}\n({free_mib} MiB free where the package installs)"
     return root
 
 

@@ -35,6 +35,7 @@ from app.core.engines.loader import LoadedModel
 from app.core.fastpath.kernel import ABI as KERNEL_ABI
 from app.core.fastpath.native import is_slab_cache, new_slab_cache
 from app.core.fastpath.select import DecodePathChoice, apply_decode_path
+from app.core.fastpath.team import TeamChooser
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,15 @@ class Engine(ReplyEngine):
         # transformers 5.2x renamed forward's `past_key_values` to `cache` (the old name warns, then goes in 5.40).
         forward_params = inspect.signature(self.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+
+    def fix_threads(self, threads: int) -> None:
+        """Run every fused step on `threads` threads (at most the team it started with), never trying another size:
+        benchmarks that hold two engines to the same thread count. Torch's own calls (prefill, the plain path's
+        steps) always run on torch's thread count: their results depend on it (a 500-token bf16 prefill's logits
+        moved by 0.02-0.15 between 1 and 2 threads), and a reused prefix must match a fresh run bit for bit."""
+        fused = self.path.fused
+        if fused is not None:
+            fused.decode_team = TeamChooser(max(1, min(threads, fused.threads)), explore_every=0)
 
     # -- the model's steps (app.core.engines.generation runs the reply) ---------------------------------------
     def new_kv(self) -> KVState:

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from app.core.fastpath import blocks, integrity
+from app.core.fastpath.openmp import SPIN_ENV, prefer_short_spin
 from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -88,8 +89,6 @@ PREBUILT_TARGET_CAPS = {
     "arm64": ("dotprod", "neon"),
 }
 NO_AMX_FLAG = "-DHEARTH_NO_AMX"  # the kernel built without its AMX code
-SPIN_ENV = "GOMP_SPINCOUNT"
-OPENMP_SPIN_COUNT = "3000"  # see _open_with_spin_count
 CACHE_TAG = "hashed-1"  # part of the compiled library's cache name: files from before sidecars are never looked at
 
 
@@ -175,6 +174,10 @@ class StepArguments:
         if self.scratch.size < needed:
             self.scratch = np.empty(needed, dtype=np.float32)
         self.capacity = capacity
+
+    def set_threads(self, threads: int) -> None:
+        """The team size of the next `run` (at most the size the scratch was bound for)."""
+        self.cfg[CFG_FIELDS.index("threads")] = threads
 
     def run(self, row: int, position: int, logits: int) -> int:
         """One token through the whole decoder: embedding row `row` at `position`, its logits into `logits` (fp32
@@ -562,10 +565,9 @@ def _open_with_spin_count(path: Path) -> ctypes.CDLL:
     3,000: beside one busy process a waiting thread that spins holds the core its late partner needs (on Intel a
     spin's PAUSE takes ~140 cycles): two threads decoded the default model at 20 tok/s with 30,000 and 50 with 3,000,
     while a quiet machine's decode and prefill (135M and 1B) measured the same with 30,000, 10,000 and 3,000 (1,000
-    lost ~5 % at 1B). Nothing else in the process sees it."""
-    added = SPIN_ENV not in os.environ and "OMP_WAIT_POLICY" not in os.environ
-    if added:
-        os.environ[SPIN_ENV] = OPENMP_SPIN_COUNT
+    lost ~5 % at 1B). The app's entry points set it for the whole process before torch loads (app.core.fastpath.openmp);
+    here it is set only for a process that did not (a library user, a test)."""
+    added = prefer_short_spin()
     try:
         return ctypes.CDLL(str(path))
     finally:

@@ -30,7 +30,6 @@ from app.core.engines.lite.runtime import (
 )
 from app.core.fastpath import integrity
 from app.core.fastpath.kernel import (
-    CFG_FIELDS,
     HEAD_RECORD,
     Q4_GROUP,
     Q4_RECORD,
@@ -263,7 +262,7 @@ class LiteModel(DecoderRuntime):
         if self._row_f32 is not None:
             self._row_f32[:] = self._row.view(np.float16)
         with self.decode_team.timed(1) as threads:
-            self.arguments.cfg[CFG_FIELDS.index("threads")] = threads
+            self.arguments.set_threads(threads)
             return self.arguments.run(0, position, logits.ctypes.data)
 
     def close(self) -> None:

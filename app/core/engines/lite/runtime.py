@@ -24,7 +24,6 @@ import psutil
 from threadpoolctl import ThreadpoolController
 
 from app.core.engines.kv_pool import shared_prefix
-from app.core.engines.lite.team import EXPLORE_EVERY, TeamChooser
 from app.core.errors import HearthError
 from app.core.fastpath.kernel import (
     Q4_GROUP,
@@ -32,6 +31,7 @@ from app.core.fastpath.kernel import (
     NativeLibrary,
     grown_capacity,
 )
+from app.core.fastpath.team import EXPLORE_EVERY, TeamChooser
 from app.core.models.attention import AttentionShape, attention_shape
 from app.core.models.model_source import check_config_sizes
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from app.core.engines.lite.gguf_model import open_gguf_model
-from app.core.engines.lite.team import FIRST_TRY, TeamChooser
 from app.core.fastpath import blocks
+from app.core.fastpath.team import FIRST_TRY, TeamChooser
 from tests.core.engines.lite.test_gguf_model import IDS, tiny_gguf
 
 
