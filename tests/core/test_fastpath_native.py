@@ -9,9 +9,11 @@ no outliers for the block range to adapt to, so the bound is looser there; the d
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -458,21 +460,25 @@ def test_the_avx2_build_prefills_from_the_records_and_prefills_head_like_the_ref
 
 def test_the_step_s_team_follows_the_chooser_and_any_size_gives_the_same_logits(fused: Engine) -> None:
     """The torch runtime's step runs on the team its chooser picks, as the torch-free runtime's does (a fixed team
-    collapsed beside another program's busy process); the chooser may switch between any two steps."""
+    collapsed beside another program's busy process); the chooser may switch between any two steps, short contexts and
+    long."""
     decoder = fused.path.fused
     assert decoder is not None and decoder.decode_team.largest == decoder.threads
     if decoder.threads < 2:
         pytest.skip("one thread here: no other team size to switch to")
-    ids = [(i * 37) % 40000 + 100 for i in range(40)]
+    # past SHORT_CONTEXT (512) positions the step's attention runs in chunks, which once followed the team's size
+    prompts = [[(i * 37) % 40000 + 100 for i in range(length)] for length in (40, 600)]
     chosen = decoder.decode_team
-    logits = {}
+    logits: dict[int, list[torch.Tensor]] = {}
     try:
         for size in (decoder.threads, 1):
             decoder.decode_team = TeamChooser(size, explore_every=0)
-            kv = KVState()
-            with torch.inference_mode():
-                fused._forward(ids, kv)
-                logits[size] = [fused._forward([token], kv, decode_step=True) for token in (7, 8, 9)]
+            logits[size] = []
+            for ids in prompts:
+                kv = KVState()
+                with torch.inference_mode():
+                    fused._forward(ids, kv)
+                    logits[size] += [fused._forward([token], kv, decode_step=True) for token in (7, 8, 9)]
             assert set(decoder.decode_team.average) == {size}  # each step was timed on that team
     finally:
         decoder.decode_team = chosen
@@ -488,3 +494,33 @@ def test_fix_threads_holds_the_torch_runtime_s_fused_step_to_one_team(default_lo
     assert fused.decode_team.largest == fused.threads and fused.decode_team.explore_every == 0
     engine.fix_threads(1)
     assert fused.decode_team.candidates() == [1]
+
+
+def test_the_step_s_scratch_is_sized_for_its_largest_team_whichever_ran_last(fused: Engine) -> None:
+    """A cache bound after a step on a smaller team once got a scratch for that team, and the next step on the
+    largest wrote past its end (a heap corruption glibc caught in the prefix-reuse probe)."""
+    decoder = fused.path.fused
+    assert decoder is not None
+    arguments = decoder.arguments
+    if arguments.most_threads < 2:
+        pytest.skip("one thread here: no smaller team")
+    threads_at = kernel.CFG_FIELDS.index("threads")
+    capacity = 4096
+    arguments.cfg[threads_at] = arguments.most_threads
+    needed = int(arguments.lib.hearth_scratch_floats(ctypes.addressof(arguments.cfg), capacity))
+    kept = arguments.scratch, arguments.capacity, decoder._bound
+    try:
+        arguments.set_threads(1)
+        arguments.scratch = np.empty(0, dtype=np.float32)
+        stride = len(kernel.LAYER_FIELDS)
+        keys = [arguments.layer_args[i * stride + stride - 2] for i in range(decoder.layers)]
+        values = [arguments.layer_args[i * stride + stride - 1] for i in range(decoder.layers)]
+        arguments.bind_kv(keys, values, capacity)
+        assert arguments.scratch.size >= needed
+        assert arguments.cfg[threads_at] == 1  # the next step still runs on the team chosen for it
+        arguments.set_threads(64)
+        assert arguments.cfg[threads_at] == arguments.most_threads  # never a team the scratch has no room for
+    finally:
+        arguments.scratch, arguments.capacity, decoder._bound = kept
+        arguments.set_threads(arguments.most_threads)
+        decoder._bound = None  # the next step binds its cache afresh

@@ -31,7 +31,7 @@ from app.core.storage.paths import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "hearth_decode.c"
-ABI = 12  # hearth_decode.c's HEARTH_ABI: its calls and its numerics (the prompt and response caches key on it)
+ABI = 13  # hearth_decode.c's HEARTH_ABI: its calls and its numerics (the prompt and response caches key on it)
 COMPILE_TIMEOUT_S = 180
 EXTRA_FLAGS: tuple[str, ...] = ()  # appended to the compiler flags (tests build a scalar-only kernel with it)
 # Order of the C side's enums (checked against hearth_layout at load).
@@ -163,6 +163,7 @@ class StepArguments:
                 self.layer_args[index * len(LAYER_FIELDS) + offset] = fields.get(name)
         self.capacity = 0  # of the slabs bound last
         self.scratch = np.empty(0, dtype=np.float32)
+        self.most_threads = max(1, int(sizes["threads"]))  # the scratch is sized for this team, whatever runs next
 
     def bind_kv(self, keys: Sequence[int], values: Sequence[int], capacity: int) -> None:
         """Point every layer at its K and V slabs (all of `capacity` positions) and size the scratch for them."""
@@ -170,14 +171,17 @@ class StepArguments:
         for index, (key, value) in enumerate(zip(keys, values, strict=True)):
             self.layer_args[index * stride + stride - 2] = key
             self.layer_args[index * stride + stride - 1] = value
+        threads_at, running = CFG_FIELDS.index("threads"), self.cfg[CFG_FIELDS.index("threads")]
+        self.cfg[threads_at] = self.most_threads  # a step on a smaller team ran last: size for the largest anyway
         needed = int(self.lib.hearth_scratch_floats(ctypes.addressof(self.cfg), capacity))
+        self.cfg[threads_at] = running
         if self.scratch.size < needed:
             self.scratch = np.empty(needed, dtype=np.float32)
         self.capacity = capacity
 
     def set_threads(self, threads: int) -> None:
-        """The team size of the next `run` (at most the size the scratch was bound for)."""
-        self.cfg[CFG_FIELDS.index("threads")] = threads
+        """The team size of the next `run`: at most the team the scratch is sized for (the one it was built with)."""
+        self.cfg[CFG_FIELDS.index("threads")] = max(1, min(threads, self.most_threads))
 
     def run(self, row: int, position: int, logits: int) -> int:
         """One token through the whole decoder: embedding row `row` at `position`, its logits into `logits` (fp32

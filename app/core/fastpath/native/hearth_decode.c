@@ -75,10 +75,11 @@
 #define HEARTH_AMX_BUILT 0
 #endif
 
-#define HEARTH_ABI 12 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
+#define HEARTH_ABI 13 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
                           * 10: hearth_gg_forward_rows takes several tokens of a sequence and its logit rows;
                           * 11: every quantized type's matrices in 16-row layouts, their sums chunk after chunk;
-                          * 12: a chunk's softmax weights summed in 8 lanes; hearth_amx) */
+                          * 12: a chunk's softmax weights summed in 8 lanes; hearth_amx;
+                          * 13: hearth_step's attention chunks the same on any team size) */
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
@@ -948,7 +949,11 @@ static int64_t thread_floats(int64_t hidden, int64_t widest) { return hidden + w
  * for all the query heads that share them, keeps an unnormalized partial output with its own max and sum, and a
  * second pass merges the chunks. Both threads stay busy however few kv heads there are, and a long context is read
  * once per token instead of once per query head. */
-#define ATT_CHUNK 16 /* the shortest chunk; chunks grow with the context so there are ~4 units per thread */
+#define ATT_CHUNK 16 /* the shortest chunk; chunks grow with the context so there are ~ATT_UNITS units */
+/* Units (KV head, chunk of positions) a long context is cut into, whatever the team's size: ~4 per thread up to 8
+ * threads. The chunks, and so the sums, are the same on any team, and the team chooser (app/core/fastpath/team.py)
+ * may switch sizes between any two steps without changing a reply. */
+#define ATT_UNITS 32
 /* Up to this many positions one pass per query head is faster (no merge pass and its barrier): measured per token
  * at 200 positions 7.4 vs 7.7 ms; at 1,500 positions the chunked pass wins, 11.8 vs 13.1 ms. */
 #define SHORT_CONTEXT 512
@@ -957,7 +962,7 @@ static int64_t thread_floats(int64_t hidden, int64_t widest) { return hidden + w
  * K/V slabs ([kv_heads][capacity][hd]), into att [heads][hd]. Called by every thread of a parallel region: the work
  * is shared out with `omp for` inside (each ends in a barrier). */
 static void attend(const float *qkv, const void *k_cache, const void *v_cache, int kv_bf16, int heads, int kv_heads,
-                   int hd, int64_t pos, int64_t capacity, float attn_scale, int threads, float *scores, float *partial,
+                   int hd, int64_t pos, int64_t capacity, float attn_scale, float *scores, float *partial,
                    float *part_max, float *part_sum, int max_chunks, float *att) {
     const int group = kv_heads > 0 ? heads / kv_heads : 1;
     if (pos + 1 <= SHORT_CONTEXT) {
@@ -987,7 +992,7 @@ static void attend(const float *qkv, const void *k_cache, const void *v_cache, i
         }
     } else {
         const int64_t positions = pos + 1;
-        int64_t chunk_len = (positions * kv_heads + 4 * threads - 1) / (4 * threads);
+        int64_t chunk_len = (positions * kv_heads + ATT_UNITS - 1) / ATT_UNITS;
         chunk_len = chunk_len < ATT_CHUNK ? ATT_CHUNK : (chunk_len + ATT_CHUNK - 1) / ATT_CHUNK * ATT_CHUNK;
         const int chunks = (int)((positions + chunk_len - 1) / chunk_len);
         const size_t elem = kv_bf16 ? 2 : 4;
@@ -1125,7 +1130,7 @@ int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *
                 }
             }
             PHASE(0);
-            attend(qkv, p[L_K], p[L_V], kv_bf16, heads, kv_heads, hd, pos, capacity, attn_scale, threads, scores, partial,
+            attend(qkv, p[L_K], p[L_V], kv_bf16, heads, kv_heads, hd, pos, capacity, attn_scale, scores, partial,
                    part_max, part_sum, max_chunks, att);
             PHASE(1);
             quantize_q8(att, qdim, xq, xd, xs, xt);
