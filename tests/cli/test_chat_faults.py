@@ -126,8 +126,9 @@ def test_a_gguf_whose_template_escapes_the_sandbox_is_refused_at_load(tmp_path: 
     spec = dataclasses.replace(byte_level_bpe(), chat_template=ESCAPE)
     path = write_gguf(tmp_path / "hostile.gguf", spec, llama_gguf_tensors(model.state_dict(), values, 0, None),
                       shape=values)  # fmt: skip
+    seed_kernel(tmp_path / "cache")  # the runtime loads the kernel before it reads the template: no -O3 compile here
     result = hearth("chat", "--model", str(path), "--device", "cpu", "-t", "0", "Hi", home=tmp_path / "home",
-                    timeout=300)  # fmt: skip
+                    cache=tmp_path / "cache", timeout=300)  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert (
