@@ -1,8 +1,9 @@
-"""Decode beside busy cores: Hearth's torch-free runtime (its adaptive team, as users run it; `--runtime torch`: its
-torch runtime) and llama.cpp on the same GGUF, quiet and with 1 and 2 competing CPU-bound processes, interleaved, with
-paired ratios.
+"""Decode beside busy cores: Hearth's runtimes (their adaptive teams, as users run them: `auto`, the torch-free one the
+app picks; `torch`, HEARTH_RUNTIME=torch) and llama.cpp on the same GGUF, quiet and with 1 and 2 competing CPU-bound
+processes, interleaved, with paired ratios.
 
-    python bench/contention.py [--model FILE.gguf] [--trials 3] [--tokens 64] [--busy 0,1,2] [--apart] [--runtime torch]
+    python bench/contention.py [--model FILE.gguf] [--trials 3] [--tokens 64] [--busy 0,1,2] [--apart]
+                               [--runtime auto,torch]
 
 Each measurement is one fresh process per engine (bench/peer.py's workers: the same prompt ids, greedy, llama.cpp
 with as many threads as this machine has CPUs, its default), while N processes running `while True: pass` compete
@@ -32,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from bench import gguf_files, llama_build, peer, worker_process  # noqa: E402
 
 SPIN = "while True: pass"
+RUNTIMES = ("auto", "torch")
 AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 
@@ -64,10 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy", default="0,1,2", help="numbers of competing processes")
     parser.add_argument("--apart", action="store_true", help="each competitor in a session of its own")
     parser.add_argument(
-        "--runtime", choices=["auto", "torch"], default="auto", help="Hearth's runtime (auto: as the app)"
+        "--runtime", default="auto", help="Hearth's runtimes, comma-separated: auto (as the app), torch (default: auto)"
     )
     parser.add_argument("--peer-python", default=str(peer.DEFAULT_PEER_PYTHON))
     args = parser.parse_args(argv)
+    runtimes = [value.strip() for value in args.runtime.split(",") if value.strip()]
+    if not runtimes or any(runtime not in RUNTIMES for runtime in runtimes):
+        print(f"contention: --runtime takes {', '.join(RUNTIMES)}, comma-separated (got {args.runtime!r})",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if not Path(args.peer_python).exists():
         print(f"contention: {args.peer_python} not found; run `make bench-peer` once", file=sys.stderr)
         return 2
@@ -77,42 +84,55 @@ def main(argv: list[str] | None = None) -> int:
     info = gguf_files.describe(gguf)
     spec: dict[str, object] = {
         "model": args.model, "context": 1024, "short_ids": short, "long_ids": long, "tokens": args.tokens,
-        "threads": os.cpu_count() or 2, "quant": "auto", "runtime": args.runtime, "adaptive": True, "gguf": str(gguf),
+        "threads": os.cpu_count() or 2, "quant": "auto", "adaptive": True, "gguf": str(gguf),
         "gguf_bytes_per_token": info["decode_bytes_per_token"],
     }  # fmt: skip
     print(f"machine: {llama_build.machine_line()}")
     where = "each in a session of its own" if args.apart else "in the bench's session"
     print(f"model: {gguf.name} ({info['format']} file); {args.tokens} new tokens; competing: {levels} processes, "
-          f"{where}; scheduler autogroup: {autogroup()}; Hearth's runtime: {args.runtime}")  # fmt: skip
+          f"{where}; scheduler autogroup: {autogroup()}; Hearth's runtimes: {', '.join(runtimes)}")  # fmt: skip
     print(f"llama.cpp build: {worker_process.llama_build_line(args.peer_python)}")
-    pythons = {"hearth": sys.executable, "llama": args.peer_python}
-    speed: dict[tuple[str, int], list[float]] = {(engine, n): [] for engine in pythons for n in levels}
+    engines = [*(f"hearth:{runtime}" for runtime in runtimes), "llama"]
+    speed: dict[tuple[str, int], list[float]] = {(engine, n): [] for engine in engines for n in levels}
     for trial in range(args.trials):
         order = levels[trial % len(levels) :] + levels[: trial % len(levels)]
         for n in order:
             busy = competitors(n, args.apart)
             try:
-                for engine in ("hearth", "llama") if (trial + n) % 2 == 0 else ("llama", "hearth"):
-                    result = peer.run_worker(pythons[engine], engine, spec, args.peer_python)
+                turn = (trial + n) % len(engines)  # each engine goes first in turn
+                for engine in engines[turn:] + engines[:turn]:
+                    kind, _, runtime = engine.partition(":")
+                    python = args.peer_python if kind == "llama" else sys.executable
+                    result = peer.run_worker(python, kind, {**spec, "runtime": runtime or "auto"}, args.peer_python)
                     speed[(engine, n)].append(float(result["decode_tok_s"]))  # type: ignore[arg-type]
             finally:
                 stop(busy)
-            print(f"trial {trial + 1}, {n} busy: hearth {speed[('hearth', n)][-1]:.1f} / llama.cpp "
-                  f"{speed[('llama', n)][-1]:.1f} tok/s", flush=True)  # fmt: skip
-    label = f"{info['format']} file"
-    print(f"\n| competing processes | Hearth tok/s | llama.cpp tok/s | Hearth / llama.cpp ({label}) | Hearth vs quiet "
-          "| llama.cpp vs quiet |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
-    quiet = levels[0]
-    for n in levels:
-        hearth, llama = speed[("hearth", n)], speed[("llama", n)]
-        pair = statistics.median(h / p for h, p in zip(hearth, llama, strict=True))
-        h_share = statistics.median(h / q for h, q in zip(hearth, speed[("hearth", quiet)], strict=True))
-        p_share = statistics.median(p / q for p, q in zip(llama, speed[("llama", quiet)], strict=True))
-        print(f"| {n} | {statistics.median(hearth):.1f} | {statistics.median(llama):.1f} | {pair:.2f}× | "
-              f"{h_share:.0%} | {p_share:.0%} |")  # fmt: skip
+            said = " / ".join(f"{engine} {speed[(engine, n)][-1]:.1f}" for engine in engines)
+            print(f"trial {trial + 1}, {n} busy: {said} tok/s", flush=True)
+    print()
+    print("\n".join(table(speed, levels, runtimes, f"{info['format']} file")))
     print(f"\nmedians of {args.trials} trials; ratios paired per trial; load average now {os.getloadavg()[0]:.1f}")
     return 0
+
+
+def table(speed: dict[tuple[str, int], list[float]], levels: list[int], runtimes: list[str], label: str) -> list[str]:
+    """The Markdown table: per runtime and contention level, medians and ratios paired per trial (the first level is
+    the quiet one each share is of)."""
+    lines = [
+        f"| Hearth's runtime | competing processes | Hearth tok/s | llama.cpp tok/s | Hearth / llama.cpp ({label}) "
+        "| Hearth vs quiet | llama.cpp vs quiet |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    quiet = levels[0]
+    for runtime in runtimes:
+        for n in levels:
+            hearth, llama = speed[(f"hearth:{runtime}", n)], speed[("llama", n)]
+            pair = statistics.median(h / p for h, p in zip(hearth, llama, strict=True))
+            h_share = statistics.median(h / q for h, q in zip(hearth, speed[(f"hearth:{runtime}", quiet)], strict=True))
+            p_share = statistics.median(p / q for p, q in zip(llama, speed[("llama", quiet)], strict=True))
+            lines.append(f"| {runtime} | {n} | {statistics.median(hearth):.1f} | {statistics.median(llama):.1f} | "
+                         f"{pair:.2f}× | {h_share:.0%} | {p_share:.0%} |")  # fmt: skip
+    return lines
 
 
 if __name__ == "__main__":
