@@ -26,6 +26,7 @@ import numpy as np
 
 from app.core.fastpath import blocks, integrity
 from app.core.fastpath.openmp import SPIN_ENV, prefer_short_spin
+from app.core.fastpath.team import team_description
 from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -104,12 +105,12 @@ class NativeLibrary:
     fallback: str = ""  # why no prebuilt library was used (empty when one was)
 
 
-def describe_step(library: NativeLibrary, weight_format: str, threads: int) -> tuple[str, str]:
+def describe_step(library: NativeLibrary, weight_format: str, threads: int, adaptive: bool) -> tuple[str, str]:
     """How a reply's note names the fused step: what its matrices are ("Q4_1 x16, AVX-512 VNNI (lm_head int8)") and
-    what runs them ("C kernel <where it came from>[; why no prebuilt one]; N threads")."""
+    what runs them ("C kernel <where it came from>[; why no prebuilt one]; up to N threads, as many as ...")."""
     q4_kernel = Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
     described = {"int8": "int8", "q4": f"Q4_1 x16, {q4_kernel} (lm_head int8)"}[weight_format]
-    return described, f"{library_origin(library)}; {threads} thread{'s' if threads > 1 else ''}"
+    return described, f"{library_origin(library)}; {team_description(threads, adaptive)}"
 
 
 def library_origin(library: NativeLibrary) -> str:

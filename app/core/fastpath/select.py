@@ -166,7 +166,9 @@ def _apply_fused(
         return f"packing for the fused kernel failed ({type(exc).__name__}: {exc})"
     seconds = time.perf_counter() - started
     built = f", kernel compiled in {library.build_seconds:.1f} s" if library.build_seconds else ""
-    described, runs = kernel.describe_step(library, weight_format, decoder.threads)
+    described, runs = kernel.describe_step(
+        library, weight_format, decoder.threads, decoder.decode_team.explore_every > 0
+    )
     note = (
         f"fused {described} decode step ({runs}; weights {how} in {seconds:.1f} s{built}); "
         f"prefill in {_prefill_description(model, quantization)}"

@@ -118,3 +118,10 @@ class TeamChooser:
         size, started = self.size, self.clock()
         yield size
         self.record(size, self.clock() - started, tokens)
+
+
+def team_description(threads: int, adaptive: bool) -> str:
+    """A reply's note on the team: "up to 2 threads, as many as the cores free measure fastest", or "2 threads"."""
+    if adaptive and threads > 1:
+        return f"up to {threads} threads, as many as the cores free measure fastest"
+    return f"{threads} thread{'s' if threads > 1 else ''}"
