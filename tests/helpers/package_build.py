@@ -72,10 +72,10 @@ def finish() -> Path:
 
 
 def stop() -> None:
-    """End a build still running when the session ends (an aborted run)."""
+    """End a build still running when the session ends (an aborted run), and remove its log."""
     if _build is None:
         return
-    process, log, _ = _build
+    process, log, log_path = _build
     if process.poll() is None:
         try:
             os.killpg(process.pid, 15)
@@ -83,3 +83,4 @@ def stop() -> None:
             process.terminate()
         process.wait(timeout=60)
     log.close()
+    log_path.unlink(missing_ok=True)  # a failed build's tail is in its test's failure; nothing piles up in /tmp
