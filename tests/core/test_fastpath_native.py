@@ -25,7 +25,7 @@ from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
 from app.core.fastpath import kernel, native, packed
 from app.core.fastpath import select as fastpath
-from app.core.fastpath.team import TeamChooser, team_description
+from app.core.fastpath.team import TeamChooser
 from tests.core.test_fastpath import (
     AGREEMENT_BOUND,
     GREEDY,
@@ -75,7 +75,7 @@ def test_auto_runs_bf16_on_the_cpu_through_the_fused_step_and_says_so(fused: Eng
     assert "Paris" in text and done.finish_reason in ("stop", "length")
     assert stats.decode_path == "fused-q4" and "prefill in bf16" in stats.decode_path_note
     assert fused.path.fused is not None
-    team = team_description(fused.path.fused.threads, adaptive=True)  # the torch runtime's team adapts too
+    team = TeamChooser(fused.path.fused.threads).description()  # the torch runtime's team adapts too
     assert team in stats.decode_path_note
     # The note names the Q4_1 kernel this build runs (which one depends on the CPU: any of them is right here).
     assert not isinstance(KERNEL, str)

@@ -10,7 +10,7 @@ import numpy as np
 
 from app.core.engines.lite.gguf_model import open_gguf_model
 from app.core.fastpath import blocks
-from app.core.fastpath.team import FIRST_TRY, TeamChooser, team_description
+from app.core.fastpath.team import FIRST_TRY, TeamChooser
 from tests.core.engines.lite.test_gguf_model import IDS, tiny_gguf
 
 
@@ -99,6 +99,6 @@ def test_fix_threads_holds_every_call_to_that_team(tmp_path: Path) -> None:
 
 
 def test_a_reply_s_note_says_whether_the_team_follows_the_free_cores() -> None:
-    assert team_description(2, adaptive=True) == "up to 2 threads, as many as the cores free measure fastest"
-    assert team_description(2, adaptive=False) == "2 threads"
-    assert team_description(1, adaptive=True) == "1 thread"  # nothing to choose between
+    assert TeamChooser(2).description() == "up to 2 threads, as many as the cores free measure fastest"
+    assert TeamChooser(2, explore_every=0).description() == "2 threads"
+    assert TeamChooser(1).description() == "1 thread"  # nothing to choose between

@@ -35,7 +35,6 @@ from app.core.engines.loader import LoadedModel
 from app.core.fastpath.kernel import ABI as KERNEL_ABI
 from app.core.fastpath.native import is_slab_cache, new_slab_cache
 from app.core.fastpath.select import DecodePathChoice, apply_decode_path
-from app.core.fastpath.team import TeamChooser
 
 log = logging.getLogger(__name__)
 
@@ -158,9 +157,8 @@ class Engine(ReplyEngine):
         benchmarks that hold two engines to the same thread count. Torch's own calls (prefill, the plain path's
         steps) always run on torch's thread count: their results depend on it (a 500-token bf16 prefill's logits
         moved by 0.02-0.15 between 1 and 2 threads), and a reused prefix must match a fresh run bit for bit."""
-        fused = self.path.fused
-        if fused is not None:
-            fused.decode_team = TeamChooser(max(1, min(threads, fused.threads)), explore_every=0)
+        if self.path.fused is not None:
+            self.path.fused.fix_threads(threads)
 
     # -- the model's steps (app.core.engines.generation runs the reply) ---------------------------------------
     def new_kv(self) -> KVState:

@@ -26,7 +26,7 @@ import numpy as np
 
 from app.core.fastpath import blocks, integrity
 from app.core.fastpath.openmp import SPIN_ENV, prefer_short_spin
-from app.core.fastpath.team import team_description
+from app.core.fastpath.team import TeamChooser
 from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -105,12 +105,12 @@ class NativeLibrary:
     fallback: str = ""  # why no prebuilt library was used (empty when one was)
 
 
-def describe_step(library: NativeLibrary, weight_format: str, threads: int, adaptive: bool) -> tuple[str, str]:
+def describe_step(library: NativeLibrary, weight_format: str, team: TeamChooser) -> tuple[str, str]:
     """How a reply's note names the fused step: what its matrices are ("Q4_1 x16, AVX-512 VNNI (lm_head int8)") and
     what runs them ("C kernel <where it came from>[; why no prebuilt one]; up to N threads, as many as ...")."""
     q4_kernel = Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
     described = {"int8": "int8", "q4": f"Q4_1 x16, {q4_kernel} (lm_head int8)"}[weight_format]
-    return described, f"{library_origin(library)}; {team_description(threads, adaptive)}"
+    return described, f"{library_origin(library)}; {team.description()}"
 
 
 def library_origin(library: NativeLibrary) -> str:
@@ -165,6 +165,7 @@ class StepArguments:
         self.capacity = 0  # of the slabs bound last
         self.scratch = np.empty(0, dtype=np.float32)
         self.most_threads = max(1, int(sizes["threads"]))  # the scratch is sized for this team, whatever runs next
+        self._threads_at = CFG_FIELDS.index("threads")
 
     def bind_kv(self, keys: Sequence[int], values: Sequence[int], capacity: int) -> None:
         """Point every layer at its K and V slabs (all of `capacity` positions) and size the scratch for them."""
@@ -172,17 +173,17 @@ class StepArguments:
         for index, (key, value) in enumerate(zip(keys, values, strict=True)):
             self.layer_args[index * stride + stride - 2] = key
             self.layer_args[index * stride + stride - 1] = value
-        threads_at, running = CFG_FIELDS.index("threads"), self.cfg[CFG_FIELDS.index("threads")]
-        self.cfg[threads_at] = self.most_threads  # a step on a smaller team ran last: size for the largest anyway
+        running = self.cfg[self._threads_at]
+        self.cfg[self._threads_at] = self.most_threads  # a step on a smaller team ran last: size for the largest anyway
         needed = int(self.lib.hearth_scratch_floats(ctypes.addressof(self.cfg), capacity))
-        self.cfg[threads_at] = running
+        self.cfg[self._threads_at] = running
         if self.scratch.size < needed:
             self.scratch = np.empty(needed, dtype=np.float32)
         self.capacity = capacity
 
     def set_threads(self, threads: int) -> None:
         """The team size of the next `run`: at most the team the scratch is sized for (the one it was built with)."""
-        self.cfg[CFG_FIELDS.index("threads")] = max(1, min(threads, self.most_threads))
+        self.cfg[self._threads_at] = max(1, min(threads, self.most_threads))
 
     def run(self, row: int, position: int, logits: int) -> int:
         """One token through the whole decoder: embedding row `row` at `position`, its logits into `logits` (fp32

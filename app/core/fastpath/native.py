@@ -332,6 +332,10 @@ class FusedDecoder:
         # for.
         self._bound: tuple[SlabArena, int, int] | None = None
 
+    def fix_threads(self, threads: int) -> None:
+        """Run every step on `threads` threads (at most the team it started with), never trying another size."""
+        self.decode_team = TeamChooser(max(1, min(threads, self.threads)), explore_every=0)
+
     def _hold(self, tensor: torch.Tensor) -> int:
         tensor = tensor.contiguous()
         self._keep.append(tensor)

@@ -166,9 +166,7 @@ def _apply_fused(
         return f"packing for the fused kernel failed ({type(exc).__name__}: {exc})"
     seconds = time.perf_counter() - started
     built = f", kernel compiled in {library.build_seconds:.1f} s" if library.build_seconds else ""
-    described, runs = kernel.describe_step(
-        library, weight_format, decoder.threads, decoder.decode_team.explore_every > 0
-    )
+    described, runs = kernel.describe_step(library, weight_format, decoder.decode_team)
     note = (
         f"fused {described} decode step ({runs}; weights {how} in {seconds:.1f} s{built}); "
         f"prefill in {_prefill_description(model, quantization)}"

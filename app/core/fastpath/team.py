@@ -65,6 +65,12 @@ class TeamChooser:
         """Team sizes worth trying: the largest, halvings of it, and one."""
         return list(self._candidates)
 
+    def description(self) -> str:
+        """A reply's note on the team: "up to 2 threads, as many as the cores free measure fastest", or "2 threads"."""
+        if self.explore_every > 0 and self.largest > 1:
+            return f"up to {self.largest} threads, as many as the cores free measure fastest"
+        return f"{self.largest} thread{'s' if self.largest > 1 else ''}"
+
     @property
     def best(self) -> int:
         best, fastest = self.largest, None
@@ -118,10 +124,3 @@ class TeamChooser:
         size, started = self.size, self.clock()
         yield size
         self.record(size, self.clock() - started, tokens)
-
-
-def team_description(threads: int, adaptive: bool) -> str:
-    """A reply's note on the team: "up to 2 threads, as many as the cores free measure fastest", or "2 threads"."""
-    if adaptive and threads > 1:
-        return f"up to {threads} threads, as many as the cores free measure fastest"
-    return f"{threads} thread{'s' if threads > 1 else ''}"

@@ -31,7 +31,6 @@ from app.core.errors import HearthError
 from app.core.fastpath import blocks
 from app.core.fastpath.huge_pages import PageArena, arena_bytes, arena_on_huge_pages, huge_pages_setting
 from app.core.fastpath.kernel import Q4_KERNELS, NativeLibrary, library_origin, load_library, on_a_passing_thread
-from app.core.fastpath.team import team_description
 from app.core.models.gguf_meta import GGUFHeader, TensorExtent, check_gguf_complete, read_gguf_header
 
 # Which matrix inputs are quantized to 15 bits instead of 8 (blocks.PRECISE_*), in prefill and decode alike: the
@@ -326,7 +325,7 @@ class GGUFModel(DecoderRuntime):
         kernel = Q4_KERNELS.get(int(self.lib.hearth_q4_kernel()), "?")
         if self.layout_bytes and self.lib.hearth_amx(-1):
             kernel += ", prefill on AMX tiles"
-        threads = team_description(self.threads, self.decode_team.explore_every > 0)
+        threads = self.decode_team.description()
         layout = f", rows 16 at a time{self._pages_note()}" if self.layout_bytes else ""
         head = blocks.type_name(blocks.file_type(self.head.kind))
         activations = {

@@ -209,7 +209,7 @@ class LiteModel(DecoderRuntime):
         return f"sha256:{self.packed_sha256}"
 
     def describe(self) -> str:
-        described, runs = describe_step(self.library, "q4", self.threads, self.decode_team.explore_every > 0)
+        described, runs = describe_step(self.library, "q4", self.decode_team)
         return (
             f"torch-free runtime: fused {described} decode step ({runs}); prefill from the records in chunks of up "
             f"to {PREFILL_CHUNK} tokens, fp32 activations"
