@@ -87,24 +87,30 @@ def reply(engine: LiteEngine, prompt: str, tokens: int) -> tuple[str, dict[str, 
 
 
 def forward_costs(path: Path, max_rows: int, trials: int) -> dict[int, float]:
-    """A forward of each number of rows, in decode steps (interleaved with the steps, medians)."""
+    """A forward of each number of rows, in decode steps, as a reply runs them: each after a few steps (a forward
+    straight after another, or a step straight after a forward, times differently), medians."""
     model = open_gguf_model(path)
     cache = model.new_cache()
-    model.forward(list(range(100, 356)), cache, 1)
+    model.forward(list(range(100, 150)), cache, 1)
     base = cache.length
-    times: dict[int, list[float]] = {rows: [] for rows in range(1, max_rows + 1)}
+    steps: list[float] = []
+    times: dict[int, list[float]] = {rows: [] for rows in range(2, max_rows + 1)}
     for _ in range(trials):
         for rows in times:
-            cache.truncate(base)
-            started = time.perf_counter()
-            if rows == 1:
+            for _ in range(3):
+                started = time.perf_counter()
                 model.step(7, cache)
-            else:
-                model.forward([7] * rows, cache, rows)
+                steps.append(time.perf_counter() - started)
+            length = cache.length
+            started = time.perf_counter()
+            model.forward([7] * rows, cache, rows)
             times[rows].append(time.perf_counter() - started)
+            cache.truncate(length + 1)  # the token stays, its guesses go: as a check whose guesses all missed
+            if cache.length > base + 250:
+                cache.truncate(base)
     model.close()
-    step = statistics.median(times[1])
-    return {rows: statistics.median(values) / step for rows, values in times.items()}
+    step = statistics.median(steps)
+    return {1: 1.0} | {rows: statistics.median(values) / step for rows, values in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import LoadRequest, ReplyRequest
 from app.core.engines.lite.backend import LiteBackend, open_lite_backend
 from app.core.engines.lite.engine import LiteEngine
-from app.core.engines.lookup import LookupDecoder, LookupPlanner, NgramIndex
+from app.core.engines.lookup import PRIOR_FIRST, PRIOR_ROW_COST, LookupDecoder, LookupPlanner, NgramIndex, Odds
 from app.core.stats_text import reply_stats_text
 from tests.helpers.lookup_planners import CheapForwards
 
@@ -49,24 +49,64 @@ def test_guesses_are_checked_only_when_their_forward_pays_for_itself() -> None:
     planner.record_step(0.010)
     for rows in range(2, 8):
         planner.record_forward(rows, 0.010 * rows, 0, 0)  # a forward costs as many steps as it has rows
-    planner.acceptance = 0.9
+    planner.first, planner.follow = Odds(0.9, 1.0), Odds(0.9, 1.0)
     assert planner.draft_length(6) == 0  # nothing is gained: every guess is paid in full
     for rows in range(2, 8):
         planner.forward_s[rows] = 0.010 * (1 + 0.05 * (rows - 1))  # memory-bound: rows are nearly free
     assert planner.draft_length(6) == 6
     assert planner.draft_length(2) == 2  # never more than the reply has room for
-    planner.acceptance = 0.02
+    planner.first = Odds(0.02, 1.0)
     assert planner.draft_length(6) == 0  # guesses that are never taken cost their rows
 
 
-def test_acceptance_follows_the_reply_and_starts_over_with_the_next() -> None:
+def test_the_odds_follow_the_reply_and_start_over_with_the_next() -> None:
     planner = LookupPlanner()
     for _ in range(6):
         planner.record_forward(5, 0.01, 4, 0)
-    low = planner.acceptance
-    assert low < 0.05
+    assert planner.first.chance < 0.15 and planner.follow.chance == 0.8  # no guess taken: nothing about runs
+    planner.record_forward(5, 0.01, 4, 2)  # the first two taken, the third not
+    assert planner.first.taken == 2.0 and planner.first.tried == 10.0
+    assert (planner.follow.taken, planner.follow.tried) == (5.0, 7.0)  # one taken after a taken one, one not
+    planner.record_forward(3, 0.01, 2, 2)  # both taken: a run the check's end cut short, no miss counted
+    assert (planner.follow.taken, planner.follow.tried) == (6.0, 8.0)
     planner.start_reply()
-    assert planner.acceptance > low
+    assert (planner.first.taken, planner.first.tried) == PRIOR_FIRST and planner.follow.chance == 0.8
+
+
+def test_long_runs_pay_for_long_checks_even_when_first_guesses_often_miss() -> None:
+    # A copied span: half the checks miss at once, but once a guess is taken the next ones nearly always are.
+    planner = LookupPlanner(max_draft=8)
+    planner.record_step(0.010)
+    for rows in range(2, 10):
+        planner.record_forward(rows, 0.010 * (1 + 0.3 * (rows - 1)), 0, 0)  # each row 0.3 of a step
+    planner.first, planner.follow = Odds(0.5, 1.0), Odds(0.95, 1.0)
+    assert planner.draft_length(8) >= 4
+    planner.follow = Odds(0.3, 1.0)  # runs that break off at once: one guess at most
+    assert planner.draft_length(8) <= 1
+
+
+def test_checks_grow_from_the_sizes_timed_and_a_few_slow_steps_do_not_cheapen_them() -> None:
+    planner = LookupPlanner(max_draft=8)
+    planner.first, planner.follow = Odds(0.99, 1.0), Odds(0.99, 1.0)  # every guess taken: the longest check pays
+    assert planner.draft_length(8) == 2  # nothing timed: two guesses at most
+    for _ in range(10):
+        planner.record_step(0.010)
+    planner.record_forward(3, 0.012, 2, 2)
+    assert planner.longest_check() == 4 and planner.draft_length(8) == 4
+    planner.record_forward(5, 0.015, 4, 4)
+    assert planner.draft_length(8) == 8
+    for _ in range(4):
+        planner.record_step(0.040)  # a team size under trial: a few steps four times as slow
+    assert planner.step_s == 0.010 and planner.cost_in_steps(3) == pytest.approx(1.2)
+
+
+def test_a_size_not_timed_yet_is_priced_from_the_sizes_that_were() -> None:
+    planner = LookupPlanner()
+    assert planner.cost_in_steps(3) == pytest.approx(1.0 + 2 * PRIOR_ROW_COST)  # nothing timed: the prior
+    planner.record_step(0.010)
+    planner.record_forward(2, 0.0105, 1, 0)  # one row more cost 0.05 of a step
+    assert planner.cost_in_steps(2) == pytest.approx(1.05)
+    assert planner.cost_in_steps(5) == pytest.approx(1.2)  # four rows more at the measured 0.05 each
 
 
 # -- the decoder on a toy model ----------------------------------------------------------------------------------------
@@ -151,6 +191,27 @@ def test_a_reply_that_ends_inside_a_checked_run_drops_the_unreached_guesses() ->
         looked, model, _ = toy_reply(prompt, count, cheap_forwards())
         assert looked == plain
         assert model.ids == plain_model.ids
+
+
+class NeverChecks(LookupPlanner):
+    """A planner whose forwards never pay: it only steps, and learns the odds from guesses it does not check."""
+
+    def cost_in_steps(self, rows: int) -> float:
+        return float(rows)
+
+
+def test_guesses_that_are_not_checked_still_teach_the_planner_the_reply_s_odds() -> None:
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 1, 5]
+    plain, _, _ = toy_reply(prompt, 40, None)
+    planner = NeverChecks(max_draft=4)
+    looked, model, decoder = toy_reply(prompt, 40, planner)
+    assert looked == plain and decoder.tally.checks == 0 and model.forwards == []
+    # The toy copies its spans: the reply's guesses, compared with the tokens that followed, were mostly right.
+    assert planner.first.tried > 5 and planner.first.chance > 0.6  # from the prior's 1 in 3
+    assert planner.follow.tried > 5 and planner.follow.chance > 0.8
+    missing = LookupPlanner()
+    missing.record_guesses(3, 0)
+    assert (missing.first.taken, missing.first.tried) == (PRIOR_FIRST[0], PRIOR_FIRST[1] + 1)
 
 
 # -- the default model -------------------------------------------------------------------------------------------------

@@ -230,7 +230,7 @@ class LiteEngine(ReplyEngine):
         return self.model.step(token, kv.current())
 
     def _forward_rows(self, tokens: list[int], kv: LiteKV) -> Floats:
-        return self.model.forward(tokens, kv.current(), len(tokens))
+        return self.model.check(tokens, kv.current())
 
     def _decode_rows(self, steps: Sequence[BatchStep], takes: Sequence[int]) -> None:
         """Several replies' steps in one forward where the model has one (each row bit for bit its own step or

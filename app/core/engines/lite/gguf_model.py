@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import mmap
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from app.core.errors import HearthError
 from app.core.fastpath import blocks
 from app.core.fastpath.huge_pages import PageArena, arena_bytes, arena_on_huge_pages, huge_pages_setting
 from app.core.fastpath.kernel import Q4_KERNELS, NativeLibrary, library_origin, load_library, on_a_passing_thread
+from app.core.fastpath.team import TeamChooser
 from app.core.models.gguf_meta import GGUFHeader, TensorExtent, check_gguf_complete, read_gguf_header
 
 # Which matrix inputs are quantized to 15 bits instead of 8 (blocks.PRECISE_*), in prefill and decode alike: the
@@ -449,6 +451,16 @@ class GGUFModel(DecoderRuntime):
     def forward(self, ids: Sequence[int], cache: LiteCache, logit_rows: int) -> Floats:
         """Run `ids` after the cache's positions; the logits after each of the last `logit_rows` of them
         [logit_rows, vocab] (the quality bench and a speculative check read every position's)."""
+        return self._forward(ids, cache, logit_rows, self.prefill_team)
+
+    def check(self, ids: Sequence[int], cache: LiteCache) -> Floats:
+        """A prompt-lookup check on the team size the decode steps measure fastest, untimed: a check of a few rows is
+        a step's kind of work, and the steps keep that choice current. (Timed with prefill's chunks, whose time per
+        token is a long prompt's, a check looked slow and set off a trial of another team size: the process's first
+        check ran on one thread, at twice its cost. On the steps' size while they try another, it did the same.)"""
+        return self._forward(ids, cache, len(ids), None)
+
+    def _forward(self, ids: Sequence[int], cache: LiteCache, logit_rows: int, team: TeamChooser | None) -> Floats:
         if not ids:
             raise ValueError("prefill needs at least one token")
         tokens = self._token_ids(ids)
@@ -461,7 +473,7 @@ class GGUFModel(DecoderRuntime):
             end = start + len(chunk)
             rows = max(0, end - max(start, first_wanted))  # a suffix of this chunk
             out = logits[end - rows - first_wanted : end - first_wanted]
-            with self.prefill_team.timed(len(chunk)) as threads:
+            with team.timed(len(chunk)) if team is not None else nullcontext(self.decode_team.best) as threads:
                 self.arguments.set_threads(threads)
                 code = self.arguments.run(chunk, cache.length, out)
             if code != 0:

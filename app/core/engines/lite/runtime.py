@@ -340,6 +340,10 @@ class DecoderRuntime:
         a decode step computes it (only where `exact_forward`)."""
         raise NotImplementedError(f"{type(self).__name__} computes no exact multi-row forward")
 
+    def check(self, ids: Sequence[int], cache: LiteCache) -> Floats:
+        """A prompt-lookup check: the current token and its guesses, the logits after each (`forward`'s)."""
+        return self.forward(ids, cache, len(ids))
+
     def run_sequences(self, parts: Sequence[tuple[Sequence[int], LiteCache, bool]]) -> list[Floats]:
         """Several sequences' tokens (tokens, cache, wants_logits) in one forward, each row as its own step computes
         it; the logits after each wanting part's last token (only where `batched_step`)."""
