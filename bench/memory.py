@@ -32,8 +32,9 @@ from transformers import DynamicCache
 
 from app.core.engines.loader import load_model
 from app.core.memory.accounting import kv_bytes_by_device, measured_weights_by_device
-from app.core.memory.planner import PREFILL_CHUNK, plan_memory
+from app.core.memory.planner import plan_memory
 from app.core.memory.types import format_bytes
+from app.core.memory.weights import PREFILL_CHUNK
 from bench.gguf_files import default_model_folder
 from tests.helpers.tiny_models import ARCHITECTURES, build_tiny_model
 

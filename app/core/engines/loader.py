@@ -38,7 +38,8 @@ from app.core.errors import (
 from app.core.fastpath.packed import set_compute_dtype
 from app.core.fastpath.prefill import apply_prefill_upcast
 from app.core.memory.fit import window_that_fits
-from app.core.memory.planner import plan_memory, stored_dtype
+from app.core.memory.model_config import stored_dtype
+from app.core.memory.planner import plan_memory
 from app.core.memory.release import release_freed_memory
 from app.core.models.attention import attention_shape
 from app.core.models.gguf_meta import check_gguf_complete

@@ -20,7 +20,8 @@ from app.core.errors import (
 )
 from app.core.memory.accounting import kv_bytes_by_device, measured_weights_by_device
 from app.core.memory.fit import check_fit
-from app.core.memory.planner import config_from_gguf, kv_layout, nf4_weight_bytes, plan_memory
+from app.core.memory.model_config import config_from_gguf
+from app.core.memory.planner import kv_layout, plan_memory
 from app.core.memory.types import format_bytes
 from app.core.models import bnb_cpu
 from app.core.models.model_source import default_model_gguf
@@ -117,24 +118,6 @@ def test_gqa_uses_key_value_heads(tiny_model_dir) -> None:
         tiny_model_dir("llama", num_key_value_heads=4), quantization="bf16", context=10, device="cpu", free_bytes=2**40
     )
     assert full.kv_bytes_per_token == 2 * grouped.kv_bytes_per_token == 2 * 2 * 2 * 4 * 16 * 2 // 2
-
-
-def test_nf4_bits_per_weight_follow_bitsandbytes_storage() -> None:
-    weights = 4096 * 4096
-    assert nf4_weight_bytes(weights, double_quant=False) * 8 / weights == pytest.approx(4.5, abs=0.001)
-    assert nf4_weight_bytes(weights, double_quant=True) * 8 / weights == pytest.approx(4.127, abs=0.002)
-    # Repacked on an AVX512-BF16 CPU: a bf16 absmax per 64 weights, with or without double quant.
-    assert nf4_weight_bytes(weights, False, repacked=True) * 8 / weights == pytest.approx(4.25, abs=0.001)
-    assert nf4_weight_bytes(weights, True, repacked=True) * 8 / weights == pytest.approx(4.25, abs=0.001)
-
-
-def test_nf4_bytes_of_one_weight_by_hand() -> None:
-    elements = 1536 * 576  # SmolLM2's gate_proj: 13,824 blocks of 64, 54 double-quant blocks of 256
-    data, code = elements // 2, 16 * 4
-    assert nf4_weight_bytes(elements, double_quant=False) == data + code + 13_824 * 4
-    assert nf4_weight_bytes(elements, double_quant=True) == data + code + 13_824 + 54 * 4 + 256 * 4 + 4
-    assert nf4_weight_bytes(elements, False, repacked=True) == data + code + 13_824 * 2
-    assert nf4_weight_bytes(elements, True, repacked=True) == data + code + 13_824 * 2 + 4  # the offset stays
 
 
 def test_default_model_bf16_plan_matches_measured(default_loaded) -> None:
@@ -285,7 +268,7 @@ def test_kv_layout_of_a_config_without_sliding_window(tiny_model_dir) -> None:
 
 def test_planner_prefill_chunk_matches_the_engine() -> None:
     from app.core.engines.generation import PREFILL_CHUNK as ENGINE_CHUNK
-    from app.core.memory.planner import PREFILL_CHUNK
+    from app.core.memory.weights import PREFILL_CHUNK
 
     assert PREFILL_CHUNK == ENGINE_CHUNK
 
