@@ -590,7 +590,6 @@ class ReplyEngine(ABC):
         planner = self.lookup
         if planner is None:
             return None
-        planner.start_reply()
 
         def room() -> int:  # guesses the budget and the context window leave after the current token
             return min(budget - generated() - 1, self.context_window - len(kv.ids) - 1)

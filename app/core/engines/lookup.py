@@ -109,10 +109,28 @@ class Odds:
         self.tried += tried
 
 
+@dataclass
+class GuessOdds:
+    """One reply's odds that a check's first guess is taken and that a guess after a taken one is, from the priors
+    and the reply's own guesses (each reply has its own: concurrent replies on one engine do not share them)."""
+
+    first: Odds = field(default_factory=lambda: Odds(*PRIOR_FIRST))
+    follow: Odds = field(default_factory=lambda: Odds(*PRIOR_FOLLOW))
+
+    def record(self, proposed: int, accepted: int) -> None:
+        """`proposed` guesses in a row, the first `accepted` of them the tokens the reply went on with (checked in a
+        forward, or only compared with the reply's next tokens: the same odds, learned without paying for a check)."""
+        if proposed:
+            self.first.add(1.0 if accepted else 0.0, 1.0)
+            if accepted:
+                # guesses 2..accepted were taken after a taken one, and the next, if there was one, was not
+                self.follow.add(accepted - 1, min(accepted, proposed - 1))
+
+
 class LookupPlanner:
     """How many guesses to check in the next forward: the count that maximises expected tokens per second, from the
-    measured cost of a step and of forwards of each size (kept across replies) and this reply's odds that a check's
-    first guess is taken and that a guess after a taken one is."""
+    measured cost of a step and of forwards of each size (kept across replies: one planner per engine) and the
+    reply's GuessOdds."""
 
     def __init__(self, max_draft: int = MAX_DRAFT) -> None:
         self.max_draft = max_draft
@@ -121,11 +139,6 @@ class LookupPlanner:
         # under a step, and a fresh process then checked 8 guesses at once).
         self._steps: deque[float] = deque(maxlen=STEPS_KEPT)
         self.forward_s: dict[int, float] = {}  # rows -> seconds
-        self.first = Odds(*PRIOR_FIRST)
-        self.follow = Odds(*PRIOR_FOLLOW)
-
-    def start_reply(self) -> None:
-        self.first, self.follow = Odds(*PRIOR_FIRST), Odds(*PRIOR_FOLLOW)
 
     @property
     def step_s(self) -> float | None:
@@ -134,18 +147,8 @@ class LookupPlanner:
     def record_step(self, seconds: float) -> None:
         self._steps.append(seconds)
 
-    def record_forward(self, rows: int, seconds: float, proposed: int, accepted: int) -> None:
+    def record_forward(self, rows: int, seconds: float) -> None:
         self.forward_s[rows] = _blend(self.forward_s.get(rows), seconds, COST_WEIGHT)
-        self.record_guesses(proposed, accepted)
-
-    def record_guesses(self, proposed: int, accepted: int) -> None:
-        """`proposed` guesses in a row, the first `accepted` of them the tokens the reply went on with (checked in a
-        forward, or only compared with the reply's next tokens: the same odds, learned without paying for a check)."""
-        if proposed:
-            self.first.add(1.0 if accepted else 0.0, 1.0)
-            if accepted:
-                # guesses 2..accepted were taken after a taken one, and the next, if there was one, was not
-                self.follow.add(accepted - 1, min(accepted, proposed - 1))
 
     def cost_in_steps(self, rows: int) -> float:
         step = self.step_s
@@ -165,14 +168,14 @@ class LookupPlanner:
         timed = max((rows - 1 for rows in self.forward_s), default=0)
         return min(self.max_draft, max(2, 2 * timed))
 
-    def draft_length(self, available: int) -> int:
+    def draft_length(self, available: int, odds: GuessOdds) -> int:
         """0 (a plain step) or the number of guesses, at most `available`, whose expected tokens per step-time is
-        best and above a plain step's 1."""
+        best and above a plain step's 1, at the reply's `odds`."""
         best, best_rate = 0, 1.0
         expected = 1.0  # the current token's own next token is always gained
         chance = 1.0
         for count in range(1, min(available, self.longest_check()) + 1):
-            chance *= self.first.chance if count == 1 else self.follow.chance
+            chance *= odds.first.chance if count == 1 else odds.follow.chance
             expected += chance  # the i-th guess counts only if every guess before it was accepted
             rate = expected / self.cost_in_steps(count + 1)
             if rate > best_rate * 1.02:  # a gain within timing noise is no gain
@@ -203,6 +206,7 @@ class LookupDecoder:
         self.planner, self.index = planner, index
         self._step, self._forward, self._truncate, self._length, self._room = step, forward, truncate, length, room
         self.tally = LookupTally()
+        self.odds = GuessOdds()
         self._rows: Any = None  # the last forward's logits [1 + guesses, vocab] while some guesses are unresolved
         self._guesses: list[int] = []
         self._used = 0  # guesses matched so far
@@ -220,7 +224,7 @@ class LookupDecoder:
             return row
         # room(): tokens the reply may still produce after this one's successor, and positions left in the window
         room = self._room()
-        count = self.planner.draft_length(room)
+        count = self.planner.draft_length(room, self.odds)
         guesses = self.index.propose(count) if count else []
         if not guesses and not self._unchecked:
             self._unchecked, self._unchecked_used = self.index.propose(min(room, self.planner.max_draft)), 0
@@ -266,7 +270,7 @@ class LookupDecoder:
     def _end_unchecked(self, missed: bool = False) -> None:
         """Count the unchecked guesses as far as the reply has gone: up to a miss, or all taken so far."""
         if self._unchecked and (missed or self._unchecked_used):
-            self.planner.record_guesses(self._unchecked_used + missed, self._unchecked_used)
+            self.odds.record(self._unchecked_used + missed, self._unchecked_used)
         self._unchecked, self._unchecked_used = [], 0
 
     def _drop_unmatched(self) -> None:
@@ -274,6 +278,7 @@ class LookupDecoder:
         self._settle()
 
     def _settle(self) -> None:
-        self.planner.record_forward(len(self._guesses) + 1, self._seconds, len(self._guesses), self._used)
+        self.planner.record_forward(len(self._guesses) + 1, self._seconds)
+        self.odds.record(len(self._guesses), self._used)
         self.tally.runs.append((len(self._guesses), self._used))
         self._rows, self._guesses, self._used = None, [], 0

@@ -14,7 +14,15 @@ from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import LoadRequest, ReplyRequest
 from app.core.engines.lite.backend import LiteBackend, open_lite_backend
 from app.core.engines.lite.engine import LiteEngine
-from app.core.engines.lookup import PRIOR_FIRST, PRIOR_ROW_COST, LookupDecoder, LookupPlanner, NgramIndex, Odds
+from app.core.engines.lookup import (
+    PRIOR_FIRST,
+    PRIOR_ROW_COST,
+    GuessOdds,
+    LookupDecoder,
+    LookupPlanner,
+    NgramIndex,
+    Odds,
+)
 from app.core.stats_text import reply_stats_text
 from tests.helpers.lookup_planners import CheapForwards
 
@@ -48,29 +56,36 @@ def test_guesses_are_checked_only_when_their_forward_pays_for_itself() -> None:
     planner = LookupPlanner(max_draft=6)
     planner.record_step(0.010)
     for rows in range(2, 8):
-        planner.record_forward(rows, 0.010 * rows, 0, 0)  # a forward costs as many steps as it has rows
-    planner.first, planner.follow = Odds(0.9, 1.0), Odds(0.9, 1.0)
-    assert planner.draft_length(6) == 0  # nothing is gained: every guess is paid in full
+        planner.record_forward(rows, 0.010 * rows)  # a forward costs as many steps as it has rows
+    likely = GuessOdds(Odds(0.9, 1.0), Odds(0.9, 1.0))
+    assert planner.draft_length(6, likely) == 0  # nothing is gained: every guess is paid in full
     for rows in range(2, 8):
         planner.forward_s[rows] = 0.010 * (1 + 0.05 * (rows - 1))  # memory-bound: rows are nearly free
-    assert planner.draft_length(6) == 6
-    assert planner.draft_length(2) == 2  # never more than the reply has room for
-    planner.first = Odds(0.02, 1.0)
-    assert planner.draft_length(6) == 0  # guesses that are never taken cost their rows
+    assert planner.draft_length(6, likely) == 6
+    assert planner.draft_length(2, likely) == 2  # never more than the reply has room for
+    assert planner.draft_length(6, GuessOdds(first=Odds(0.02, 1.0))) == 0  # guesses never taken cost their rows
 
 
-def test_the_odds_follow_the_reply_and_start_over_with_the_next() -> None:
-    planner = LookupPlanner()
+def test_a_reply_s_odds_count_its_first_guesses_and_its_runs_from_the_priors() -> None:
+    odds = GuessOdds()
+    assert (odds.first.taken, odds.first.tried) == PRIOR_FIRST and odds.follow.chance == 0.8
     for _ in range(6):
-        planner.record_forward(5, 0.01, 4, 0)
-    assert planner.first.chance < 0.15 and planner.follow.chance == 0.8  # no guess taken: nothing about runs
-    planner.record_forward(5, 0.01, 4, 2)  # the first two taken, the third not
-    assert planner.first.taken == 2.0 and planner.first.tried == 10.0
-    assert (planner.follow.taken, planner.follow.tried) == (5.0, 7.0)  # one taken after a taken one, one not
-    planner.record_forward(3, 0.01, 2, 2)  # both taken: a run the check's end cut short, no miss counted
-    assert (planner.follow.taken, planner.follow.tried) == (6.0, 8.0)
-    planner.start_reply()
-    assert (planner.first.taken, planner.first.tried) == PRIOR_FIRST and planner.follow.chance == 0.8
+        odds.record(4, 0)
+    assert odds.first.chance < 0.15 and odds.follow.chance == 0.8  # no guess taken: nothing about runs
+    odds.record(4, 2)  # the first two taken, the third not
+    assert odds.first.taken == 2.0 and odds.first.tried == 10.0
+    assert (odds.follow.taken, odds.follow.tried) == (5.0, 7.0)  # one taken after a taken one, one not
+    odds.record(2, 2)  # both taken: a run the check's end cut short, no miss counted
+    assert (odds.follow.taken, odds.follow.tried) == (6.0, 8.0)
+
+
+def test_each_reply_has_odds_of_its_own_and_the_engine_keeps_the_costs() -> None:
+    planner = LookupPlanner()
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 1, 5]
+    first, second = (toy_reply(prompt, 1, planner)[2] for _ in range(2))
+    first.odds.record(4, 0)
+    assert second.odds != first.odds and first.odds.first.tried == second.odds.first.tried + 1
+    assert second.planner is first.planner
 
 
 def test_long_runs_pay_for_long_checks_even_when_first_guesses_often_miss() -> None:
@@ -78,23 +93,22 @@ def test_long_runs_pay_for_long_checks_even_when_first_guesses_often_miss() -> N
     planner = LookupPlanner(max_draft=8)
     planner.record_step(0.010)
     for rows in range(2, 10):
-        planner.record_forward(rows, 0.010 * (1 + 0.3 * (rows - 1)), 0, 0)  # each row 0.3 of a step
-    planner.first, planner.follow = Odds(0.5, 1.0), Odds(0.95, 1.0)
-    assert planner.draft_length(8) >= 4
-    planner.follow = Odds(0.3, 1.0)  # runs that break off at once: one guess at most
-    assert planner.draft_length(8) <= 1
+        planner.record_forward(rows, 0.010 * (1 + 0.3 * (rows - 1)))  # each row 0.3 of a step
+    assert planner.draft_length(8, GuessOdds(Odds(0.5, 1.0), Odds(0.95, 1.0))) >= 4
+    # runs that break off at once: one guess at most
+    assert planner.draft_length(8, GuessOdds(Odds(0.5, 1.0), Odds(0.3, 1.0))) <= 1
 
 
 def test_checks_grow_from_the_sizes_timed_and_a_few_slow_steps_do_not_cheapen_them() -> None:
     planner = LookupPlanner(max_draft=8)
-    planner.first, planner.follow = Odds(0.99, 1.0), Odds(0.99, 1.0)  # every guess taken: the longest check pays
-    assert planner.draft_length(8) == 2  # nothing timed: two guesses at most
+    sure = GuessOdds(Odds(0.99, 1.0), Odds(0.99, 1.0))  # every guess taken: the longest check pays
+    assert planner.draft_length(8, sure) == 2  # nothing timed: two guesses at most
     for _ in range(10):
         planner.record_step(0.010)
-    planner.record_forward(3, 0.012, 2, 2)
-    assert planner.longest_check() == 4 and planner.draft_length(8) == 4
-    planner.record_forward(5, 0.015, 4, 4)
-    assert planner.draft_length(8) == 8
+    planner.record_forward(3, 0.012)
+    assert planner.longest_check() == 4 and planner.draft_length(8, sure) == 4
+    planner.record_forward(5, 0.015)
+    assert planner.draft_length(8, sure) == 8
     for _ in range(4):
         planner.record_step(0.040)  # a team size under trial: a few steps four times as slow
     assert planner.step_s == 0.010 and planner.cost_in_steps(3) == pytest.approx(1.2)
@@ -104,7 +118,7 @@ def test_a_size_not_timed_yet_is_priced_from_the_sizes_that_were() -> None:
     planner = LookupPlanner()
     assert planner.cost_in_steps(3) == pytest.approx(1.0 + 2 * PRIOR_ROW_COST)  # nothing timed: the prior
     planner.record_step(0.010)
-    planner.record_forward(2, 0.0105, 1, 0)  # one row more cost 0.05 of a step
+    planner.record_forward(2, 0.0105)  # one row more cost 0.05 of a step
     assert planner.cost_in_steps(2) == pytest.approx(1.05)
     assert planner.cost_in_steps(5) == pytest.approx(1.2)  # four rows more at the measured 0.05 each
 
@@ -207,11 +221,8 @@ def test_guesses_that_are_not_checked_still_teach_the_planner_the_reply_s_odds()
     looked, model, decoder = toy_reply(prompt, 40, planner)
     assert looked == plain and decoder.tally.checks == 0 and model.forwards == []
     # The toy copies its spans: the reply's guesses, compared with the tokens that followed, were mostly right.
-    assert planner.first.tried > 5 and planner.first.chance > 0.6  # from the prior's 1 in 3
-    assert planner.follow.tried > 5 and planner.follow.chance > 0.8
-    missing = LookupPlanner()
-    missing.record_guesses(3, 0)
-    assert (missing.first.taken, missing.first.tried) == (PRIOR_FIRST[0], PRIOR_FIRST[1] + 1)
+    assert decoder.odds.first.tried > 5 and decoder.odds.first.chance > 0.6  # from the prior's 1 in 3
+    assert decoder.odds.follow.tried > 5 and decoder.odds.follow.chance > 0.8
 
 
 # -- the default model -------------------------------------------------------------------------------------------------
