@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 
 from app.core.errors import HearthError
-from app.core.server.api import Policy, RequestLog, RequestRecord, ServerApp
+from app.core.server.api import RequestLog, RequestRecord, ServerApp
+from app.core.server.guard import Policy
 from app.core.server.protocol import Limits
 from app.core.server.queue import RequestQueue, ServedModel
 from app.core.server.security import check_bind, check_cors_origins
