@@ -2,7 +2,7 @@
 the guesses proposed and accepted; then the cost of a checking forward at a larger model's shape and the speed-up the
 default model's measured acceptance would give there.
 
-    python bench/lookup.py [--trials 3] [--tokens 160] [--shape FILE.gguf]
+    python bench/lookup.py [--trials 3] [--tokens 160] [--shape FILE.gguf] [--fresh 6]
 
 Part 1 runs each prompt (a document question, two rewrites, a code edit, and a free-writing prompt where little is
 copied) with lookup off and on, alternating which goes first per trial, in one process on the torch-free runtime as
@@ -15,12 +15,17 @@ number of rows is measured against a decode step (interleaved), and each part-1 
 with those costs (with the default model's own costs too, a check of the method against part 1's measured ratio).
 The planner adapts to the costs it measures, so where checking costs more it proposes fewer guesses; the worked-out
 figure is what the default model's guesses would give at that shape without that adaptation.
+
+Part 3 (--fresh N pairs, 0 skips it): a fresh process's first reply to a prompt that copies nothing (bench/peer.py's
+story prompt, 64 tokens), lookup on and off alternating: what a user pays for lookup before the planner has measured
+anything on this machine. Lookup must not cost there.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -118,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=160)
     parser.add_argument("--shape", help="a GGUF file whose forward costs price part 2 (default: the 1B Q4_K_M)")
+    parser.add_argument("--fresh", type=int, default=6, help="pairs of fresh processes for part 3 (0: skip it)")
+    parser.add_argument("--fresh-worker", choices=("on", "off"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.fresh_worker:
+        return fresh_worker(args.fresh_worker == "on")
     opened = open_lite_backend(LoadRequest(None, device="cpu", response_cache=False, prompt_cache_gib=0))
     if not isinstance(opened, LiteBackend):
         print(f"lookup: the default model did not open on the torch-free runtime ({opened})", file=sys.stderr)
@@ -176,6 +185,45 @@ def main(argv: list[str] | None = None) -> int:
     for name, trace in traces.items():
         cells = " | ".join(f"{worked_out(trace, generated[name], cost):.2f}×" for cost in costs.values())
         print(f"| {name} | {measured[name]:.2f}× | {cells} |")
+    if args.fresh > 0:
+        fresh_first_replies(args.fresh)
+    return 0
+
+
+def fresh_first_replies(pairs: int) -> None:
+    """Part 3: pairs of fresh processes, lookup on and off alternating first, each timing its first reply."""
+    speed: dict[str, list[float]] = {"on": [], "off": []}
+    for pair in range(pairs):
+        for mode in ("on", "off") if pair % 2 == 0 else ("off", "on"):
+            done = subprocess.run(
+                [sys.executable, __file__, "--fresh-worker", mode], capture_output=True, text=True, check=False
+            )
+            if done.returncode != 0:
+                print(f"\n(part 3 left out: a fresh process failed: {done.stderr.strip()[-300:]})")
+                return
+            speed[mode].append(float(done.stdout.split()[-1]))
+    ratios = [on / off for on, off in zip(speed["on"], speed["off"], strict=True)]
+    print(
+        f"\nA fresh process's first reply to a prompt that copies nothing ({pairs} pairs, alternating): lookup on "
+        f"{statistics.median(speed['on']):.1f} tok/s, off {statistics.median(speed['off']):.1f}; on / off "
+        f"{statistics.median(ratios):.2f}× (medians; each pair's ratio {', '.join(f'{r:.2f}' for r in ratios)})"
+    )
+
+
+def fresh_worker(lookup: bool) -> int:
+    """One fresh process: load the default model, a two-token warm-up, then the story prompt's reply; prints its
+    decode tok/s."""
+    from bench.peer import SHORT_QUESTION
+
+    opened = open_lite_backend(LoadRequest(None, device="cpu", response_cache=False, prompt_cache_gib=0))
+    if not isinstance(opened, LiteBackend):
+        print(f"the default model did not open on the torch-free runtime ({opened})", file=sys.stderr)
+        return 2
+    opened.engine.set_lookup(lookup)
+    reply(opened.engine, "Hello", 2)
+    _, stats = reply(opened.engine, SHORT_QUESTION, 64)
+    opened.close()
+    print(float(stats["decode_tokens_per_s"]))  # type: ignore[arg-type]
     return 0
 
 

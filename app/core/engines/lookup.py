@@ -30,9 +30,10 @@ from typing import Any
 NGRAM_SIZES = (3, 2)  # the longest match is tried first: a longer context predicts the continuation better
 MAX_DRAFT = 8  # the most tokens one forward checks (the forward's rows are that plus the current token)
 # A reply's odds before its own guesses count, as (taken, tried) pseudo-counts: light, so that a few guesses outweigh
-# them. A first guess is taken one time in three (as in free writing: a prior of one in two made a fresh process's
-# first reply check up to 7 guesses before any was taken); a guess after a taken one four times in five.
-PRIOR_FIRST = (1.0, 3.0)
+# them. A first guess is taken one time in four (free writing's rate: with one in two a fresh process's first reply
+# checked up to 7 guesses before any was taken, and with one in three it still paid for a check or two before its
+# unchecked guesses had shown anything); a guess after a taken one four times in five.
+PRIOR_FIRST = (1.0, 4.0)
 PRIOR_FOLLOW = (4.0, 5.0)
 STEPS_KEPT = 15
 COST_WEIGHT = 0.3  # exponential moving average of each size's time: recent timings count most (the cores' load changes)

@@ -1,0 +1,28 @@
+"""The lookup bench's oracle: the bound it prints must follow the guesses and the costs, never the planner."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.lookup_oracle import oracle
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+
+
+def test_a_copied_span_is_checked_at_once_when_checks_are_cheap() -> None:
+    reply = [1, 5, 6, 7, 8, 9, 10, 11, 2]  # after "1 5 6" the prompt's continuation is copied to the end
+    cheap = {rows: 1.0 + 0.1 * (rows - 1) for rows in range(1, 10)}
+    ratio, proposals, first_taken = oracle(PROMPT, reply, cheap)
+    assert ratio > 1.5 and first_taken >= 1 and proposals >= first_taken
+    # A step after token 1 and one after 5; after 6, "5 6" names the prompt's span: one check of 6 and the five
+    # guesses 7-11 (6 rows), all taken, and the reply is done: its 8 next tokens for 2 steps and that check.
+    assert ratio == pytest.approx(8 / (2 + cheap[6]))
+
+
+def test_checks_that_cost_a_step_per_row_gain_nothing_and_nothing_copied_gains_nothing() -> None:
+    reply = [1, 5, 6, 7, 8, 9, 10, 11, 2]
+    full = {rows: float(rows) for rows in range(1, 10)}
+    assert oracle(PROMPT, reply, full)[0] == 1.0
+    cheap = {rows: 1.0 + 0.1 * (rows - 1) for rows in range(1, 10)}
+    ratio, _, first_taken = oracle(PROMPT, [1, 2, 3, 4, 2, 3, 9], cheap)
+    assert first_taken == 0 and ratio == 1.0
