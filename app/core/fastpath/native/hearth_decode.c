@@ -3634,7 +3634,11 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                                  out, hd);
                     }
                 }
-                const int block = rk->kv ? 1 : (int)attend_tokens(group, chunks_max, hd);
+                /* a block of tokens per unit, but never so few units that a thread idles: a check of a few rows
+                 * over 3 kv heads was 3 units for 2 threads */
+                int block = rk->kv ? 1 : (int)attend_tokens(group, chunks_max, hd);
+                const int64_t spread = n * kv_heads / (2 * (int64_t)team);
+                if (spread < block) block = spread > 1 ? (int)spread : 1;
                 const int64_t blocks = (n + block - 1) / block, partials = (int64_t)block * group;
                 float *my_max = s.pmax + (int64_t)tid * partials * chunks_max, *my_sum = s.psum + (int64_t)tid * partials * chunks_max;
                 float *my_out = s.pout + (int64_t)tid * partials * chunks_max * hd, *my_q = s.qblock + (int64_t)tid * partials * hd;
