@@ -463,6 +463,29 @@ def test_long_prompts_give_the_same_bits_across_attention_chunks(tmp_path: Path)
         model.close()
 
 
+def test_a_lookup_check_runs_on_the_steps_fastest_team_and_gives_each_row_a_step_s_bits(tmp_path: Path) -> None:
+    """A prompt-lookup check (the current token and its guesses) runs on the team size the decode steps measure
+    fastest and is timed by neither chooser: timed with prefill's chunks it once set off a one-thread trial, and the
+    process's first check ran at twice its cost. Each row is a decode step's bits, past an attention chunk too."""
+    model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K))
+    try:
+        ids = [int(i) for i in np.random.default_rng(11).integers(3, 400, size=300)]
+        checked, stepped = model.new_cache(), model.new_cache()
+        model.prefill(ids, checked)
+        model.prefill(ids, stepped)
+        tokens = [5, 6, 7, 8]
+        expected = np.stack([model.step(token, stepped) for token in tokens])
+        teams: list[int] = []
+        set_threads = model.arguments.set_threads
+        model.arguments.set_threads = lambda threads: (teams.append(threads), set_threads(threads))[1]  # type: ignore[method-assign]
+        timed = (dict(model.prefill_team.average), dict(model.decode_team.average))
+        assert np.array_equal(model.check(tokens, checked), expected)
+        assert teams == [model.decode_team.best] and checked.ids == stepped.ids
+        assert (dict(model.prefill_team.average), dict(model.decode_team.average)) == timed
+    finally:
+        model.close()
+
+
 @pytest.mark.parametrize("rows", [2, 3, 5])
 def test_a_batched_step_gives_each_sequence_the_bits_of_its_own_step(rows: int, tmp_path: Path) -> None:
     """Sequences at different positions (one past an attention chunk) and with caches of different capacities, run
