@@ -76,6 +76,16 @@ PROMPTS: dict[str, str] = {
 }
 
 
+def open_default() -> LiteBackend | None:
+    """The default model on the torch-free runtime, as users run it (no response or prompt cache); None, said on
+    stderr, where it does not open there."""
+    opened = open_lite_backend(LoadRequest(None, device="cpu", response_cache=False, prompt_cache_gib=0))
+    if not isinstance(opened, LiteBackend):
+        print(f"lookup: the default model did not open on the torch-free runtime ({opened})", file=sys.stderr)
+        return None
+    return opened
+
+
 def reply(engine: LiteEngine, prompt: str, tokens: int) -> tuple[str, dict[str, object]]:
     request = ReplyRequest(
         messages=[ChatMessage("user", prompt)],
@@ -128,9 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fresh_worker:
         return fresh_worker(args.fresh_worker == "on")
-    opened = open_lite_backend(LoadRequest(None, device="cpu", response_cache=False, prompt_cache_gib=0))
-    if not isinstance(opened, LiteBackend):
-        print(f"lookup: the default model did not open on the torch-free runtime ({opened})", file=sys.stderr)
+    opened = open_default()
+    if opened is None:
         return 2
     engine = opened.engine
     print(f"machine: {llama_build.machine_line()}")
@@ -215,9 +224,8 @@ def fresh_worker(lookup: bool) -> int:
     decode tok/s."""
     from bench.peer import SHORT_QUESTION
 
-    opened = open_lite_backend(LoadRequest(None, device="cpu", response_cache=False, prompt_cache_gib=0))
-    if not isinstance(opened, LiteBackend):
-        print(f"the default model did not open on the torch-free runtime ({opened})", file=sys.stderr)
+    opened = open_default()
+    if opened is None:
         return 2
     opened.engine.set_lookup(lookup)
     reply(opened.engine, "Hello", 2)

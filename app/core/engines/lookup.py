@@ -139,14 +139,12 @@ class LookupPlanner:
         # steps twice as slow now and then; an average of them priced checks, which run on the fastest size, at
         # under a step, and a fresh process then checked 8 guesses at once).
         self._steps: deque[float] = deque(maxlen=STEPS_KEPT)
+        self.step_s: float | None = None  # their median, worked out once per step, not once per size priced
         self.forward_s: dict[int, float] = {}  # rows -> seconds
-
-    @property
-    def step_s(self) -> float | None:
-        return statistics.median(self._steps) if self._steps else None
 
     def record_step(self, seconds: float) -> None:
         self._steps.append(seconds)
+        self.step_s = statistics.median(self._steps)
 
     def record_forward(self, rows: int, seconds: float) -> None:
         self.forward_s[rows] = _blend(self.forward_s.get(rows), seconds, COST_WEIGHT)
