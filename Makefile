@@ -120,13 +120,16 @@ screens: $(STAMP)
 # of compiling) into its own venv under .cache/ and reused. Its ggml flags come from this CPU's flags
 # (bench/llama_build.py: never -march=native, never AMX, which segfaults on AMX Xeon guests); the venv records them
 # and is rebuilt when they change. MODEL=FILE.gguf (or a folder) picks the model for bench-peer and bench-quality.
-PEER_VENV := .cache/peer-venv
+# PEER_CAP=avx2 or avxvnni builds the peer as for that lesser CPU class (its own venv) and caps Hearth's kernel the
+# same way (HEARTH_KERNEL_TARGET): both engines as on an AVX2-only or an AVX-VNNI (Alder Lake) machine.
+PEER_CAP ?=
+PEER_VENV := .cache/peer-venv$(if $(PEER_CAP),-$(PEER_CAP))
 PEER_SDIST := .cache/llama_cpp_python-0.3.36.tar.gz
 MODEL ?=
 .PHONY: peer-venv bench-quality bench-gguf-models
 peer-venv: $(STAMP)
 	@test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
-	@args="$$($(BIN)/python bench/llama_build.py --cmake-args)"; \
+	@args="$$($(BIN)/python bench/llama_build.py --cmake-args $(if $(PEER_CAP),--cap $(PEER_CAP)))"; \
 	if ! $(PEER_VENV)/bin/python -c "import llama_cpp" 2>/dev/null || \
 		[ "$$(cat $(PEER_VENV)/hearth-cmake-args 2>/dev/null)" != "$$args" ]; then \
 		src="llama-cpp-python==0.3.36"; [ -f $(PEER_SDIST) ] && src=$(PEER_SDIST); \
@@ -138,7 +141,8 @@ peer-venv: $(STAMP)
 		uvicorn fastapi sse-starlette starlette-context pydantic-settings
 
 bench-peer: peer-venv
-	$(BIN)/python bench/peer.py --peer-python $(PEER_VENV)/bin/python $(if $(MODEL),--model $(MODEL))
+	$(if $(PEER_CAP),HEARTH_KERNEL_TARGET=$(PEER_CAP)) $(BIN)/python bench/peer.py --peer-python $(PEER_VENV)/bin/python \
+		$(if $(MODEL),--model $(MODEL))
 
 # Perplexity and KL divergence of Hearth and llama.cpp against an fp32 reference from the same GGUF's blocks.
 bench-quality: peer-venv

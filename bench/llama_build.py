@@ -2,6 +2,7 @@
 
     python bench/llama_build.py                 # builds them once into .cache/llama-build/ (~10 min on 2 cores)
     python bench/llama_build.py --cmake-args    # prints the ggml flags for this CPU (the Makefile's CMAKE_ARGS)
+    python bench/llama_build.py --cmake-args --cap avx2   # the same, as for an AVX2-only CPU (or avxvnni)
     python bench/llama_build.py --describe      # names the build: llama.cpp commit, sdist version, flags
 
 The source is the llama.cpp that llama-cpp-python 0.3.36 vendors (the same code `make bench-peer` compiles into its
@@ -72,21 +73,33 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def ggml_cpu_args(machine: str | None = None, flags: set[str] | None = None) -> list[str]:
-    """The ggml CMake options for a CPU: on x86 every extension set from its flags and AMX off; elsewhere native."""
+# Caps that build llama.cpp as for a lesser x86 CPU on this one, named as Hearth's HEARTH_KERNEL_TARGET names them: an
+# AVX2 peer beside Hearth's AVX2 kernel (Zen 2/3, Intel before Alder Lake), an AVX-VNNI one beside its AVX-VNNI kernel
+# (Intel's Alder Lake and later client cores: AVX-VNNI, no AVX-512).
+CAPS: dict[str, frozenset[str]] = {
+    "avx2": frozenset({"sse4_2", "avx", "avx2", "bmi2", "fma", "f16c"}),
+    "avxvnni": frozenset({"sse4_2", "avx", "avx2", "bmi2", "fma", "f16c", "avx_vnni"}),
+}
+
+
+def ggml_cpu_args(machine: str | None = None, flags: set[str] | None = None, cap: str = "") -> list[str]:
+    """The ggml CMake options for a CPU: on x86 every extension set from its flags and AMX off; elsewhere native.
+    `cap` (a CAPS name): only the extensions that CPU class has as well."""
     machine = (machine or platform.machine()).lower()
     if machine not in X86_MACHINES:
         return ["-DGGML_NATIVE=ON"]
     flags = cpu_flags() if flags is None else flags
+    if cap:
+        flags = set(flags) & CAPS[cap]
     args = ["-DGGML_NATIVE=OFF"]
     args += [f"-D{option}={'ON' if set(needs) <= flags else 'OFF'}" for option, needs in X86_OPTIONS]
     args += [f"-D{option}=OFF" for option in AMX_OPTIONS]
     return args
 
 
-def cmake_args_line() -> str:
-    """CMAKE_ARGS for llama-cpp-python's pip build: the same CPU options as the tools get."""
-    return " ".join(ggml_cpu_args())
+def cmake_args_line(cap: str = "") -> str:
+    """CMAKE_ARGS for llama-cpp-python's pip build: the same CPU options as the tools get (capped to `cap`)."""
+    return " ".join(ggml_cpu_args(cap=cap))
 
 
 def llama_source(python: str = sys.executable) -> Path:
@@ -250,10 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cmake-args", action="store_true", help="print the ggml CMake options for this CPU")
     parser.add_argument("--describe", action="store_true", help="name the build (building it first if needed)")
+    parser.add_argument("--cap", choices=sorted(CAPS), default="", help="with --cmake-args: as for that CPU class")
     parser.add_argument("--jobs", type=int, default=None)
     args = parser.parse_args(argv)
     if args.cmake_args:
-        print(cmake_args_line())
+        print(cmake_args_line(args.cap))
         return 0
     info = build_tools(args.jobs)
     print(describe(info))

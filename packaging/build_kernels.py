@@ -41,6 +41,8 @@ NO_AMX_FLAG = "-DHEARTH_NO_AMX"  # the kernel without its AMX code (app.core.fas
 # x86-64-v3: what every AVX2 CPU (Haswell, Zen 1 and later) has; Linux's /proc/cpuinfo names.
 AVX2_FLAGS = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe")
 AVX512_FLAGS = (*AVX2_FLAGS, "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni")
+# AVX-VNNI: vpdpbusd on 256-bit vectors without AVX-512 (Intel Alder Lake and later client cores, Zen 5).
+AVXVNNI_FLAGS = (*AVX2_FLAGS, "avx_vnni")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ TARGETS = (
         "x86-64-avx512", "x86_64", ("-march=x86-64-v4", "-mavx512vnni"), AVX512_FLAGS,
         (("-mavx512bf16", "avx512_bf16"),),
     ),
+    Target("x86-64-avxvnni", "x86_64", ("-march=x86-64-v3", "-mavxvnni"), AVXVNNI_FLAGS),
     Target("x86-64-avx2", "x86_64", ("-march=x86-64-v3",), AVX2_FLAGS),
     Target("arm64-dotprod", "aarch64", ("-march=armv8.2-a+dotprod",), ("asimd", "asimddp")),
     Target("arm64", "aarch64", ("-march=armv8-a",), ("asimd",)),

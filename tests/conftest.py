@@ -33,7 +33,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 # CPU flags that decide a kernel variant somewhere (the fused step, oneDNN, torch), in the header's order.
-VARIANT_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx512f", "avx2", "fma", "asimddp", "asimd")
+VARIANT_FLAGS = (
+    "amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx512f", "avx_vnni", "avx2", "fma", "asimddp", "asimd"
+)  # fmt: skip
 VARIANT_SWITCHES = ("HEARTH_KERNEL", "HEARTH_KERNEL_TARGET", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 
 
@@ -56,6 +58,7 @@ def kernel_report() -> list[str]:
     else:
         q4 = kernel.Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
         tiles = ", GGUF prefill on AMX tiles" if library.lib.hearth_amx(-1) else ""
+        tiles += ", GGUF blocks on AVX-VNNI" if library.lib.hearth_avx_vnni() else ""
         threads = "OpenMP" if library.threaded else "1 thread"
         fused = f"fused step {library.origin or 'C kernel'} ({q4}{tiles}, {threads})"
     blas = [

@@ -53,3 +53,16 @@ def test_old_x86_turns_off_what_ggml_would_default_on() -> None:
 
 def test_arm_keeps_the_native_build() -> None:
     assert ggml_cpu_args("aarch64", {"asimd", "asimddp"}) == ["-DGGML_NATIVE=ON"]
+
+
+def test_a_cap_builds_the_peer_as_for_a_lesser_cpu_on_this_one() -> None:
+    """bench-peer PEER_CAP=avx2 / avxvnni: llama.cpp beside Hearth's AVX2 and AVX-VNNI kernels, on an AMX machine."""
+    avx2 = dict(arg.removeprefix("-D").split("=") for arg in ggml_cpu_args("x86_64", SAPPHIRE_RAPIDS, cap="avx2"))
+    assert avx2["GGML_AVX2"] == avx2["GGML_FMA"] == "ON"
+    assert avx2["GGML_AVX_VNNI"] == avx2["GGML_AVX512"] == avx2["GGML_AVX512_VNNI"] == "OFF"
+    vnni = dict(arg.removeprefix("-D").split("=") for arg in ggml_cpu_args("x86_64", SAPPHIRE_RAPIDS, cap="avxvnni"))
+    assert vnni["GGML_AVX_VNNI"] == "ON" and vnni["GGML_AVX512"] == "OFF"
+    # a cap never adds what the CPU lacks
+    assert dict(a.removeprefix("-D").split("=") for a in ggml_cpu_args("x86_64", HASWELL, cap="avxvnni"))[
+        "GGML_AVX_VNNI"
+    ] == "OFF"

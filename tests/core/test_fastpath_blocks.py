@@ -57,7 +57,8 @@ def lib() -> Any:
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The kernel built as each shipped x86 target this CPU can run (the AVX-512 VNNI, AVX2 and scalar code)."""
+    """The kernel built as each shipped x86 target this CPU can run (the AVX-512 VNNI, AVX-VNNI, AVX2 and scalar
+    code)."""
     compiler = shutil.which("gcc") or shutil.which("cc")
     if kernel.machine_arch() != "x86_64" or compiler is None:
         pytest.skip("the x86 builds need an x86-64 CPU and gcc")
@@ -75,6 +76,8 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         assert process.returncode == 0, errors
         library = ctypes.CDLL(str(target))
         assert blocks.declare(library) == ""
+        # the AVX-VNNI build's loops really are on vpdpbusd: else its bits would match AVX2's trivially
+        assert library.hearth_avx_vnni() == (name == "avx-vnni"), name
         found[name] = library
     return found
 
@@ -189,10 +192,10 @@ def test_a_library_whose_16_row_layout_differs_is_refused(lib: Any) -> None:
 @pytest.mark.parametrize("precise", [False, True], ids=["int8", "15-bit"])
 @pytest.mark.parametrize("kind", sorted(blocks.X16_GEOMETRY), ids=blocks.type_name)
 def test_the_16_row_layout_computes_what_the_file_s_rows_do(kind: int, precise: bool, builds: dict[str, Any]) -> None:
-    """Every quantized type's matrices laid out 16 rows at a time (AVX-512 and AVX2 builds): the exact product
-    within the activation bound, the row layout's result to float rounding, every row's result the same bits alone, in
-    any tile and on any threads, and the same bits in both builds (their integer sums are exact and their float
-    operations the same); the scalar build has no layout (None) and the load keeps the file's rows."""
+    """Every quantized type's matrices laid out 16 rows at a time (AVX-512, AVX-VNNI and AVX2 builds): the exact
+    product within the activation bound, the row layout's result to float rounding, every row's result the same bits
+    alone, in any tile and on any threads, and the same bits in every build (their integer sums are exact and their
+    float operations the same); the scalar build has no layout (None) and the load keeps the file's rows."""
     rows, cols, n = 96, 768, 7
     data = weights_of(kind, rows, cols).reshape(-1)
     x = np.random.default_rng(6).standard_normal((n, cols)).astype(np.float32)

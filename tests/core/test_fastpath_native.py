@@ -446,6 +446,7 @@ def test_the_avx2_build_prefills_from_the_records_and_prefills_head_like_the_ref
         pytest.skip(library)
     assert library.lib.hearth_q4_kernel() == 3  # the AVX2 kernel
     assert "-mno-avx512f" in library.origin
+    assert library.lib.hearth_avx_vnni() == 0  # AVX2 itself, also where -march=native would bring AVX-VNNI
     generator = torch.Generator().manual_seed(6)
     weight = torch.randn(48, 96, generator=generator)
     records = packed.interleave_q4(*native.quantize_q4_blocks(weight))

@@ -56,6 +56,7 @@ ARM_BUILDS = {"dotprod": ("armv8.2-a+dotprod", "max"), "plain": ("armv8-a", "cor
 # kernels too): flags, the CPU flags the build needs to run, and the Q4_1 kernel it reports (hearth_q4_kernel).
 X86_BUILDS = {
     "avx512-vnni": (["-march=x86-64-v4", "-mavx512vnni"], {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}, 4),
+    "avx-vnni": (["-march=x86-64-v3", "-mavxvnni"], {"avx2", "fma", "f16c", "avx_vnni"}, 3),
     "avx2": (["-march=x86-64-v3"], {"avx2", "fma", "f16c"}, 3),
     "scalar": (["-march=x86-64"], set(), 0),
 }

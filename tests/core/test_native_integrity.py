@@ -42,6 +42,7 @@ MESSAGES = [ChatMessage("user", "What is the capital of France?")]
 IS_X86 = platform.machine().lower() in ("x86_64", "amd64")
 HAS_CC = kernel._compiler() is not None
 AVX2_CPU = frozenset(("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"))
+AVXVNNI_CPU = AVX2_CPU | {"avx_vnni"}  # Intel Alder Lake and later client cores: no AVX-512
 AVX512_CPU = AVX2_CPU | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16"}
 LIBRARY_DAMAGE = {
     "truncated": lambda data: truncated(data, len(data) // 3),
@@ -153,8 +154,9 @@ def prebuilt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (IS_X86 and HAS_CC):
         pytest.skip("needs an x86-64 machine with a C compiler")
     out = tmp_path_factory.mktemp("prebuilt")
-    manifest = load_build_kernels().build(out, ["x86-64-avx512", "x86-64-avx2"])
-    assert [entry["target"] for entry in manifest["libraries"]] == ["x86-64-avx512", "x86-64-avx2"]
+    targets = ["x86-64-avx512", "x86-64-avxvnni", "x86-64-avx2"]
+    manifest = load_build_kernels().build(out, targets)
+    assert [entry["target"] for entry in manifest["libraries"]] == targets
     return out
 
 
@@ -336,7 +338,9 @@ def test_cpu_flags_are_the_first_cpus_flag_names_on_linux(
 
 
 @pytest.mark.parametrize(
-    ("flags", "target"), [(AVX512_CPU, "x86-64-avx512"), (AVX2_CPU, "x86-64-avx2")], ids=["avx512", "avx2"]
+    ("flags", "target"),
+    [(AVX512_CPU, "x86-64-avx512"), (AVXVNNI_CPU, "x86-64-avxvnni"), (AVX2_CPU, "x86-64-avx2")],
+    ids=["avx512", "avx-vnni", "avx2"],
 )
 def test_the_best_prebuilt_target_for_the_cpu_is_verified_loaded_and_decodes(
     flags: frozenset[str],
@@ -361,7 +365,9 @@ def test_the_best_prebuilt_target_for_the_cpu_is_verified_loaded_and_decodes(
 
 
 @pytest.mark.parametrize(
-    ("flags", "target"), [(AVX512_CPU, "x86-64-avx512"), (AVX2_CPU, "x86-64-avx2")], ids=["avx512", "avx2"]
+    ("flags", "target"),
+    [(AVX512_CPU, "x86-64-avx512"), (AVXVNNI_CPU, "x86-64-avxvnni"), (AVX2_CPU, "x86-64-avx2")],
+    ids=["avx512", "avx-vnni", "avx2"],
 )
 def test_the_choice_follows_the_cpu_flags_not_the_build_machine(
     flags: frozenset[str], target: str, prebuilt: Path, monkeypatch: pytest.MonkeyPatch

@@ -96,6 +96,8 @@ def declare(lib: Any) -> str:
     lib.hearth_amx.argtypes = [flag]
     lib.hearth_amx_calls.restype = size  # how many products ran on the tiles (tests)
     lib.hearth_amx_calls.argtypes = []
+    lib.hearth_avx_vnni.restype = flag  # 1: the AVX2 loops' dot products on AVX-VNNI
+    lib.hearth_avx_vnni.argtypes = []
     lib.hearth_gg_x16_bytes.restype = size
     lib.hearth_gg_x16_bytes.argtypes = [flag, size, size]
     lib.hearth_gg_repack_x16.restype = flag

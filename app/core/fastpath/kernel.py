@@ -79,13 +79,22 @@ KERNEL_CHOICES = ("auto", "compile", "prebuilt")
 # that misbehaves. "amx" is the AVX-512 build with its prefill on AMX tiles where the CPU has them; "avx512" the same
 # build without them. "scalar" builds the plain C code, which the fused step refuses (slower than torch's kernels).
 TARGET_ENV = "HEARTH_KERNEL_TARGET"
-TARGETS: dict[str, tuple[str, ...]] = {"x86_64": ("amx", "avx512", "avx2", "scalar"), "aarch64": ("dotprod", "neon")}
+TARGETS: dict[str, tuple[str, ...]] = {
+    "x86_64": ("amx", "avx512", "avxvnni", "avx2", "scalar"),
+    "aarch64": ("dotprod", "neon"),
+}
 NO_SIMD = "this CPU lacks AVX2+FMA: the fused decode kernel would be slower than the plain path"
-TARGET_FLAGS = {"avx2": ("-mno-avx512f",), "scalar": ("-mno-avx2", "-mno-fma"), "neon": ("-march=armv8-a",)}
+TARGET_FLAGS = {
+    "avxvnni": ("-mno-avx512f",),
+    "avx2": ("-mno-avx512f", "-DHEARTH_NO_AVXVNNI"),  # a define, not -mno-avxvnni: compilers before it don't know it
+    "scalar": ("-mno-avx2", "-mno-fma"),
+    "neon": ("-march=armv8-a",),
+}
 # Which caps each prebuilt target (packaging/build_kernels.py) fits under.
 PREBUILT_TARGET_CAPS = {
     "x86-64-avx512": ("amx", "avx512"),
-    "x86-64-avx2": ("amx", "avx512", "avx2"),
+    "x86-64-avxvnni": ("amx", "avx512", "avxvnni"),
+    "x86-64-avx2": ("amx", "avx512", "avxvnni", "avx2"),
     "arm64-dotprod": ("dotprod",),
     "arm64": ("dotprod", "neon"),
 }

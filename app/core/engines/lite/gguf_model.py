@@ -325,6 +325,8 @@ class GGUFModel(DecoderRuntime):
                 kinds[name] = kinds.get(name, 0) + 1
         mix = ", ".join(f"{name} x{count}" for name, count in sorted(kinds.items(), key=lambda item: -item[1]))
         kernel = Q4_KERNELS.get(int(self.lib.hearth_q4_kernel()), "?")
+        if self.lib.hearth_avx_vnni():
+            kernel += " with AVX-VNNI"
         if self.layout_bytes and self.lib.hearth_amx(-1):
             kernel += ", prefill on AMX tiles"
         threads = self.decode_team.description()

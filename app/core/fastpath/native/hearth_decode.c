@@ -62,6 +62,15 @@
 #else
 #define HEARTH_AVX512 0
 #endif
+/* AVX-VNNI without AVX-512 (Intel's Alder Lake and later desktop and laptop cores): vpdpbusd on 256-bit vectors, so
+ * the GGUF blocks' integer dot products take one instruction per 32 byte products where AVX2 takes maddubs and an
+ * add (and a widening madd): the same exact integer sums, so the same bits as the AVX2 and AVX-512 builds.
+ * -DHEARTH_NO_AVXVNNI keeps a -march=native build on AVX2 (HEARTH_KERNEL_TARGET=avx2). */
+#if HEARTH_AVX2 && !HEARTH_AVX512 && defined(__AVXVNNI__) && !defined(HEARTH_NO_AVXVNNI)
+#define HEARTH_AVXVNNI 1
+#else
+#define HEARTH_AVXVNNI 0
+#endif
 
 /* AMX tiles for prefill: an AVX-512 build for Linux on x86-64 with a compiler that knows them (not with
  * -DHEARTH_NO_AMX: an assembler that does not); used only where the CPU has them and the kernel grants them
@@ -110,6 +119,8 @@ int hearth_abi(void) { return HEARTH_ABI; }
 int hearth_simd(void) { return HEARTH_SIMD; }
 /* Which Q4_1 kernel this build runs: 0 scalar, 1 NEON, 2 NEON with DotProd, 3 AVX2, 4 AVX-512 VNNI. */
 int hearth_q4_kernel(void) { return HEARTH_AVX512 ? 4 : HEARTH_AVX2 ? 3 : HEARTH_DOTPROD ? 2 : HEARTH_NEON ? 1 : 0; }
+/* Whether the GGUF blocks' AVX2 loops run their integer dot products on AVX-VNNI (vpdpbusd ymm). */
+int hearth_avx_vnni(void) { return HEARTH_AVXVNNI; }
 int hearth_layout(int which) {
     switch (which) {
     case 0: return C_COUNT;
@@ -160,6 +171,16 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
 }
 
 #if HEARTH_AVX2
+/* acc plus int32 lanes of 4 products each, w's bytes (unsigned) times x's (signed): AVX-VNNI's vpdpbusd, else
+ * maddubs and madd (exact where a pair's sum fits int16, as at every call). */
+static inline __m256i dp4_add(__m256i acc, __m256i w, __m256i x) {
+#if HEARTH_AVXVNNI
+    return _mm256_dpbusd_avx_epi32(acc, w, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+#endif
+}
+
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     __m128 h = _mm_movehdup_ps(s);
@@ -320,8 +341,8 @@ static void quantize_q8(const float *x, int n, int8_t *q, float *d, float *sums,
 
 #if HEARTH_AVX2
 static inline __m256 block_dot(__m256i w, __m256i x, __m256 d) {
-    const __m256i products = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1))), d);
+    const __m256i products = dp4_add(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(products), d);
 }
 #endif
 
@@ -525,7 +546,7 @@ static inline __m256 halves8(const uint8_t *p) { /* 8 fp16 values as floats (exa
 }
 
 static inline void group_block(group_acc *a, const uint8_t *rec, const int8_t *xb, float dx, float sx) {
-    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i mask = _mm256_set1_epi8(0x0f);
     for (int h = 0; h < 2; h++) { /* rows 0-7, then 8-15: bytes 0-31 and 32-63 of each chunk */
         __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
         for (int k = 0; k < 4; k++) {
@@ -533,13 +554,9 @@ static inline void group_block(group_acc *a, const uint8_t *rec, const int8_t *x
             int32_t xl, xh;
             memcpy(&xl, xb + 4 * k, 4);
             memcpy(&xh, xb + 16 + 4 * k, 4);
-            /* maddubs: unsigned nibble x signed byte, pairs summed in int16 (|15 * 128 * 2| fits), madd: into int32 */
-            lo = _mm256_add_epi32(
-                lo, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, mask), _mm256_set1_epi32(xl)), ones));
-            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4),
-                                                                                               mask),
-                                                                              _mm256_set1_epi32(xh)),
-                                                        ones));
+            /* unsigned nibble x signed byte; on AVX2 pairs summed in int16 (|15 * 128 * 2| fits), then into int32 */
+            lo = dp4_add(lo, _mm256_and_si256(v, mask), _mm256_set1_epi32(xl));
+            hi = dp4_add(hi, _mm256_and_si256(_mm256_srli_epi16(v, 4), mask), _mm256_set1_epi32(xh));
         }
         const __m256 d = _mm256_mul_ps(halves8(rec + RECORD_D + 16 * h), _mm256_set1_ps(dx));
         a->acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), d, a->acc[h]);
@@ -702,7 +719,6 @@ typedef struct {
 static inline void lm_zero(lm_acc *a) { a->h[0] = a->h[1] = _mm256_setzero_ps(); }
 static inline void lm_block(lm_acc *a, const int8_t *rec, const int8_t *xb, int32_t xsum, float dx) {
     (void)xsum;
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int h = 0; h < 2; h++) {
         __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
         for (int k = 0; k < 8; k += 2) {
@@ -711,12 +727,8 @@ static inline void lm_block(lm_acc *a, const int8_t *rec, const int8_t *xb, int3
             memcpy(&x1, xb + 4 * k + 4, 4);
             const __m256i w0 = _mm256_loadu_si256((const __m256i *)(rec + 64 * k + 32 * h));
             const __m256i w1 = _mm256_loadu_si256((const __m256i *)(rec + 64 * k + 64 + 32 * h));
-            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0),
-                                                                             _mm256_sign_epi8(_mm256_set1_epi32(x0), w0)),
-                                                        ones));
-            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1),
-                                                                             _mm256_sign_epi8(_mm256_set1_epi32(x1), w1)),
-                                                        ones));
+            s0 = dp4_add(s0, _mm256_sign_epi8(w0, w0), _mm256_sign_epi8(_mm256_set1_epi32(x0), w0));
+            s1 = dp4_add(s1, _mm256_sign_epi8(w1, w1), _mm256_sign_epi8(_mm256_set1_epi32(x1), w1));
         }
         a->h[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), _mm256_set1_ps(dx), a->h[h]);
     }
@@ -1385,7 +1397,10 @@ static inline void group_block_q16(group_acc *a, const uint8_t *rec, const int8_
  * share each chunk's unpacked nibbles; the 16 ymm registers hold no more. */
 static inline void group_block_q16(group_acc *a, const uint8_t *rec, const int8_t *xh, const int8_t *xl, int64_t cols,
                                    const float *dx, const float *sx, int64_t blocks, int n) {
-    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+#if !HEARTH_AVXVNNI
+    const __m256i ones = _mm256_set1_epi16(1);
+#endif
     for (int h = 0; h < 2; h++) { /* rows 0-7, then 8-15: bytes 0-31 and 32-63 of each chunk */
         __m256i hs[Q16_TILE], ls[Q16_TILE];
         for (int r = 0; r < n; r++) hs[r] = ls[r] = _mm256_setzero_si256();
@@ -1398,6 +1413,10 @@ static inline void group_block_q16(group_acc *a, const uint8_t *rec, const int8_
                 memcpy(&h1, xh + r * cols + 16 + 4 * k, 4);
                 memcpy(&l0, xl + r * cols + 4 * k, 4);
                 memcpy(&l1, xl + r * cols + 16 + 4 * k, 4);
+#if HEARTH_AVXVNNI
+                hs[r] = dp4_add(dp4_add(hs[r], low, _mm256_set1_epi32(h0)), high, _mm256_set1_epi32(h1));
+                ls[r] = dp4_add(dp4_add(ls[r], low, _mm256_set1_epi32(l0)), high, _mm256_set1_epi32(l1));
+#else
                 const __m256i hp = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(h0)),
                                                     _mm256_maddubs_epi16(high, _mm256_set1_epi32(h1)));
                 const __m256i lp = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi32(l0)),
@@ -1405,6 +1424,7 @@ static inline void group_block_q16(group_acc *a, const uint8_t *rec, const int8_
                 /* each int16 sum: four nibble products, |4 * 15 * 128| fits */
                 hs[r] = _mm256_add_epi32(hs[r], _mm256_madd_epi16(hp, ones));
                 ls[r] = _mm256_add_epi32(ls[r], _mm256_madd_epi16(lp, ones));
+#endif
             }
         }
         const __m256 d = halves8(rec + RECORD_D + 16 * h), m = halves8(rec + RECORD_M + 16 * h);
@@ -1822,12 +1842,16 @@ static inline __m256 q6_offsets(__m128i scales16, const int32_t *n16) {
 #if HEARTH_AVX2 && !HEARTH_AVX512
 /* int32 lane i = bytes 4i..4i+3 of w (unsigned, <= 63) times x (int8) */
 static inline __m256i dot_u8(__m256i w, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+    return dp4_add(_mm256_setzero_si256(), w, x);
 }
 /* The same for a precise input: 256 (w . h) + (w . l), exact in int32 (|lane| <= 4 * 63 * 127 * 257) */
 static inline __m256i dot_u8_15(__m256i w, __m256i h, __m256i l) {
+#if HEARTH_AVXVNNI
+    return _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(dot_u8(w, h), 8), w, l);
+#else
     return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, h), _mm256_set1_epi16(256)),
                             _mm256_madd_epi16(_mm256_maddubs_epi16(w, l), _mm256_set1_epi16(1)));
+#endif
 }
 #endif
 
@@ -1951,13 +1975,8 @@ static inline __attribute__((always_inline)) void gg_row_dot(int type, const uin
                     const __m256i w = _mm256_loadu_si256((const __m256i *)(p + 2)), abs_w = _mm256_sign_epi8(w, w);
                     for (int k = 0; k < count; k++) {
                         const __m256i h = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x[k].q + at)), w);
-                        __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, h),
-                                                        _mm256_set1_epi16(precise ? 256 : 1));
-                        if (precise) {
-                            const __m256i l = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x[k].l + at)), w);
-                            dot = _mm256_add_epi32(
-                                dot, _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, l), _mm256_set1_epi16(1)));
-                        }
+                        const __m256i dot = precise ? dot_u8_15(abs_w, h, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x[k].l + at)), w))
+                                                    : dot_u8(abs_w, h);
                         acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(scaled[k], lane), acc[k]);
                     }
                 } else {
@@ -2512,7 +2531,7 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
             const int together = count == 1 ? 4 : 1;
             for (int h = 0; h < 2; h++)
                 for (int s = 0; s < 2; s++)
-                    for (int t0 = 0; t0 < 4; t0 += together) {
+                    _Pragma("GCC unroll 4") for (int t0 = 0; t0 < 4; t0 += together) {
                         __m512i ia[GG_TILE][4], la[GG_TILE][4];
                         for (int k = 0; k < count; k++)
                             for (int tt = 0; tt < together; tt++) ia[k][tt] = la[k][tt] = _mm512_setzero_si512();
@@ -2573,6 +2592,18 @@ static inline __m256 scales8(const uint8_t *p, int is_signed) { /* 8 bytes as 8 
 
 static inline __m256i widen16(__m256i v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
 
+/* A step's sums: x16_add(acc, w, x) adds w's bytes (unsigned) times x's (signed) to acc, whose lanes x16_wide then
+ * gives as int32 lanes of 4 products each (dp4_add adds them to int32 lanes at once). AVX2: pairs summed in int16
+ * (maddubs), widened once a chunk (madd); AVX-VNNI: int32 all along (vpdpbusd), the widening a no-op. The same
+ * integers either way. */
+#if HEARTH_AVXVNNI
+static inline __m256i x16_add(__m256i acc, __m256i w, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
+static inline __m256i x16_wide(__m256i acc) { return acc; }
+#else
+static inline __m256i x16_add(__m256i acc, __m256i w, __m256i x) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x)); }
+static inline __m256i x16_wide(__m256i acc) { return widen16(acc); }
+#endif
+
 static inline __attribute__((always_inline)) void x16_half(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                            int half, const gvec *x, int count, int precise,
                                                            __m256 *result) {
@@ -2604,23 +2635,23 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                     hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(high_bits, bits), sixteen));
                 }
                 for (int k = 0; k < count; k++) {
-                    s16[k] = _mm256_add_epi16(s16[k], _mm256_maddubs_epi16(lo, bcast4_256(x[k].q + 32 * b + 4 * i)));
-                    s16[k] = _mm256_add_epi16(s16[k], _mm256_maddubs_epi16(hi, bcast4_256(x[k].q + 32 * b + 16 + 4 * i)));
+                    s16[k] = x16_add(s16[k], lo, bcast4_256(x[k].q + 32 * b + 4 * i));
+                    s16[k] = x16_add(s16[k], hi, bcast4_256(x[k].q + 32 * b + 16 + 4 * i));
                     if (precise) {
-                        l16[k] = _mm256_add_epi16(l16[k], _mm256_maddubs_epi16(lo, bcast4_256(x[k].l + 32 * b + 4 * i)));
-                        l16[k] = _mm256_add_epi16(l16[k], _mm256_maddubs_epi16(hi, bcast4_256(x[k].l + 32 * b + 16 + 4 * i)));
+                        l16[k] = x16_add(l16[k], lo, bcast4_256(x[k].l + 32 * b + 4 * i));
+                        l16[k] = x16_add(l16[k], hi, bcast4_256(x[k].l + 32 * b + 16 + 4 * i));
                     }
                     if (x16_five(type) && (i & 1)) { /* 5-bit values: widened every two steps */
-                        s32[k] = _mm256_add_epi32(s32[k], widen16(s16[k])), s16[k] = _mm256_setzero_si256();
-                        if (precise) l32[k] = _mm256_add_epi32(l32[k], widen16(l16[k])), l16[k] = _mm256_setzero_si256();
+                        s32[k] = _mm256_add_epi32(s32[k], x16_wide(s16[k])), s16[k] = _mm256_setzero_si256();
+                        if (precise) l32[k] = _mm256_add_epi32(l32[k], x16_wide(l16[k])), l16[k] = _mm256_setzero_si256();
                     }
                 }
             }
             const __m256 m = x16_with_min(type) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * half))) : d;
             const int zero_point = x16_with_min(type) ? 0 : x16_five(type) ? 16 : 8;
             for (int k = 0; k < count; k++) {
-                __m256i dot = _mm256_add_epi32(s32[k], widen16(s16[k]));
-                if (precise) dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 8), _mm256_add_epi32(l32[k], widen16(l16[k])));
+                __m256i dot = _mm256_add_epi32(s32[k], x16_wide(s16[k]));
+                if (precise) dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 8), _mm256_add_epi32(l32[k], x16_wide(l16[k])));
                 if (zero_point) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(zero_point * (x[k].n16[2 * b] + x[k].n16[2 * b + 1])));
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(x[k].d[b])), acc[k]);
                 if (x16_with_min(type)) off[k] = _mm256_fmadd_ps(m, _mm256_set1_ps(x[k].s[b]), off[k]);
@@ -2632,9 +2663,9 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                 const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * i + 32 * half));
                 const __m256i abs_w = _mm256_sign_epi8(w, w);
                 for (int k = 0; k < count; k++) {
-                    ia[k] = _mm256_add_epi32(ia[k], widen16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(bcast4_256(x[k].q + 32 * b + 4 * i), w))));
+                    ia[k] = dp4_add(ia[k], abs_w, _mm256_sign_epi8(bcast4_256(x[k].q + 32 * b + 4 * i), w));
                     if (precise)
-                        la[k] = _mm256_add_epi32(la[k], widen16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(bcast4_256(x[k].l + 32 * b + 4 * i), w))));
+                        la[k] = dp4_add(la[k], abs_w, _mm256_sign_epi8(bcast4_256(x[k].l + 32 * b + 4 * i), w));
                 }
             }
             for (int k = 0; k < count; k++) {
@@ -2658,16 +2689,16 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                                                                 _mm256_set1_epi8(16)));
                     }
                     for (int k = 0; k < count; k++) {
-                        s16[k] = _mm256_add_epi16(s16[k], _mm256_maddubs_epi16(w, bcast4_256(x[k].q + 32 * j + 4 * i)));
+                        s16[k] = x16_add(s16[k], w, bcast4_256(x[k].q + 32 * j + 4 * i));
                         if (precise)
-                            l16[k] = _mm256_add_epi16(l16[k], _mm256_maddubs_epi16(w, bcast4_256(x[k].l + 32 * j + 4 * i)));
+                            l16[k] = x16_add(l16[k], w, bcast4_256(x[k].l + 32 * j + 4 * i));
                     }
                 }
                 const __m256 a = _mm256_mul_ps(d, scales8(blk + 64 + 16 * j8 + 8 * half, 0));
                 const __m256 m = _mm256_mul_ps(dmin, scales8(blk + 192 + 16 * j8 + 8 * half, 0));
                 for (int k = 0; k < count; k++) {
-                    __m256i dot = widen16(s16[k]);
-                    if (precise) dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 8), widen16(l16[k]));
+                    __m256i dot = x16_wide(s16[k]);
+                    if (precise) dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 8), x16_wide(l16[k]));
                     acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a, _mm256_set1_ps(x[k].d[j])), acc[k]);
                     off[k] = _mm256_fnmadd_ps(m, _mm256_set1_ps(x[k].s[j]), off[k]);
                 }
@@ -2677,14 +2708,17 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
             const int together = count == 1 ? 4 : 1;
             for (int h = 0; h < 2; h++)
                 for (int s = 0; s < 2; s++)
-                    for (int t0 = 0; t0 < 4; t0 += together) {
+                    _Pragma("GCC unroll 4") for (int t0 = 0; t0 < 4; t0 += together) {
                         __m256i ia[GG_TILE][4], la[GG_TILE][4];
                         for (int k = 0; k < count; k++)
                             for (int tt = 0; tt < together; tt++) ia[k][tt] = la[k][tt] = _mm256_setzero_si256();
-                        for (int i = 4 * s; i < 4 * s + 4; i += 2) { /* two steps summed in int16, then widened */
-                            __m256i s16[GG_TILE][4], l16[GG_TILE][4];
+                        for (int i = 4 * s; i < 4 * s + 4; i += 2) { /* AVX2: two steps summed in int16, widened */
+                            __m256i s16[GG_TILE][4], l16[GG_TILE][4]; /* AVX-VNNI: ia and la themselves */
                             for (int k = 0; k < count; k++)
-                                for (int tt = 0; tt < together; tt++) s16[k][tt] = l16[k][tt] = _mm256_setzero_si256();
+                                for (int tt = 0; tt < together; tt++) {
+                                    s16[k][tt] = HEARTH_AVXVNNI ? ia[k][tt] : _mm256_setzero_si256();
+                                    l16[k][tt] = HEARTH_AVXVNNI ? la[k][tt] : _mm256_setzero_si256();
+                                }
                             for (int step = i; step < i + 2; step++) {
                                 const uint8_t *v = qv + 192 * (8 * h + step);
                                 if (t0 == 0 && half == 0) /* the step's three vectors */
@@ -2703,18 +2737,17 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                                                                          bits45);
                                     const __m256i w = _mm256_or_si256(low, hi2);
                                     for (int k = 0; k < count; k++) {
-                                        s16[k][tt] = _mm256_add_epi16(
-                                            s16[k][tt], _mm256_maddubs_epi16(w, bcast4_256(x[k].q + 32 * j + 4 * step)));
+                                        s16[k][tt] = x16_add(s16[k][tt], w, bcast4_256(x[k].q + 32 * j + 4 * step));
                                         if (precise)
-                                            l16[k][tt] = _mm256_add_epi16(
-                                                l16[k][tt], _mm256_maddubs_epi16(w, bcast4_256(x[k].l + 32 * j + 4 * step)));
+                                            l16[k][tt] = x16_add(l16[k][tt], w, bcast4_256(x[k].l + 32 * j + 4 * step));
                                     }
                                 }
                             }
                             for (int k = 0; k < count; k++)
                                 for (int tt = 0; tt < together; tt++) {
-                                    ia[k][tt] = _mm256_add_epi32(ia[k][tt], widen16(s16[k][tt]));
-                                    if (precise) la[k][tt] = _mm256_add_epi32(la[k][tt], widen16(l16[k][tt]));
+                                    ia[k][tt] = HEARTH_AVXVNNI ? s16[k][tt] : _mm256_add_epi32(ia[k][tt], x16_wide(s16[k][tt]));
+                                    if (precise)
+                                        la[k][tt] = HEARTH_AVXVNNI ? l16[k][tt] : _mm256_add_epi32(la[k][tt], x16_wide(l16[k][tt]));
                                 }
                         }
                         for (int tt = 0; tt < together; tt++) {
