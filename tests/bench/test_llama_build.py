@@ -63,6 +63,7 @@ def test_a_cap_builds_the_peer_as_for_a_lesser_cpu_on_this_one() -> None:
     vnni = dict(arg.removeprefix("-D").split("=") for arg in ggml_cpu_args("x86_64", SAPPHIRE_RAPIDS, cap="avxvnni"))
     assert vnni["GGML_AVX_VNNI"] == "ON" and vnni["GGML_AVX512"] == "OFF"
     # a cap never adds what the CPU lacks
-    assert dict(a.removeprefix("-D").split("=") for a in ggml_cpu_args("x86_64", HASWELL, cap="avxvnni"))[
-        "GGML_AVX_VNNI"
-    ] == "OFF"
+    assert (
+        dict(a.removeprefix("-D").split("=") for a in ggml_cpu_args("x86_64", HASWELL, cap="avxvnni"))["GGML_AVX_VNNI"]
+        == "OFF"
+    )
