@@ -55,8 +55,8 @@
 #endif
 #define HEARTH_SIMD (HEARTH_AVX2 || HEARTH_NEON)
 /* AVX-512 with VNNI (Ice Lake, Zen 4 and later): the Q4_1 matrices run 16 rows per vpdpbusd. Elsewhere on x86 the
- * same layout runs on AVX2 (maddubs + madd); which one is decided by the build's target (-march=native here, or the
- * prebuilt library native.py picks from the CPU's flags). */
+ * same layout runs on AVX2 (maddubs + madd, or AVX-VNNI's 256-bit vpdpbusd); which one is decided by the build's
+ * target (-march=native here, or the prebuilt library native.py picks from the CPU's flags). */
 #if HEARTH_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #define HEARTH_AVX512 1
 #else
