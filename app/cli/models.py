@@ -34,7 +34,7 @@ def _count(parameters: int | None) -> str:
 
 def _verdict(verdict: object) -> str:
     from app.core.memory.verdict import Verdict
-    from app.core.models.hub import format_bytes
+    from app.core.models.hub_repo import format_bytes
 
     assert isinstance(verdict, Verdict)
     return f"{verdict.label} ({format_bytes(verdict.total_bytes)})" if verdict.total_bytes else verdict.label

@@ -8,7 +8,7 @@ import threading
 from typing import TextIO
 
 from app.cli import Subparsers
-from app.core.models.hub import DownloadProgress, format_bytes, format_duration
+from app.core.models.hub_repo import DownloadProgress, format_bytes, format_duration
 
 
 def register(subparsers: Subparsers) -> None:
@@ -50,7 +50,8 @@ class ProgressBar:
 def run(args: argparse.Namespace) -> int:
     from app.cli.common import saved_settings
     from app.core.memory.verdict import model_verdict
-    from app.core.models.hub import DownloadCancelled, HubClient
+    from app.core.models.hub import HubClient
+    from app.core.models.hub_repo import DownloadCancelled
 
     client = HubClient.default()
     plan = client.prepare(args.repo, file=args.file)

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QComboBox, QDialog, QHBoxLayout, QLabel, QProgress
 
 from app.core.errors import HearthError
 from app.core.memory import verdict as fit
-from app.core.models import hub
+from app.core.models import hub, hub_repo
 from app.core.storage import secrets
 from app.ui.dialogs import fit_to_screen
 from app.ui.tasks import TaskRunner
@@ -28,7 +28,7 @@ def verdict_text(verdict: fit.Verdict) -> str:
         return "unknown"
     text = verdict.label
     if verdict.total_bytes:
-        text += f" ({hub.format_bytes(verdict.total_bytes)})"
+        text += f" ({hub_repo.format_bytes(verdict.total_bytes)})"
     return text
 
 
@@ -41,7 +41,7 @@ def error_text(exc: BaseException) -> str:
 
 @dataclass(frozen=True)
 class _Prepared:
-    plan: hub.DownloadPlan
+    plan: hub_repo.DownloadPlan
     verdict: fit.Verdict
 
 
@@ -71,7 +71,7 @@ class DownloadDialog(QDialog):
         self.quantization = quantization
         self.device = device
         self.client = client_factory()
-        self.plan: hub.DownloadPlan | None = None
+        self.plan: hub_repo.DownloadPlan | None = None
         self.state = ""
         self._cancel = threading.Event()
         self._discard_when_stopped = False
@@ -193,9 +193,9 @@ class DownloadDialog(QDialog):
             plan = result.plan
             gated = "gated, " if plan.gated else ""
             licence = f"licence {plan.license}, " if plan.license else ""
-            already = f", {hub.format_bytes(plan.present_bytes)} already downloaded" if plan.present_bytes else ""
+            already = f", {hub_repo.format_bytes(plan.present_bytes)} already downloaded" if plan.present_bytes else ""
             self.summary.setText(
-                f"{plan.label}: {len(plan.files)} files, {hub.format_bytes(plan.total_bytes)} "
+                f"{plan.label}: {len(plan.files)} files, {hub_repo.format_bytes(plan.total_bytes)} "
                 f"({gated}{licence}safetensors/GGUF only){already}."
             )
             self.verdict_label.setText(
@@ -212,27 +212,27 @@ class DownloadDialog(QDialog):
             self._set_state("done")
             self.finished_download.emit(str(result))
 
-    def _fill_choices(self, files: tuple[hub.RepoFile, ...], current: str | None) -> None:
+    def _fill_choices(self, files: tuple[hub_repo.RepoFile, ...], current: str | None) -> None:
         self.file_choice.clear()
         self.file_choice.addItem("Choose a GGUF file…", None)
         for repo_file in files:
-            self.file_choice.addItem(f"{repo_file.name} ({hub.format_bytes(repo_file.size)})", repo_file.name)
+            self.file_choice.addItem(f"{repo_file.name} ({hub_repo.format_bytes(repo_file.size)})", repo_file.name)
             if repo_file.name == current:
                 self.file_choice.setCurrentIndex(self.file_choice.count() - 1)
         self.file_choice.setVisible(True)
 
     @Slot(object, object)
     def _on_failed(self, name: str, exc: BaseException) -> None:
-        if name == "download" and self._cancel.is_set() and isinstance(exc, hub.DownloadCancelled):
+        if name == "download" and self._cancel.is_set() and isinstance(exc, hub_repo.DownloadCancelled):
             if self._discard_when_stopped:
                 self._discard()
             else:
                 self.speed_label.setText("Paused: Resume continues where it stopped, even after a restart.")
                 self._set_state("paused")
             return
-        if isinstance(exc, hub.FileChoiceNeededError):
+        if isinstance(exc, hub_repo.FileChoiceNeededError):
             self.summary.setText(f"{self.reference} holds several GGUF files: choose one.")
-            self._fill_choices(tuple(hub.RepoFile(name, None) for name in exc.choices), None)
+            self._fill_choices(tuple(hub_repo.RepoFile(name, None) for name in exc.choices), None)
             self._set_state("choose-file")
             return
         if name == "prepare":
@@ -241,13 +241,14 @@ class DownloadDialog(QDialog):
         self._set_state("failed")
 
     @Slot(object)
-    def _on_progress(self, event: hub.DownloadProgress) -> None:
+    def _on_progress(self, event: hub_repo.DownloadProgress) -> None:
         self.progress_bar.setValue(int(event.fraction * 1000))
-        speed = f"{hub.format_bytes(event.bytes_per_s)}/s" if event.bytes_per_s else "measuring speed"
+        speed = f"{hub_repo.format_bytes(event.bytes_per_s)}/s" if event.bytes_per_s else "measuring speed"
         percent = f" ({event.fraction:.0%})" if event.total_bytes else ""
         text = (
-            f"{hub.format_bytes(event.done_bytes)} of {hub.format_bytes(event.total_bytes)}{percent} · {speed} · "
-            f"{hub.format_duration(event.eta_s)} left · {event.file} ({event.file_index}/{event.file_count})"
+            f"{hub_repo.format_bytes(event.done_bytes)} of {hub_repo.format_bytes(event.total_bytes)}{percent}"
+            f" · {speed} · "
+            f"{hub_repo.format_duration(event.eta_s)} left · {event.file} ({event.file_index}/{event.file_count})"
         )
         if event.stage == "verifying":
             text += " · checking"

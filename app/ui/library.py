@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
 from app.core.errors import HearthError
 from app.core.memory import verdict as fit
 from app.core.memory.verdict import VERDICT_CONTEXT
-from app.core.models import hub, library
+from app.core.models import hub, hub_repo, library
 from app.core.models.quant import QUANTIZATIONS, auto_summary
 from app.ui.dialogs import fit_to_screen
 from app.ui.download_dialog import DownloadDialog, error_text, verdict_text
@@ -269,7 +269,7 @@ class LibraryWindow(QDialog):
             cells = (
                 model.name if model.complete else f"{model.name} (incomplete)",
                 model.kind,
-                hub.format_bytes(model.size_bytes),
+                hub_repo.format_bytes(model.size_bytes),
                 model.architecture or "?",
                 _count(model.parameters),
                 f"{model.context_length:,}" if model.context_length else "?",

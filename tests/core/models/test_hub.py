@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from app.core.models import hub
-from app.core.models.hub import (
+from app.core.models.hub import HubClient
+from app.core.models.hub_repo import (
     BadRepoReferenceError,
     CorruptDownloadError,
     DiskFullError,
@@ -22,7 +23,6 @@ from app.core.models.hub import (
     DownloadProgress,
     FileChoiceNeededError,
     GatedModelError,
-    HubClient,
     HubFileNotFoundError,
     HubUnreachableError,
     InvalidHubTokenError,
