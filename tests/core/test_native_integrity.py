@@ -360,6 +360,8 @@ def test_the_best_prebuilt_target_for_the_cpu_is_verified_loaded_and_decodes(
     engine = Engine(default_loaded)
     assert engine.decode_path == "fused-q4", engine.decode_path_note
     assert f"C kernel prebuilt {target};" in engine.decode_path_note and "compiled" not in engine.decode_path_note
+    # the note names the instructions the Q4_1 records run on
+    assert ("Q4_1 x16, AVX2 with AVX-VNNI (" in engine.decode_path_note) == (target == "x86-64-avxvnni")
     assert dlopened == [(prebuilt / entry["file"], entry["sha256"])]
     assert "Paris" in reply(engine)
 
