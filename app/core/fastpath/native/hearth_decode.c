@@ -1847,7 +1847,7 @@ static inline __m256i dot_u8(__m256i w, __m256i x) {
 /* The same for a precise input: 256 (w . h) + (w . l), exact in int32 (|lane| <= 4 * 63 * 127 * 257) */
 static inline __m256i dot_u8_15(__m256i w, __m256i h, __m256i l) {
 #if HEARTH_AVXVNNI
-    return _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(dot_u8(w, h), 8), w, l);
+    return dp4_add(_mm256_slli_epi32(dot_u8(w, h), 8), w, l);
 #else
     return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, h), _mm256_set1_epi16(256)),
                             _mm256_madd_epi16(_mm256_maddubs_epi16(w, l), _mm256_set1_epi16(1)));
@@ -2592,16 +2592,20 @@ static inline __m256 scales8(const uint8_t *p, int is_signed) { /* 8 bytes as 8 
 
 static inline __m256i widen16(__m256i v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
 
-/* A step's sums: x16_add(acc, w, x) adds w's bytes (unsigned) times x's (signed) to acc, whose lanes x16_wide then
- * gives as int32 lanes of 4 products each (dp4_add adds them to int32 lanes at once). AVX2: pairs summed in int16
- * (maddubs), widened once a chunk (madd); AVX-VNNI: int32 all along (vpdpbusd), the widening a no-op. The same
- * integers either way. */
+/* A run of steps' sums: x16_add(run, w, x) adds w's bytes (unsigned) times x's (signed) to a run that x16_open(total)
+ * starts and x16_close(total, run) adds to an int32 total (x16_wide: a run from zero as int32 lanes of 4 products
+ * each). AVX2: a run in int16 pairs (maddubs) from zero, widened once (madd) and added; AVX-VNNI: int32 all along
+ * (vpdpbusd), the run is the total itself and closing it costs nothing. The same integers either way. */
 #if HEARTH_AVXVNNI
-static inline __m256i x16_add(__m256i acc, __m256i w, __m256i x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
-static inline __m256i x16_wide(__m256i acc) { return acc; }
+static inline __m256i x16_add(__m256i run, __m256i w, __m256i x) { return dp4_add(run, w, x); }
+static inline __m256i x16_wide(__m256i run) { return run; }
+static inline __m256i x16_open(__m256i total) { return total; }
+static inline __m256i x16_close(__m256i total, __m256i run) { return (void)total, run; }
 #else
-static inline __m256i x16_add(__m256i acc, __m256i w, __m256i x) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x)); }
-static inline __m256i x16_wide(__m256i acc) { return widen16(acc); }
+static inline __m256i x16_add(__m256i run, __m256i w, __m256i x) { return _mm256_add_epi16(run, _mm256_maddubs_epi16(w, x)); }
+static inline __m256i x16_wide(__m256i run) { return widen16(run); }
+static inline __m256i x16_open(__m256i total) { return (void)total, _mm256_setzero_si256(); }
+static inline __m256i x16_close(__m256i total, __m256i run) { return _mm256_add_epi32(total, widen16(run)); }
 #endif
 
 static inline __attribute__((always_inline)) void x16_half(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
@@ -2642,16 +2646,16 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                         l16[k] = x16_add(l16[k], hi, bcast4_256(x[k].l + 32 * b + 16 + 4 * i));
                     }
                     if (x16_five(type) && (i & 1)) { /* 5-bit values: widened every two steps */
-                        s32[k] = _mm256_add_epi32(s32[k], x16_wide(s16[k])), s16[k] = _mm256_setzero_si256();
-                        if (precise) l32[k] = _mm256_add_epi32(l32[k], x16_wide(l16[k])), l16[k] = _mm256_setzero_si256();
+                        s32[k] = x16_close(s32[k], s16[k]), s16[k] = x16_open(s32[k]);
+                        if (precise) l32[k] = x16_close(l32[k], l16[k]), l16[k] = x16_open(l32[k]);
                     }
                 }
             }
             const __m256 m = x16_with_min(type) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * half))) : d;
             const int zero_point = x16_with_min(type) ? 0 : x16_five(type) ? 16 : 8;
             for (int k = 0; k < count; k++) {
-                __m256i dot = _mm256_add_epi32(s32[k], x16_wide(s16[k]));
-                if (precise) dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 8), _mm256_add_epi32(l32[k], x16_wide(l16[k])));
+                __m256i dot = x16_close(s32[k], s16[k]);
+                if (precise) dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 8), x16_close(l32[k], l16[k]));
                 if (zero_point) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(zero_point * (x[k].n16[2 * b] + x[k].n16[2 * b + 1])));
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(x[k].d[b])), acc[k]);
                 if (x16_with_min(type)) off[k] = _mm256_fmadd_ps(m, _mm256_set1_ps(x[k].s[b]), off[k]);
@@ -2712,13 +2716,11 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                         __m256i ia[GG_TILE][4], la[GG_TILE][4];
                         for (int k = 0; k < count; k++)
                             for (int tt = 0; tt < together; tt++) ia[k][tt] = la[k][tt] = _mm256_setzero_si256();
-                        for (int i = 4 * s; i < 4 * s + 4; i += 2) { /* AVX2: two steps summed in int16, widened */
-                            __m256i s16[GG_TILE][4], l16[GG_TILE][4]; /* AVX-VNNI: ia and la themselves */
+                        for (int i = 4 * s; i < 4 * s + 4; i += 2) { /* runs of two steps (int16 on AVX2) */
+                            __m256i s16[GG_TILE][4], l16[GG_TILE][4];
                             for (int k = 0; k < count; k++)
-                                for (int tt = 0; tt < together; tt++) {
-                                    s16[k][tt] = HEARTH_AVXVNNI ? ia[k][tt] : _mm256_setzero_si256();
-                                    l16[k][tt] = HEARTH_AVXVNNI ? la[k][tt] : _mm256_setzero_si256();
-                                }
+                                for (int tt = 0; tt < together; tt++)
+                                    s16[k][tt] = x16_open(ia[k][tt]), l16[k][tt] = x16_open(la[k][tt]);
                             for (int step = i; step < i + 2; step++) {
                                 const uint8_t *v = qv + 192 * (8 * h + step);
                                 if (t0 == 0 && half == 0) /* the step's three vectors */
@@ -2745,9 +2747,8 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                             }
                             for (int k = 0; k < count; k++)
                                 for (int tt = 0; tt < together; tt++) {
-                                    ia[k][tt] = HEARTH_AVXVNNI ? s16[k][tt] : _mm256_add_epi32(ia[k][tt], x16_wide(s16[k][tt]));
-                                    if (precise)
-                                        la[k][tt] = HEARTH_AVXVNNI ? l16[k][tt] : _mm256_add_epi32(la[k][tt], x16_wide(l16[k][tt]));
+                                    ia[k][tt] = x16_close(ia[k][tt], s16[k][tt]);
+                                    if (precise) la[k][tt] = x16_close(la[k][tt], l16[k][tt]);
                                 }
                         }
                         for (int tt = 0; tt < together; tt++) {
