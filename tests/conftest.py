@@ -56,9 +56,8 @@ def kernel_report() -> list[str]:
     if isinstance(library, str):
         fused = f"fused step unavailable ({library})"
     else:
-        q4 = kernel.Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
+        q4 = kernel.q4_kernel_name(library.lib)
         tiles = ", GGUF prefill on AMX tiles" if library.lib.hearth_amx(-1) else ""
-        tiles += ", GGUF blocks on AVX-VNNI" if library.lib.hearth_avx_vnni() else ""
         threads = "OpenMP" if library.threaded else "1 thread"
         fused = f"fused step {library.origin or 'C kernel'} ({q4}{tiles}, {threads})"
     blas = [

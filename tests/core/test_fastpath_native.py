@@ -79,7 +79,7 @@ def test_auto_runs_bf16_on_the_cpu_through_the_fused_step_and_says_so(fused: Eng
     assert team in stats.decode_path_note
     # The note names the Q4_1 kernel this build runs (which one depends on the CPU: any of them is right here).
     assert not isinstance(KERNEL, str)
-    q4_kernel = kernel.Q4_KERNELS[int(KERNEL.lib.hearth_q4_kernel())]
+    q4_kernel = kernel.q4_kernel_name(KERNEL.lib)
     assert f"fused Q4_1 x16, {q4_kernel} (lm_head int8) decode step" in stats.decode_path_note
     # Q4_1 decoder matrices (~106M weights at 5 bits) and an int8 lm_head (~28M): what the path adds, as planned.
     assert 85 * 2**20 < fused.path.added_bytes < 100 * 2**20

@@ -114,13 +114,17 @@ class NativeLibrary:
     fallback: str = ""  # why no prebuilt library was used (empty when one was)
 
 
+def q4_kernel_name(lib: Any) -> str:
+    """What a kernel library's quantized products run on, as notes name it: "AVX-512 VNNI", "AVX2 with AVX-VNNI",
+    "AVX2", "NEON DotProd", ..."""
+    name = Q4_KERNELS.get(int(lib.hearth_q4_kernel()), "?")
+    return f"{name} with AVX-VNNI" if lib.hearth_avx_vnni() else name
+
+
 def describe_step(library: NativeLibrary, weight_format: str, team: TeamChooser) -> tuple[str, str]:
     """How a reply's note names the fused step: what its matrices are ("Q4_1 x16, AVX-512 VNNI (lm_head int8)") and
     what runs them ("C kernel <where it came from>[; why no prebuilt one]; up to N threads, as many as ...")."""
-    q4_kernel = Q4_KERNELS.get(int(library.lib.hearth_q4_kernel()), "?")
-    if library.lib.hearth_avx_vnni():
-        q4_kernel += " with AVX-VNNI"
-    described = {"int8": "int8", "q4": f"Q4_1 x16, {q4_kernel} (lm_head int8)"}[weight_format]
+    described = {"int8": "int8", "q4": f"Q4_1 x16, {q4_kernel_name(library.lib)} (lm_head int8)"}[weight_format]
     return described, f"{library_origin(library)}; {team.description()}"
 
 

@@ -31,7 +31,13 @@ from app.core.engines.lite.runtime import (
 from app.core.errors import HearthError
 from app.core.fastpath import blocks
 from app.core.fastpath.huge_pages import PageArena, arena_bytes, arena_on_huge_pages, huge_pages_setting
-from app.core.fastpath.kernel import Q4_KERNELS, NativeLibrary, library_origin, load_library, on_a_passing_thread
+from app.core.fastpath.kernel import (
+    NativeLibrary,
+    library_origin,
+    load_library,
+    on_a_passing_thread,
+    q4_kernel_name,
+)
 from app.core.fastpath.team import TeamChooser
 from app.core.models.gguf_meta import GGUFHeader, TensorExtent, check_gguf_complete, read_gguf_header
 
@@ -324,9 +330,7 @@ class GGUFModel(DecoderRuntime):
                 name = blocks.type_name(blocks.file_type(matrix.kind))
                 kinds[name] = kinds.get(name, 0) + 1
         mix = ", ".join(f"{name} x{count}" for name, count in sorted(kinds.items(), key=lambda item: -item[1]))
-        kernel = Q4_KERNELS.get(int(self.lib.hearth_q4_kernel()), "?")
-        if self.lib.hearth_avx_vnni():
-            kernel += " with AVX-VNNI"
+        kernel = q4_kernel_name(self.lib)
         if self.layout_bytes and self.lib.hearth_amx(-1):
             kernel += ", prefill on AMX tiles"
         threads = self.decode_team.description()
