@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from app.core.fastpath import blocks, integrity
+from app.core.fastpath import blocks, cpuid, integrity
 from app.core.fastpath.openmp import SPIN_ENV, prefer_short_spin
 from app.core.fastpath.team import TeamChooser
 from app.core.storage.paths import cache_dir
@@ -293,8 +293,9 @@ _DARWIN_FLAGS = {
     "lzcnt": "abm", "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512vl": "avx512vl", "avx512dq": "avx512dq",
     "avx512cd": "avx512cd", "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16",
 }  # fmt: skip
-# torch's own CPU probe, for systems without /proc/cpuinfo or sysctl (Windows). Every AVX2 CPU also has FMA, F16C,
-# BMI1/2, LZCNT and MOVBE (Haswell and Zen onwards); torch's AVX512 level means F/BW/VL/DQ, not VNNI or BF16.
+# torch's own CPU probe, the last resort where the OS lists no flags and CPUID's generated code may not run. Every
+# AVX2 CPU also has FMA, F16C, BMI1/2, LZCNT and MOVBE (Haswell and Zen onwards); torch's AVX512 level means
+# F/BW/VL/DQ, not VNNI or BF16 (so that CPU takes the AVX2 library), and it names no AVX-VNNI.
 _TORCH_LEVELS = {
     "AVX2": ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"),
     "AVX512": ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe", "avx512f", "avx512bw", "avx512vl",
@@ -303,8 +304,8 @@ _TORCH_LEVELS = {
 
 
 def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags, read at run time (never the build machine's): /proc/cpuinfo's `flags` (x86) or
-    `Features` (ARM) names."""
+    """This CPU's feature flags, read at run time (never the build machine's), in /proc/cpuinfo's `flags` (x86) or
+    `Features` (ARM) names: from that file on Linux, sysctl on macOS, the CPUID instruction elsewhere (Windows)."""
     if sys.platform.startswith("linux"):
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
@@ -317,11 +318,15 @@ def cpu_flags() -> frozenset[str]:
     elif sys.platform == "darwin":
         return _darwin_flags()
     if machine_arch() == "x86_64":
+        found = cpuid.cpuid_flags()  # no flag list from the OS (Windows): ask the CPU
+        if not isinstance(found, str):
+            return found
+        log.info("%s; CPU flags from torch's probe instead", found)
         try:
-            import torch  # only where the OS has no flag list (Windows); the torch-free runtime has none there
+            import torch  # only where generated code may not run; the torch-free runtime has none there
 
             level = str(torch.backends.cpu.get_cpu_capability())
-        except (AttributeError, RuntimeError):
+        except (ImportError, AttributeError, RuntimeError):
             level = ""
         return frozenset(_TORCH_LEVELS.get(level, ()))
     return frozenset()
