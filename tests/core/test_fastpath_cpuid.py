@@ -195,3 +195,22 @@ def test_without_cpuid_windows_falls_back_to_torchs_probe(monkeypatch: pytest.Mo
     monkeypatch.setattr(kernel.cpuid, "cpuid_flags", lambda: "CPUID could not run: VirtualAlloc refused a page")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     assert kernel.cpu_flags() == frozenset(kernel._TORCH_LEVELS["AVX2"])
+
+
+def test_a_compiled_kernel_is_keyed_to_the_cpu_flags_where_there_is_no_proc_cpuinfo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_open = open
+
+    def no_proc(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path) == "/proc/cpuinfo":
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(kernel, "open", no_proc, raising=False)
+    identities = []
+    for registers in (HASWELL_LIKE, ALDER_LAKE_LIKE):
+        flags = cpuid.flags_from_registers(registers, XCR0_AVX)
+        monkeypatch.setattr(kernel, "cpu_flags", lambda flags=flags: flags)
+        identities.append(kernel._machine_identity())
+    assert "avx_vnni" in identities[1] and identities[0] != identities[1]  # a -march=native build is not shared

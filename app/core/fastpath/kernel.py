@@ -376,6 +376,8 @@ def _machine_identity() -> str:
                     break
     except OSError:
         pass
+    if not text:  # no /proc/cpuinfo (Windows, macOS): the flags this process reads another way
+        text = " ".join(sorted(cpu_flags()))
     return f"{platform.machine()}|{platform.processor()}|{text}"
 
 
