@@ -44,6 +44,8 @@ HAS_CC = kernel._compiler() is not None
 AVX2_CPU = frozenset(("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"))
 AVXVNNI_CPU = AVX2_CPU | {"avx_vnni"}  # Intel Alder Lake and later client cores: no AVX-512
 AVX512_CPU = AVX2_CPU | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16"}
+# AVX-512 VNNI without BF16: Cascade Lake and Ice Lake servers, Ice Lake, Tiger Lake and Rocket Lake laptops
+AVX512_NO_BF16_CPU = AVX512_CPU - {"avx512_bf16"}
 LIBRARY_DAMAGE = {
     "truncated": lambda data: truncated(data, len(data) // 3),
     "random bytes": lambda data: random_bytes(len(data)),
@@ -368,8 +370,13 @@ def test_the_best_prebuilt_target_for_the_cpu_is_verified_loaded_and_decodes(
 
 @pytest.mark.parametrize(
     ("flags", "target"),
-    [(AVX512_CPU, "x86-64-avx512"), (AVXVNNI_CPU, "x86-64-avxvnni"), (AVX2_CPU, "x86-64-avx2")],
-    ids=["avx512", "avx-vnni", "avx2"],
+    [
+        (AVX512_CPU, "x86-64-avx512"),
+        (AVX512_NO_BF16_CPU, "x86-64-avx512"),
+        (AVXVNNI_CPU, "x86-64-avxvnni"),
+        (AVX2_CPU, "x86-64-avx2"),
+    ],
+    ids=["avx512", "avx512-without-bf16", "avx-vnni", "avx2"],
 )
 def test_the_choice_follows_the_cpu_flags_not_the_build_machine(
     flags: frozenset[str], target: str, prebuilt: Path, monkeypatch: pytest.MonkeyPatch
@@ -382,6 +389,43 @@ def test_the_choice_follows_the_cpu_flags_not_the_build_machine(
     assert isinstance(found, str)
     # The first library the flags allow is the one handed to the loader (which this test stubs out), best first.
     assert re.findall(r"would load (\S+?\.so)", found)[0] == f"hearth_decode-{target}.so"
+
+
+def instruction_flags(library: Path) -> set[str]:
+    """The CPU flags the instructions in `library` need, by family (objdump's disassembly); "amx" for tile
+    instructions, which the kernel runs only after asking the CPU and the OS for them."""
+    listing = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", str(library)], capture_output=True, text=True, check=True
+    ).stdout
+    needs: set[str] = set()
+    for line in listing.splitlines():
+        _, tab, instruction = line.partition(":\t")
+        if not tab:
+            continue
+        if "%zmm" in instruction or "{%k" in instruction:
+            needs.add("avx512f")
+        if re.search(r"\bvpdp(busd|wssd)", instruction):
+            needs.add("avx_vnni" if instruction.startswith("{vex}") else "avx512_vnni")
+        if "bf16" in instruction.split(" ", 1)[0]:
+            needs.add("avx512_bf16")
+        if re.match(r"(tdp|tile|ldtilecfg|sttilecfg)", instruction):
+            needs.add("amx")
+    return needs
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
+def test_each_prebuilt_library_asks_for_exactly_the_instruction_sets_it_uses(prebuilt: Path) -> None:
+    """A flag the manifest leaves out would crash a CPU without it (SIGILL); one it asks for needlessly sends CPUs
+    without it to a slower library (the AVX-512 library asked for BF16 and used none: Ice Lake ran AVX2)."""
+    manifest = json.loads((prebuilt / "manifest.json").read_text())
+    distinguishing = {"avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16"}
+    for entry in manifest["libraries"]:
+        used = instruction_flags(prebuilt / entry["file"])
+        requires = set(entry["requires"])
+        assert used - {"amx"} <= requires, (entry["target"], used - requires)
+        assert requires & distinguishing <= used, (entry["target"], requires & distinguishing - used)
+        assert ("amx" in used) == (entry["target"] == "x86-64-avx512"), entry["target"]
+    assert "avx512_bf16" not in manifest["libraries"][0]["requires"]  # Cascade Lake, Ice Lake, Tiger Lake run it
 
 
 def test_a_cpu_without_avx2_is_told_why_and_nothing_is_compiled_for_nothing(
