@@ -164,16 +164,22 @@ gpu-wheels: $(STAMP)
 gpu-rehearsal: $(STAMP)
 	$(BIN)/python -m pytest -m rehearsal tests/core/test_gpu_rehearsal.py
 
-# The cross toolchain tests/core/test_native_arm.py needs (the kernel's AArch64 build, run under qemu); .ci/run
-# runs this before `make test`. Best effort: where apt-get can't run (no apt, not root and no passwordless sudo,
-# offline) it says so and that test skips with the reason; `make test` never depends on it.
+# The cross toolchains tests/core/test_native_arm.py needs: the kernel's AArch64 build, run under qemu, and its
+# Windows build (mingw-w64, the compiler family of the Windows package's runner), run under Wine. .ci/run runs this
+# before `make test`. Best effort: where apt-get can't run (no apt, not root and no passwordless sudo, offline) it
+# says so and those tests skip with the reason; `make test` never depends on it.
 .PHONY: cross-tools
 cross-tools:
-	@if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null; then :; \
-	elif ! command -v apt-get >/dev/null; then echo "cross-tools: no apt-get here; the ARM kernel test will skip"; \
+	@missing=""; \
+	command -v aarch64-linux-gnu-gcc >/dev/null || missing="$$missing gcc-aarch64-linux-gnu libc6-dev-arm64-cross"; \
+	command -v qemu-aarch64 >/dev/null || missing="$$missing qemu-user"; \
+	command -v x86_64-w64-mingw32-gcc-posix >/dev/null || missing="$$missing gcc-mingw-w64-x86-64-posix"; \
+	command -v wine64 >/dev/null || [ -x /usr/lib/wine/wine64 ] || missing="$$missing wine64"; \
+	if [ -z "$$missing" ]; then :; \
+	elif ! command -v apt-get >/dev/null; then echo "cross-tools: no apt-get here; the ARM and Windows kernel tests will skip"; \
 	else apt="env DEBIAN_FRONTEND=noninteractive apt-get -qq"; [ "$$(id -u)" = 0 ] || apt="sudo -n $$apt"; \
-		{ $$apt update && $$apt install -y --no-install-recommends gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
-			qemu-user; } || echo "cross-tools: apt-get failed; the ARM kernel test will skip"; fi
+		{ $$apt update && $$apt install -y --no-install-recommends $$missing; } \
+			|| echo "cross-tools: apt-get failed; the ARM and Windows kernel tests will skip"; fi
 
 clean:
 	rm -rf $(VENV) .cache build dist mutants *.egg-info

@@ -1,4 +1,5 @@
-"""The fused decode kernel's AArch64 NEON code against its x86-64 AVX2 code, on fixed inputs (no ARM machine here).
+"""The fused decode kernel's AArch64 NEON code, and its Windows build, against its x86-64 Linux build, on fixed
+inputs (no ARM machine and no Windows here).
 
 tests/core/native_harness/harness.c builds tiny random Llama models from fixed seeds (both weight formats, fp32 and
 bf16 KV caches and embeddings, biases, GQA, 1 and 2 OpenMP threads, short and >512-position attention), runs
@@ -8,6 +9,9 @@ builds the kernel) and cross-built for AArch64 twice: -march=armv8.2-a+dotprod (
 so that build can't lean on it. Correctness only: qemu says nothing about speed on real ARM hardware. The harness
 packs its weights with C ports of native.py's packers; a third test checks they give native.py's bytes. `harness
 prefill` runs hearth_q4_prefill (prefill straight from the Q4_1 records) on one matrix for the same comparison.
+The Windows builds (AVX2, and AVX-512 VNNI where this CPU has it) come from mingw-w64's gcc, the compiler of the
+Windows package's CI runner, and run under Wine: Windows' calling convention, its C runtime and libm, its threads
+under libgomp, on this CPU's own instructions.
 
 Bound: per step, max |ARM - x86| <= 1e-6 × max |x86 logit|. The NEON code mirrors the AVX2 code lane for lane
 (same float lanes, same horizontal-sum order, FMA in the same places; int8 dot products are exact on both), and no
@@ -41,6 +45,9 @@ KERNEL_DIR = REPO_ROOT / "app" / "core" / "fastpath" / "native"
 CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
 INSTALL_HINT = "Debian/Ubuntu: `make cross-tools` (apt-get install gcc-aarch64-linux-gnu qemu-user)"
+WINDOWS_CC = "x86_64-w64-mingw32-gcc-posix"  # the posix-threads flavour: it has libgomp
+WINDOWS_HINT = "Debian/Ubuntu: `make cross-tools` (apt-get install gcc-mingw-w64-x86-64-posix wine64)"
+# The Windows libraries a user's CPU may get (packaging/build_kernels.py's x86 targets built there).
 # As native.py compiles the kernel with gcc: C11, OpenMP. -ffp-contract=off is gcc's default under -std=c11; said
 # outright so a clang (which fuses a * b + c within an expression by default) builds the same floats too. The builds
 # compared with the reference take -O1, not native.py's -O3: the same bits (the float order is fixed by the
@@ -60,6 +67,8 @@ X86_BUILDS = {
     "avx2": (["-march=x86-64-v3"], {"avx2", "fma", "f16c"}, 3),
     "scalar": (["-march=x86-64"], set(), 0),
 }
+
+WINDOWS_BUILDS = {build: X86_BUILDS[build] for build in ("avx512-vnni", "avx2")}
 
 Logits = dict[tuple[int, int, int], list[float]]  # (variant, position, token) -> logits
 
@@ -109,6 +118,13 @@ def x86_harness(tmp_path_factory: pytest.TempPathFactory, harness_builds: Path) 
         builds += [
             (cross, [f"-march={march}", "-static"], harness_builds / f"harness-aarch64-{build}")
             for build, (march, _) in ARM_BUILDS.items()
+        ]
+    windows = shutil.which(WINDOWS_CC)
+    if windows is not None:
+        builds += [
+            (windows, [*WINDOWS_BUILDS[build][0], "-static"], harness_builds / f"harness-windows-{build}.exe")
+            for build in WINDOWS_BUILDS
+            if WINDOWS_BUILDS[build][1] <= kernel.cpu_flags()
         ]
     beside = [
         subprocess.Popen(harness_command(*build), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -283,3 +299,48 @@ def test_the_aarch64_build_prefills_from_the_records_as_the_x86_build(
     binary = arm_build(build, compiler, harness_builds)
     _, _, y = run_prefill([qemu, "-cpu", cpu, str(binary)])
     assert float((y - native_prefill).abs().max()) <= RELATIVE_BOUND * float(native_prefill.abs().max())
+
+
+def windows_build(build: str, compiler: str, directory: Path) -> Path:
+    """The harness built for Windows with WINDOWS_BUILDS[build]'s flags, once per module (static: libgomp and
+    winpthreads travel inside the .exe), or a skip where this CPU can't run that build."""
+    flags_needed, cpu_needs, _ = WINDOWS_BUILDS[build]
+    missing = cpu_needs - kernel.cpu_flags()
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} for the Windows {build} build")
+    binary = directory / f"harness-windows-{build}.exe"
+    if not binary.is_file():
+        compile_harness(compiler, [*flags_needed, "-static"], binary)
+    return binary
+
+
+@pytest.fixture(scope="module")
+def windows_tools(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
+    """mingw-w64's gcc, and the command that runs a Windows program here (Wine, in a prefix of its own)."""
+    compiler = shutil.which(WINDOWS_CC)
+    wine = shutil.which("wine64") or shutil.which("wine")
+    if wine is None and Path("/usr/lib/wine/wine64").is_file():  # Debian's wine64 without the wine wrapper
+        wine = "/usr/lib/wine/wine64"
+    if compiler is None or wine is None:
+        pytest.skip(f"{WINDOWS_CC if compiler is None else 'wine64'} is not installed; {WINDOWS_HINT}")
+    prefix = tmp_path_factory.mktemp("wineprefix")
+    return compiler, ["env", f"WINEPREFIX={prefix}", "WINEDEBUG=-all", wine]
+
+
+@pytest.mark.parametrize("build", list(WINDOWS_BUILDS))
+def test_the_windows_build_computes_the_harness_builds_logits(
+    build: str, x86_logits: Logits, windows_tools: tuple[str, list[str]], harness_builds: Path
+) -> None:
+    """Windows' libm rounds some expf/sinf results another way than glibc's (measured: 1e-7 of the largest
+    logit), so the bound is ARM's, not bit equality."""
+    compiler, wine = windows_tools
+    flags, logits = run_harness([*wine, str(windows_build(build, compiler, harness_builds))])
+    assert flags == {"simd": 1, "openmp": 1, "dotprod": 0, "q4": X86_BUILDS[build][2]}
+    assert logits.keys() == x86_logits.keys()
+    worst = 0.0
+    for step, reference in x86_logits.items():
+        scale = max(abs(v) for v in reference)
+        difference = max(abs(a - b) for a, b in zip(logits[step], reference, strict=True))
+        assert difference <= RELATIVE_BOUND * scale, f"Windows {build}, step {step}: {difference / scale}"
+        worst = max(worst, difference / scale)
+    print(f"Windows {build}: max |Windows - Linux| / max |logit| = {worst:.3g} over {len(logits)} steps")
