@@ -9,6 +9,8 @@ builds the kernel) and cross-built for AArch64 twice: -march=armv8.2-a+dotprod (
 so that build can't lean on it. Correctness only: qemu says nothing about speed on real ARM hardware. The harness
 packs its weights with C ports of native.py's packers; a third test checks they give native.py's bytes. `harness
 prefill` runs hearth_q4_prefill (prefill straight from the Q4_1 records) on one matrix for the same comparison.
+Each run also prints hearth_gg_matmul's products on every GGUF block type (Q4_0 to Q6_K, the torch-free runtime's
+matrices), in the file's row layout and the 16-row one, with 8-bit and 15-bit inputs.
 The Windows builds (AVX2, and AVX-512 VNNI where this CPU has it) come from mingw-w64's gcc, the compiler of the
 Windows package's CI runner, and run under Wine: Windows' calling convention, its C runtime and libm, its threads
 under libgomp, on this CPU's own instructions.
@@ -30,6 +32,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -71,6 +74,9 @@ X86_BUILDS = {
 WINDOWS_BUILDS = {build: X86_BUILDS[build] for build in ("avx512-vnni", "avx2")}
 
 Logits = dict[tuple[int, int, int], list[float]]  # (variant, position, token) -> logits
+# (GGUF type, 15-bit inputs, "row" or "x16" layout) -> hearth_gg_matmul's outputs; None: the build has no such layout
+Products = dict[tuple[int, int, str], list[float] | None]
+GGUF_TYPES = (2, 3, 6, 7, 8, 12, 13, 14)  # harness.c's print_gguf: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
 
 
 def harness_command(compiler: str, flags: list[str], target: Path) -> list[str]:
@@ -84,18 +90,32 @@ def compile_harness(compiler: str, flags: list[str], target: Path) -> None:
     assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stderr}"
 
 
-def run_harness(command: list[str]) -> tuple[dict[str, int], Logits]:
-    """The build's header (simd, openmp, dotprod) and its logits per step."""
+class HarnessRun(NamedTuple):
+    flags: dict[str, int]  # the build's header: simd, openmp, dotprod, q4
+    logits: Logits
+    products: Products
+
+
+def run_harness(command: list[str]) -> HarnessRun:
+    """The build's header, its logits per step and its GGUF products."""
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-2000:]}"
     header, *lines = result.stdout.splitlines()
     words = header.split()
     flags = {words[i]: int(words[i + 1]) for i in range(0, len(words), 2)}
     logits: Logits = {}
+    products: Products = {}
     for line in lines:
+        if line.startswith("gg "):
+            _, kind, precise, layout, *values = line.split()
+            assert values and values[0] != "error", line
+            key = (int(kind), int(precise), layout)
+            products[key] = None if values == ["none"] else [float.fromhex(v) for v in values]
+            continue
         variant, position, token, *values = line.split()
         logits[(int(variant), int(position), int(token))] = [float.fromhex(v) for v in values]
-    return flags, logits
+    assert len(products) == 2 * 2 * len(GGUF_TYPES), sorted(products)
+    return HarnessRun(flags, logits, products)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +160,7 @@ def x86_harness(tmp_path_factory: pytest.TempPathFactory, harness_builds: Path) 
 
 @pytest.fixture(scope="module")
 def x86_logits(x86_harness: Path) -> Logits:
-    flags, logits = run_harness([str(x86_harness)])
+    flags, logits, _ = run_harness([str(x86_harness)])
     if not flags["simd"]:
         pytest.skip("this CPU lacks AVX2+FMA, so the x86-64 reference would run the scalar loops")
     assert len(logits) == VARIANTS * STEPS
@@ -170,13 +190,13 @@ def cross_tools(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("build", list(ARM_BUILDS))
-def test_the_aarch64_build_computes_the_harness_builds_logits(
+def test_the_aarch64_build_computes_the_harness_builds_logits_and_gguf_products(
     build: str, x86_logits: Logits, cross_tools: tuple[str, str], harness_builds: Path
 ) -> None:
     compiler, qemu = cross_tools
     _, cpu = ARM_BUILDS[build]
     binary = arm_build(build, compiler, harness_builds)
-    flags, logits = run_harness([qemu, "-cpu", cpu, str(binary)])
+    flags, logits, products = run_harness([qemu, "-cpu", cpu, str(binary)])
 
     # hearth_simd() is what native.py checks before using a library: NEON counts, as AVX2+FMA does on x86.
     assert flags == {"simd": 1, "openmp": 1, "dotprod": int(build == "dotprod"), "q4": 2 if build == "dotprod" else 1}
@@ -188,6 +208,21 @@ def test_the_aarch64_build_computes_the_harness_builds_logits(
         assert difference <= RELATIVE_BOUND * scale, f"{build}, step (variant, pos, token) {step}: {difference / scale}"
         worst = max(worst, difference / scale)
     print(f"{build}: max |ARM - x86| / max |logit| = {worst:.3g} over {len(logits)} steps")
+    # The GGUF block products (the torch-free runtime's): NEON has no 16-row layout; its row layout mirrors AVX2's
+    # lanes but sums them in another order (measured 3e-7 of the largest output)
+    avx2 = linux_run("avx2", harness_builds).products
+    worst = 0.0
+    for key, reference in avx2.items():
+        if key[2] == "x16":
+            assert products[key] is None and reference is not None, key
+            continue
+        found = products[key]
+        assert found is not None and reference is not None, key
+        scale = max(abs(v) for v in reference)
+        difference = max(abs(a - b) for a, b in zip(found, reference, strict=True))
+        assert difference <= RELATIVE_BOUND * scale, f"{build}, GGUF type {key}: {difference / scale}"
+        worst = max(worst, difference / scale)
+    print(f"{build}: GGUF products, max |ARM - AVX2| / max |output| = {worst:.3g}")
 
 
 def test_the_harness_packs_weights_exactly_as_native_py_does(x86_harness: Path) -> None:
@@ -221,6 +256,16 @@ def x86_build(build: str, directory: Path) -> Path:
     return binary
 
 
+_linux_runs: dict[tuple[str, Path], HarnessRun] = {}
+
+
+def linux_run(build: str, directory: Path) -> HarnessRun:
+    """The Linux x86-64 harness built with X86_BUILDS[build]'s flags, run once per module."""
+    if (build, directory) not in _linux_runs:
+        _linux_runs[(build, directory)] = run_harness([str(x86_build(build, directory))])
+    return _linux_runs[(build, directory)]
+
+
 def arm_build(build: str, compiler: str, directory: Path) -> Path:
     """The harness cross-built with ARM_BUILDS[build]'s -march, once per module."""
     binary = directory / f"harness-aarch64-{build}"
@@ -241,7 +286,7 @@ def test_each_x86_build_this_cpu_runs_computes_the_native_builds_logits(
     """AVX-512 VNNI, AVX2 and the scalar loops on the same inputs: the Q4_1 kernels accumulate each row in its own
     lane in one order, so the SIMD builds agree bit for bit; the scalar build's int8 paths sum in another order
     (measured 3e-7), inside the same bound as ARM."""
-    flags, logits = run_harness([str(x86_build(build, harness_builds))])
+    flags, logits, _ = run_harness([str(x86_build(build, harness_builds))])
     assert flags["q4"] == X86_BUILDS[build][2] and flags["simd"] == int(build != "scalar")
     assert logits.keys() == x86_logits.keys()
     for step, reference in x86_logits.items():
@@ -328,13 +373,13 @@ def windows_tools(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[s
 
 
 @pytest.mark.parametrize("build", list(WINDOWS_BUILDS))
-def test_the_windows_build_computes_the_harness_builds_logits(
+def test_the_windows_build_computes_the_harness_builds_logits_and_gguf_products(
     build: str, x86_logits: Logits, windows_tools: tuple[str, list[str]], harness_builds: Path
 ) -> None:
     """Windows' libm rounds some expf/sinf results another way than glibc's (measured: 1e-7 of the largest
     logit), so the bound is ARM's, not bit equality."""
     compiler, wine = windows_tools
-    flags, logits = run_harness([*wine, str(windows_build(build, compiler, harness_builds))])
+    flags, logits, products = run_harness([*wine, str(windows_build(build, compiler, harness_builds))])
     assert flags == {"simd": 1, "openmp": 1, "dotprod": 0, "q4": X86_BUILDS[build][2]}
     assert logits.keys() == x86_logits.keys()
     worst = 0.0
@@ -344,3 +389,5 @@ def test_the_windows_build_computes_the_harness_builds_logits(
         assert difference <= RELATIVE_BOUND * scale, f"Windows {build}, step {step}: {difference / scale}"
         worst = max(worst, difference / scale)
     print(f"Windows {build}: max |Windows - Linux| / max |logit| = {worst:.3g} over {len(logits)} steps")
+    # no libm in a block product: every GGUF type, both layouts, the Linux build's bits
+    assert products == linux_run(build, harness_builds).products

@@ -8,7 +8,8 @@
  * (native.quantize_q4_blocks). Every input is made with exact float arithmetic (no libm), so all builds see the same
  * bits; only the kernel itself can make outputs differ.
  *
- * Output: "simd S openmp O dotprod D", then per variant and step: "V POS TOKEN" and `vocab` logits in %a.
+ * Output: "simd S openmp O dotprod D", then per variant and step: "V POS TOKEN" and `vocab` logits in %a, then
+ * hearth_gg_matmul on every GGUF block type (print_gguf: "gg ..." lines).
  * `harness pack` prints one matrix and its two packings instead (the test checks them against native.py's);
  * `harness prefill` one matrix, a few input rows and hearth_q4_prefill's output.
  */
@@ -315,6 +316,59 @@ static void print_prefill(void) {
     free(x);
 }
 
+/* hearth_gg_matmul on each GGUF block type, in the file's row layout and (where the build has one)
+ * the 16-row layout repacked from it, with 8-bit and 15-bit inputs: "gg TYPE PRECISE LAYOUT" and the outputs in %a,
+ * or "gg TYPE PRECISE x16 none" where the build has no 16-row layout (NEON, scalar). Random block bytes with a
+ * small finite fp16 d (and m/dmin) per block; inputs exact floats with one outlier channel. */
+static void print_gguf(void) {
+    enum { ROWS = 32, COLS = 512, N = 5 };
+    static const int types[] = {GG_Q4_0, GG_Q4_1, GG_Q5_0, GG_Q5_1, GG_Q8_0, GG_Q4_K, GG_Q5_K, GG_Q6_K};
+    rng = 0x4747554600000000ull; /* "GGUF" */
+    float *x = random_floats((int64_t)N * COLS, 1.0f, 0.0f);
+    for (int k = 0; k < N; k++) x[k * COLS + 5] *= 40.0f;
+    for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++) {
+        const int type = types[t];
+        int64_t geometry[2];
+        hearth_gg_geometry(type, geometry);
+        const int64_t blocks = (int64_t)ROWS * (COLS / geometry[0]), bytes = blocks * geometry[1];
+        uint8_t *w = alloc((size_t)bytes);
+        for (int64_t i = 0; i < bytes; i++) w[i] = (uint8_t)(next_u64() >> 56);
+        for (int64_t b = 0; b < blocks; b++) { /* the block's float factors: small and finite */
+            uint8_t *blk = w + b * geometry[1];
+            const uint16_t d = f32_to_f16(0.002f + 0.001f * uniform()), m = f32_to_f16(0.01f * uniform());
+            if (type == GG_Q6_K) {
+                memcpy(blk + 208, &d, 2);
+            } else {
+                memcpy(blk, &d, 2);
+                if (type == GG_Q4_1 || type == GG_Q5_1 || type == GG_Q4_K || type == GG_Q5_K) memcpy(blk + 2, &m, 2);
+            }
+        }
+        const int64_t x16_bytes = hearth_gg_x16_bytes(type, ROWS, COLS);
+        uint8_t *x16 = x16_bytes > 0 ? alloc((size_t)x16_bytes) : NULL;
+        const int x16_type = x16 ? hearth_gg_repack_x16(type, w, ROWS, COLS, x16, 2) : -1;
+        float y[N * ROWS];
+        for (int precise = 0; precise < 2; precise++)
+            for (int layout = 0; layout < 2; layout++) {
+                printf("gg %d %d %s", type, precise, layout ? "x16" : "row");
+                if (layout && x16_type < 0) {
+                    printf(" none\n");
+                    continue;
+                }
+                const int code = hearth_gg_matmul(layout ? x16_type : type, layout ? (const void *)x16 : w, ROWS, COLS,
+                                                  x, N, y, NULL, 2, precise);
+                if (code != 0) {
+                    printf(" error %d\n", code);
+                    continue;
+                }
+                for (int i = 0; i < N * ROWS; i++) printf(" %a", y[i]);
+                printf("\n");
+            }
+        free(w);
+        free(x16);
+    }
+    free(x);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "pack") == 0) {
         print_packings();
@@ -326,5 +380,6 @@ int main(int argc, char **argv) {
     }
     printf("simd %d openmp %d dotprod %d q4 %d\n", hearth_simd(), hearth_openmp(), HEARTH_DOTPROD, hearth_q4_kernel());
     for (int i = 0; i < (int)(sizeof VARIANTS / sizeof VARIANTS[0]); i++) run(i, &VARIANTS[i]);
+    print_gguf(); /* in the same run: one start of an emulator (qemu, Wine) for both */
     return 0;
 }
