@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib.util
 import json
 import os
 import platform
@@ -23,7 +22,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -34,6 +32,7 @@ from app.core.engines.backend import ReplyRequest
 from app.core.engines.engine import Engine
 from app.core.fastpath import integrity, kernel
 from app.core.fastpath import select as fastpath
+from tests.helpers.build_kernels import load_build_kernels
 from tests.helpers.damage import flipped, random_bytes, truncated
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -67,18 +66,6 @@ def reply(engine: Engine) -> str:
     done = list(engine.generate(ReplyRequest(MESSAGES, GREEDY)))[-1]
     assert isinstance(done, DoneEvent) and done.finish_reason in ("stop", "length"), done
     return done.text
-
-
-def load_build_kernels() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hearth_build_kernels", REPO_ROOT / "packaging" / "build_kernels.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hearth_build_kernels"] = module
-    spec.loader.exec_module(module)
-    # These tests are about the manifest, the checks and the fallbacks: -O1 builds the same floats in a third of -O3's
-    # time (see compiled_only); the packaging test builds the real thing.
-    module.COMMON_FLAGS = tuple("-O1" if flag == "-O3" else flag for flag in module.COMMON_FLAGS)
-    return module
 
 
 @pytest.fixture

@@ -35,6 +35,9 @@ SOURCE = Path(__file__).with_name("native") / "hearth_decode.c"
 ABI = 13  # hearth_decode.c's HEARTH_ABI: its calls and its numerics (the prompt and response caches key on it)
 COMPILE_TIMEOUT_S = 180
 EXTRA_FLAGS: tuple[str, ...] = ()  # appended to the compiler flags (tests build a scalar-only kernel with it)
+# A DLL built by mingw-w64's gcc links libgomp and winpthreads into itself: Python loads a library's dependencies only
+# from beside it and the system folders, where a user's PC has neither (packaging/build_kernels.py's WINDOWS_LINK).
+WINDOWS_LINK_FLAGS: tuple[str, ...] = ("-static",) if sys.platform == "win32" else ()
 # Order of the C side's enums (checked against hearth_layout at load).
 CFG_FIELDS = (
     "layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "embed_bf16", "kv_bf16", "threads", "q4",
@@ -528,6 +531,7 @@ def _compile_and_load() -> NativeLibrary | str:
             "-std=c11",
             "-ffp-contract=off",  # the float order the qemu-checked builds use (clang would fuse a*b+c)
             *(["-fopenmp"] if threaded else []),
+            *WINDOWS_LINK_FLAGS,
             *([] if amx else [NO_AMX_FLAG]),
             *capped,
             *EXTRA_FLAGS,
