@@ -31,8 +31,9 @@ import math
 import platform
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -119,6 +120,22 @@ def run_harness(command: list[str]) -> HarnessRun:
     return HarnessRun(flags, logits, products)
 
 
+def within_bound(
+    found: Mapping[Any, list[float] | None], reference: Mapping[Any, list[float] | None], label: str
+) -> float:
+    """Asserts that each of `found`'s vectors is within RELATIVE_BOUND times the largest |value| of `reference`'s
+    vector of the same key; returns the worst ratio."""
+    worst = 0.0
+    for key, expected in reference.items():
+        got = found[key]
+        assert expected is not None and got is not None, f"{label} {key}"
+        scale = max(abs(v) for v in expected)
+        difference = max(abs(a - b) for a, b in zip(got, expected, strict=True))
+        assert difference <= RELATIVE_BOUND * scale, f"{label} {key}: {difference / scale}"
+        worst = max(worst, difference / scale)
+    return worst
+
+
 @pytest.fixture(scope="module")
 def x86_harness(tmp_path_factory: pytest.TempPathFactory, harness_builds: Path) -> Path:
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -202,27 +219,13 @@ def test_the_aarch64_build_computes_the_harness_builds_logits_and_gguf_products(
     # hearth_simd() is what native.py checks before using a library: NEON counts, as AVX2+FMA does on x86.
     assert flags == {"simd": 1, "openmp": 1, "dotprod": int(build == "dotprod"), "q4": 2 if build == "dotprod" else 1}
     assert logits.keys() == x86_logits.keys()  # the same steps on the same tokens
-    worst = 0.0
-    for step, reference in x86_logits.items():
-        scale = max(abs(v) for v in reference)
-        difference = max(abs(a - b) for a, b in zip(logits[step], reference, strict=True))
-        assert difference <= RELATIVE_BOUND * scale, f"{build}, step (variant, pos, token) {step}: {difference / scale}"
-        worst = max(worst, difference / scale)
+    worst = within_bound(logits, x86_logits, f"{build}, step (variant, pos, token)")
     print(f"{build}: max |ARM - x86| / max |logit| = {worst:.3g} over {len(logits)} steps")
     # The GGUF block products (the torch-free runtime's): NEON has no 16-row layout; its row layout mirrors AVX2's
     # lanes but sums them in another order (measured 3e-7 of the largest output)
     avx2 = linux_run("avx2", harness_builds).products
-    worst = 0.0
-    for key, reference in avx2.items():
-        if key[2] == "x16":
-            assert products[key] is None and reference is not None, key
-            continue
-        found = products[key]
-        assert found is not None and reference is not None, key
-        scale = max(abs(v) for v in reference)
-        difference = max(abs(a - b) for a, b in zip(found, reference, strict=True))
-        assert difference <= RELATIVE_BOUND * scale, f"{build}, GGUF type {key}: {difference / scale}"
-        worst = max(worst, difference / scale)
+    assert all(products[key] is None and avx2[key] is not None for key in avx2 if key[2] == "x16")
+    worst = within_bound(products, {key: v for key, v in avx2.items() if key[2] == "row"}, f"{build}, GGUF type")
     print(f"{build}: GGUF products, max |ARM - AVX2| / max |output| = {worst:.3g}")
 
 
@@ -384,12 +387,7 @@ def test_the_windows_build_computes_the_harness_builds_logits_and_gguf_products(
     flags, logits, products = run_harness([*wine, str(windows_build(build, compiler, harness_builds))])
     assert flags == {"simd": 1, "openmp": 1, "dotprod": 0, "q4": X86_BUILDS[build][2]}
     assert logits.keys() == x86_logits.keys()
-    worst = 0.0
-    for step, reference in x86_logits.items():
-        scale = max(abs(v) for v in reference)
-        difference = max(abs(a - b) for a, b in zip(logits[step], reference, strict=True))
-        assert difference <= RELATIVE_BOUND * scale, f"Windows {build}, step {step}: {difference / scale}"
-        worst = max(worst, difference / scale)
+    worst = within_bound(logits, x86_logits, f"Windows {build}, step")
     print(f"Windows {build}: max |Windows - Linux| / max |logit| = {worst:.3g} over {len(logits)} steps")
     # no libm in a block product: every GGUF type, both layouts, the Linux build's bits
     assert products == linux_run(build, harness_builds).products
