@@ -372,9 +372,12 @@ def windows_tools(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[s
         wine = "/usr/lib/wine/wine64"
     if compiler is None or wine is None:
         pytest.skip(f"{WINDOWS_CC if compiler is None else 'wine64'} is not installed; {WINDOWS_HINT}")
-    prefix = tmp_path_factory.mktemp("wineprefix")
-    # no .NET or HTML engine to set up in the new prefix (programs of plain C only): 5 s to make it instead of 8
-    return compiler, ["env", f"WINEPREFIX={prefix}", "WINEDEBUG=-all", "WINEDLLOVERRIDES=mscoree,mshtml=d", wine]
+    prefix, server = tmp_path_factory.mktemp("wineprefix"), tmp_path_factory.mktemp("wineserver")
+    # no .NET or HTML engine to set up in the new prefix (programs of plain C only): 5 s to make it instead of 8;
+    # TMPDIR: the server's socket folder in the test's tmp, not a new /tmp/wine-* left behind by every run
+    return compiler, [
+        "env", f"WINEPREFIX={prefix}", f"TMPDIR={server}", "WINEDEBUG=-all", "WINEDLLOVERRIDES=mscoree,mshtml=d", wine
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("build", list(WINDOWS_BUILDS))
