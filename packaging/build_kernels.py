@@ -40,7 +40,7 @@ MANIFEST_FORMAT = 1  # app.core.fastpath.native.MANIFEST_FORMAT reads this
 COMMON_FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off")
 OPENMP_FLAG = "-fopenmp"  # Apple's clang lacks it: there the library is built single-threaded (manifest "openmp")
 NO_AMX_FLAG = "-DHEARTH_NO_AMX"  # the kernel without its AMX code (app.core.fastpath.kernel.NO_AMX_FLAG)
-WINDOWS_LINK = ("-static",)  # libgomp and winpthreads inside the DLL (app.core.fastpath.kernel links the same way)
+WINDOWS_LINK = ("-static",)  # libgomp and winpthreads inside the DLL (app.core.fastpath.kernel.WINDOWS_LINK)
 WINDOWS_CROSS_COMPILER = "x86_64-w64-mingw32-gcc-posix"  # the posix-threads flavour: the one with libgomp
 # x86-64-v3: what every AVX2 CPU (Haswell, Zen 1 and later) has; Linux's /proc/cpuinfo names.
 AVX2_FLAGS = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe")

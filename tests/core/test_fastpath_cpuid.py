@@ -7,7 +7,6 @@ same kind of pages through libc, so the bytes that run on Windows are the ones t
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import platform
 import re
@@ -114,12 +113,7 @@ class LibcAsKernel32:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.protections: list[int] = []
-        libc = ctypes.CDLL(None)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
-        libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-        libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-        self.libc = libc
+        self.libc = cpuid.posix_memory()
         self.VirtualAlloc = self._function(self._alloc)
         self.VirtualProtect = self._function(self._protect)
         self.VirtualFree = self._function(self._free)

@@ -50,9 +50,8 @@ KERNEL_DIR = REPO_ROOT / "app" / "core" / "fastpath" / "native"
 CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
 INSTALL_HINT = "Debian/Ubuntu: `make cross-tools` (apt-get install gcc-aarch64-linux-gnu qemu-user)"
-WINDOWS_CC = "x86_64-w64-mingw32-gcc-posix"  # the posix-threads flavour: it has libgomp
+WINDOWS_CC = load_build_kernels().WINDOWS_CROSS_COMPILER  # the posix-threads flavour: it has libgomp
 WINDOWS_HINT = "Debian/Ubuntu: `make cross-tools` (apt-get install gcc-mingw-w64-x86-64-posix wine64)"
-# The Windows libraries a user's CPU may get (packaging/build_kernels.py's x86 targets built there).
 # As native.py compiles the kernel with gcc: C11, OpenMP. -ffp-contract=off is gcc's default under -std=c11; said
 # outright so a clang (which fuses a * b + c within an expression by default) builds the same floats too. The builds
 # compared with the reference take -O1, not native.py's -O3: the same bits (the float order is fixed by the
@@ -73,6 +72,7 @@ X86_BUILDS = {
     "scalar": (["-march=x86-64"], set(), 0),
 }
 
+# The Windows libraries a user's CPU may get (packaging/build_kernels.py's x86 targets, built there).
 WINDOWS_BUILDS = {build: X86_BUILDS[build] for build in ("avx512-vnni", "avx2")}
 
 Logits = dict[tuple[int, int, int], list[float]]  # (variant, position, token) -> logits
@@ -145,22 +145,19 @@ def x86_harness(tmp_path_factory: pytest.TempPathFactory, harness_builds: Path) 
         pytest.skip("no C compiler (gcc or cc) for the x86-64 reference build")
     binary = tmp_path_factory.mktemp("harness") / "harness-x86_64"
     # The other builds compile beside the reference (the -O3 one takes longest), on the cores pytest leaves idle;
-    # x86_build and arm_build find them made, or build them again and report why not.
+    # x86_build, arm_build and windows_build find them made, or build them again and report why not.
     builds = [
-        (compiler, X86_BUILDS[build][0], harness_builds / f"harness-x86_64-{build}")
+        (compiler, *x86_harness_build(build, harness_builds))
         for build in X86_BUILDS
         if X86_BUILDS[build][1] <= kernel.cpu_flags()
     ]
     cross = shutil.which(CROSS_CC)
     if cross is not None:
-        builds += [
-            (cross, [f"-march={march}", "-static"], harness_builds / f"harness-aarch64-{build}")
-            for build, (march, _) in ARM_BUILDS.items()
-        ]
+        builds += [(cross, *arm_harness_build(build, harness_builds)) for build in ARM_BUILDS]
     windows = shutil.which(WINDOWS_CC)
     if windows is not None:
         builds += [
-            (windows, [*WINDOWS_BUILDS[build][0], "-static"], harness_builds / f"harness-windows-{build}.exe")
+            (windows, *windows_harness_build(build, harness_builds))
             for build in WINDOWS_BUILDS
             if WINDOWS_BUILDS[build][1] <= kernel.cpu_flags()
         ]
@@ -246,18 +243,40 @@ def test_the_harness_packs_weights_exactly_as_native_py_does(x86_harness: Path) 
     assert interleave_rows(q).flatten().tolist() == [int(v) for v in fields["head_records"]]
 
 
-def x86_build(build: str, directory: Path) -> Path:
-    """The harness built with X86_BUILDS[build]'s flags, or a skip where this CPU can't run that build."""
-    flags_needed, cpu_needs, _ = X86_BUILDS[build]
-    missing = cpu_needs - kernel.cpu_flags()
+# Each build's flags and binary: the x86_harness fixture compiles them side by side, the tests find them made
+def x86_harness_build(build: str, directory: Path) -> tuple[list[str], Path]:
+    return X86_BUILDS[build][0], directory / f"harness-x86_64-{build}"
+
+
+def arm_harness_build(build: str, directory: Path) -> tuple[list[str], Path]:
+    # static: libc and libgomp travel inside the binary, so qemu needs no arm64 prefix
+    return [f"-march={ARM_BUILDS[build][0]}", "-static"], directory / f"harness-aarch64-{build}"
+
+
+def windows_harness_build(build: str, directory: Path) -> tuple[list[str], Path]:
+    # static: libgomp and winpthreads travel inside the .exe (no Windows PC has them)
+    return [*WINDOWS_BUILDS[build][0], "-static"], directory / f"harness-windows-{build}.exe"
+
+
+def built_once(compiler: str, flags: list[str], binary: Path) -> Path:
+    """`binary`, compiled unless the module already has it (the logits and the prefill tests run the same one)."""
+    if not binary.is_file():
+        compile_harness(compiler, flags, binary)
+    return binary
+
+
+def skip_unless_this_cpu_runs(needs: set[str], build: str) -> None:
+    missing = needs - kernel.cpu_flags()
     if missing:
         pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} for the {build} build")
+
+
+def x86_build(build: str, directory: Path) -> Path:
+    """The harness built with X86_BUILDS[build]'s flags, or a skip where this CPU can't run that build."""
+    skip_unless_this_cpu_runs(X86_BUILDS[build][1], build)
     compiler = shutil.which("gcc") or shutil.which("cc")
     assert compiler is not None  # the x86_harness fixture found one
-    binary = directory / f"harness-x86_64-{build}"
-    if not binary.is_file():  # built once per module: the logits and the prefill tests run the same binary
-        compile_harness(compiler, flags_needed, binary)
-    return binary
+    return built_once(compiler, *x86_harness_build(build, directory))
 
 
 _linux_runs: dict[tuple[str, Path], HarnessRun] = {}
@@ -272,10 +291,7 @@ def linux_run(build: str, directory: Path) -> HarnessRun:
 
 def arm_build(build: str, compiler: str, directory: Path) -> Path:
     """The harness cross-built with ARM_BUILDS[build]'s -march, once per module."""
-    binary = directory / f"harness-aarch64-{build}"
-    if not binary.is_file():  # static: libc and libgomp travel inside the binary, so qemu needs no arm64 prefix
-        compile_harness(compiler, [f"-march={ARM_BUILDS[build][0]}", "-static"], binary)
-    return binary
+    return built_once(compiler, *arm_harness_build(build, directory))
 
 
 @pytest.fixture(scope="module")
@@ -351,16 +367,10 @@ def test_the_aarch64_build_prefills_from_the_records_as_the_x86_build(
 
 
 def windows_build(build: str, compiler: str, directory: Path) -> Path:
-    """The harness built for Windows with WINDOWS_BUILDS[build]'s flags, once per module (static: libgomp and
-    winpthreads travel inside the .exe), or a skip where this CPU can't run that build."""
-    flags_needed, cpu_needs, _ = WINDOWS_BUILDS[build]
-    missing = cpu_needs - kernel.cpu_flags()
-    if missing:
-        pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} for the Windows {build} build")
-    binary = directory / f"harness-windows-{build}.exe"
-    if not binary.is_file():
-        compile_harness(compiler, [*flags_needed, "-static"], binary)
-    return binary
+    """The harness built for Windows with WINDOWS_BUILDS[build]'s flags, once per module, or a skip where this CPU
+    can't run that build."""
+    skip_unless_this_cpu_runs(WINDOWS_BUILDS[build][1], f"Windows {build}")
+    return built_once(compiler, *windows_harness_build(build, directory))
 
 
 @pytest.fixture(scope="module")
@@ -426,7 +436,7 @@ def test_the_windows_prebuilt_library_loads_on_a_pc_without_mingw(
     manifest = load_build_kernels().build(out, ["x86-64-avx2"], platform_name="win32")
     (entry,) = manifest["libraries"]
     assert entry["platform"] == "win32" and entry["file"] == "hearth_decode-x86-64-avx2.dll" and entry["openmp"]
-    objdump = shutil.which(compiler.replace("gcc-posix", "objdump")) or shutil.which("x86_64-w64-mingw32-objdump")
+    objdump = shutil.which("x86_64-w64-mingw32-objdump")  # mingw-w64's binutils, beside its gcc
     if objdump is not None:
         listing = subprocess.run([objdump, "-p", str(out / entry["file"])], capture_output=True, text=True, check=True)
         imports = {line.split(":", 1)[1].strip().lower() for line in listing.stdout.splitlines() if "DLL Name:" in line}

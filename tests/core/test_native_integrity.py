@@ -571,3 +571,9 @@ def test_packed_copies_are_written_a_tensor_at_a_time_as_safetensors_reads_them(
     assert back.keys() == tensors.keys() and all(torch.equal(back[k], v) for k, v in tensors.items())
     assert digest == integrity.digest_file(target) == select._write_cache(None, tensors, [])
     assert integrity.verify(target) and not list(tmp_path.glob("*.partial"))
+
+
+def test_a_compile_on_windows_links_openmp_in_as_the_prebuilt_dlls_do() -> None:
+    """kernel.py compiles on a user's machine with the link packaging/build_kernels.py gives the Windows package's
+    DLLs (libgomp inside the DLL: a library whose dependency is missing never loads, error 126)."""
+    assert kernel.WINDOWS_LINK == load_build_kernels().WINDOWS_LINK == ("-static",)

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 # (leaf, subleaf) -> (eax, ebx, ecx, edx)
 Registers = Mapping[tuple[int, int], tuple[int, int, int, int]]
@@ -102,14 +103,21 @@ class CpuidUnavailable(Exception):
     """Executable memory was refused (a hardened kernel, a sandbox) or this is not an x86-64 process."""
 
 
-@contextmanager
-def _posix_code(code: bytes) -> Iterator[int]:
-    """`code` in a private page made read-and-execute after it is written (never writable and executable at once)."""
+@functools.cache
+def posix_memory() -> ctypes.CDLL:
+    """libc with mmap, mprotect and munmap declared (POSIX systems)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
     libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    return libc
+
+
+@contextmanager
+def _posix_code(code: bytes) -> Iterator[int]:
+    """`code` in a private page made read-and-execute after it is written (never writable and executable at once)."""
+    libc = posix_memory()
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS  # absent on Windows only
     address = libc.mmap(None, _PAGE, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
     if address in (None, ctypes.c_void_p(-1).value):
@@ -124,15 +132,15 @@ def _posix_code(code: bytes) -> Iterator[int]:
 
 
 @contextmanager
-def _windows_code(code: bytes, kernel32: object | None = None) -> Iterator[int]:
+def _windows_code(code: bytes, kernel32: Any = None) -> Iterator[int]:
     """`code` in a page from VirtualAlloc, made execute-read with VirtualProtect after it is written."""
-    k32: object = kernel32 if kernel32 is not None else ctypes.windll.kernel32  # type: ignore[attr-defined]
-    virtual_alloc = k32.VirtualAlloc  # type: ignore[attr-defined]
+    k32 = kernel32 if kernel32 is not None else ctypes.windll.kernel32  # type: ignore[attr-defined]
+    virtual_alloc = k32.VirtualAlloc
     virtual_alloc.restype = ctypes.c_void_p
     virtual_alloc.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32, ctypes.c_uint32)
-    virtual_protect = k32.VirtualProtect  # type: ignore[attr-defined]
+    virtual_protect = k32.VirtualProtect
     virtual_protect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32))
-    virtual_free = k32.VirtualFree  # type: ignore[attr-defined]
+    virtual_free = k32.VirtualFree
     virtual_free.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32)
     mem_commit_reserve, mem_release, page_readwrite, page_execute_read = 0x3000, 0x8000, 0x04, 0x20
     address = virtual_alloc(None, _PAGE, mem_commit_reserve, page_readwrite)

@@ -36,8 +36,8 @@ ABI = 13  # hearth_decode.c's HEARTH_ABI: its calls and its numerics (the prompt
 COMPILE_TIMEOUT_S = 180
 EXTRA_FLAGS: tuple[str, ...] = ()  # appended to the compiler flags (tests build a scalar-only kernel with it)
 # A DLL built by mingw-w64's gcc links libgomp and winpthreads into itself: Python loads a library's dependencies only
-# from beside it and the system folders, where a user's PC has neither (packaging/build_kernels.py's WINDOWS_LINK).
-WINDOWS_LINK_FLAGS: tuple[str, ...] = ("-static",) if sys.platform == "win32" else ()
+# from beside it and the system folders, where a user's PC has neither (packaging/build_kernels.py's, the same).
+WINDOWS_LINK = ("-static",)
 # Order of the C side's enums (checked against hearth_layout at load).
 CFG_FIELDS = (
     "layers", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "embed_bf16", "kv_bf16", "threads", "q4",
@@ -531,7 +531,7 @@ def _compile_and_load() -> NativeLibrary | str:
             "-std=c11",
             "-ffp-contract=off",  # the float order the qemu-checked builds use (clang would fuse a*b+c)
             *(["-fopenmp"] if threaded else []),
-            *WINDOWS_LINK_FLAGS,
+            *(WINDOWS_LINK if sys.platform == "win32" else ()),
             *([] if amx else [NO_AMX_FLAG]),
             *capped,
             *EXTRA_FLAGS,
