@@ -24,7 +24,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from collections.abc import Collection
 from pathlib import Path
+
+from app.core.fastpath.cpu import cpu_flags  # the app's own reading: OS lists, else CPUID
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_VERSION = "0.3.36"  # llama-cpp-python, as `make bench-peer` installs it
@@ -53,26 +56,6 @@ X86_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("GGML_AVX512_BF16", (*AVX512_BASE, "avx512_bf16")),
 )
 AMX_OPTIONS = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
-# macOS sysctl spells the same features differently (machdep.cpu.features / leaf7_features)
-MACOS_NAMES = {"sse4.2": "sse4_2", "avx1.0": "avx", "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16"}
-
-
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags, lower case in Linux's /proc/cpuinfo spelling; empty where they can't be read."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("flags", "Features"):
-                return set(value.split())
-        return set()
-    if sys.platform == "darwin":
-        keys = ["machdep.cpu.features", "machdep.cpu.leaf7_features"]
-        found = subprocess.run(["sysctl", "-n", *keys], capture_output=True, text=True, check=False).stdout
-        return {MACOS_NAMES.get(name, name) for name in found.lower().split()}
-    return set()
-
-
 # Caps that build llama.cpp as for a lesser x86 CPU on this one, named as Hearth's HEARTH_KERNEL_TARGET names them: an
 # AVX2 peer beside Hearth's AVX2 kernel (Zen 2/3, Intel before Alder Lake), an AVX-VNNI one beside its AVX-VNNI kernel
 # (Intel's Alder Lake and later client cores: AVX-VNNI, no AVX-512).
@@ -82,15 +65,15 @@ CAPS: dict[str, frozenset[str]] = {
 }
 
 
-def ggml_cpu_args(machine: str | None = None, flags: set[str] | None = None, cap: str = "") -> list[str]:
+def ggml_cpu_args(machine: str | None = None, flags: Collection[str] | None = None, cap: str = "") -> list[str]:
     """The ggml CMake options for a CPU: on x86 every extension set from its flags and AMX off; elsewhere native.
     `cap` (a CAPS name): only the extensions that CPU class has as well."""
     machine = (machine or platform.machine()).lower()
     if machine not in X86_MACHINES:
         return ["-DGGML_NATIVE=ON"]
-    flags = cpu_flags() if flags is None else flags
+    flags = set(cpu_flags() if flags is None else flags)
     if cap:
-        flags = set(flags) & CAPS[cap]
+        flags &= CAPS[cap]
     args = ["-DGGML_NATIVE=OFF"]
     args += [f"-D{option}={'ON' if set(needs) <= flags else 'OFF'}" for option, needs in X86_OPTIONS]
     args += [f"-D{option}=OFF" for option in AMX_OPTIONS]

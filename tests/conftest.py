@@ -45,9 +45,9 @@ def kernel_report() -> list[str]:
     import torch
     from threadpoolctl import threadpool_info
 
-    from app.core.fastpath import kernel, prefill
+    from app.core.fastpath import cpu, kernel, prefill
 
-    flags = kernel.cpu_flags()
+    flags = cpu.cpu_flags()
     model = next(
         (line.split(":", 1)[1].strip() for line in _cpuinfo_lines() if line.startswith(("model name", "Model"))),
         platform.processor() or platform.machine(),
@@ -70,7 +70,7 @@ def kernel_report() -> list[str]:
     )
     switches = [f"{name}={os.environ[name]}" for name in VARIANT_SWITCHES if os.environ.get(name)]
     return [
-        f"cpu: {model}; {kernel.machine_arch()} {' '.join(f for f in VARIANT_FLAGS if f in flags) or 'no SIMD flags'}; "
+        f"cpu: {model}; {cpu.machine_arch()} {' '.join(f for f in VARIANT_FLAGS if f in flags) or 'no SIMD flags'}; "
         f"{torch.get_num_threads()} torch threads; switches: {' '.join(switches) or 'none'}",
         f"kernels: {fused}; lite runtime: the same library, numpy BLAS {', '.join(blas) or 'none found'}",
         f"kernels: torch {torch.__version__} cpu capability {torch.backends.cpu.get_cpu_capability()}, "

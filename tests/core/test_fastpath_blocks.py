@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from app.core.fastpath import blocks, kernel
+from app.core.fastpath import blocks, cpu, kernel
 from tests.core.test_native_arm import FLAGS, KERNEL_DIR, X86_BUILDS
 from tests.helpers.gguf_files import random_blocks
 
@@ -60,12 +60,12 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The kernel built as each shipped x86 target this CPU can run (the AVX-512 VNNI, AVX-VNNI, AVX2 and scalar
     code)."""
     compiler = shutil.which("gcc") or shutil.which("cc")
-    if kernel.machine_arch() != "x86_64" or compiler is None:
+    if cpu.machine_arch() != "x86_64" or compiler is None:
         pytest.skip("the x86 builds need an x86-64 CPU and gcc")
     folder = tmp_path_factory.mktemp("builds")
     compiles: dict[str, tuple[Path, subprocess.Popen[str]]] = {}
     for name, (flags, needs, _) in X86_BUILDS.items():  # side by side: a core each
-        if needs - kernel.cpu_flags():
+        if needs - cpu.cpu_flags():
             continue
         target = folder / f"hearth-{name}.so"
         command = [compiler, *FLAGS, *flags, "-shared", "-fPIC", "-o", str(target), str(KERNEL_DIR / "hearth_decode.c")]
@@ -226,7 +226,7 @@ def test_the_16_row_layout_computes_what_the_file_s_rows_do(kind: int, precise: 
     assert all(np.array_equal(first, other) for other in results.values()), list(results)
 
 
-AMX = {"amx_tile", "amx_int8"} <= kernel.cpu_flags()
+AMX = {"amx_tile", "amx_int8"} <= cpu.cpu_flags()
 
 
 @pytest.mark.skipif(not AMX, reason="this CPU has no AMX tiles")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from app.core.fastpath import cpuid, kernel
+from app.core.fastpath import cpu, cpuid
 
 X86_64 = platform.machine().lower() in ("x86_64", "amd64")
 LINUX = sys.platform.startswith("linux")
@@ -172,23 +172,23 @@ def test_a_process_that_is_not_x86_64_never_runs_the_code(monkeypatch: pytest.Mo
         cpuid.read_registers()
 
 
-# -- kernel.cpu_flags on a system without a flag list ------------------------------------------------------------
+# -- cpu.cpu_flags on a system without a flag list ------------------------------------------------------------
 def test_windows_takes_the_flags_from_cpuid(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernel.sys, "platform", "win32")
-    monkeypatch.setattr(kernel, "machine_arch", lambda: "x86_64")
+    monkeypatch.setattr(cpu.sys, "platform", "win32")
+    monkeypatch.setattr(cpu, "machine_arch", lambda: "x86_64")
     flags = cpuid.flags_from_registers(ALDER_LAKE_LIKE, XCR0_AVX)
-    monkeypatch.setattr(kernel.cpuid, "cpuid_flags", lambda: flags)
-    assert kernel.cpu_flags() == flags and "avx_vnni" in flags  # torch's probe could not name it
+    monkeypatch.setattr(cpu.cpuid, "cpuid_flags", lambda: flags)
+    assert cpu.cpu_flags() == flags and "avx_vnni" in flags  # torch's probe could not name it
 
 
 def test_without_cpuid_windows_falls_back_to_torchs_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    monkeypatch.setattr(kernel.sys, "platform", "win32")
-    monkeypatch.setattr(kernel, "machine_arch", lambda: "x86_64")
-    monkeypatch.setattr(kernel.cpuid, "cpuid_flags", lambda: "CPUID could not run: VirtualAlloc refused a page")
+    monkeypatch.setattr(cpu.sys, "platform", "win32")
+    monkeypatch.setattr(cpu, "machine_arch", lambda: "x86_64")
+    monkeypatch.setattr(cpu.cpuid, "cpuid_flags", lambda: "CPUID could not run: VirtualAlloc refused a page")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    assert kernel.cpu_flags() == frozenset(kernel._TORCH_LEVELS["AVX2"])
+    assert cpu.cpu_flags() == frozenset(cpu._TORCH_LEVELS["AVX2"])
 
 
 def test_a_compiled_kernel_is_keyed_to_the_cpu_flags_where_there_is_no_proc_cpuinfo(
@@ -201,10 +201,10 @@ def test_a_compiled_kernel_is_keyed_to_the_cpu_flags_where_there_is_no_proc_cpui
             raise FileNotFoundError(path)
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(kernel, "open", no_proc, raising=False)
+    monkeypatch.setattr(cpu, "open", no_proc, raising=False)
     identities = []
     for registers in (HASWELL_LIKE, ALDER_LAKE_LIKE):
         flags = cpuid.flags_from_registers(registers, XCR0_AVX)
-        monkeypatch.setattr(kernel, "cpu_flags", lambda flags=flags: flags)
-        identities.append(kernel._machine_identity())
+        monkeypatch.setattr(cpu, "cpu_flags", lambda flags=flags: flags)
+        identities.append(cpu.machine_identity())
     assert "avx_vnni" in identities[1] and identities[0] != identities[1]  # a -march=native build is not shared

@@ -23,7 +23,7 @@ from app.core.engines.backend import ReplyRequest
 from app.core.engines.engine import Engine, KVState, kv_cache_bytes
 from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
-from app.core.fastpath import kernel, native, packed
+from app.core.fastpath import cpu, kernel, native, packed
 from app.core.fastpath import select as fastpath
 from app.core.fastpath.team import TeamChooser
 from tests.core.test_fastpath import (
@@ -271,7 +271,7 @@ def test_a_kernel_target_that_is_not_one_of_this_cpus_says_which_are(
     fresh_library: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(kernel.TARGET_ENV, "avx9")
-    choices = ", ".join(kernel.TARGETS.get(kernel.machine_arch(), ())) or "nothing on this CPU"
+    choices = ", ".join(kernel.TARGETS.get(cpu.machine_arch(), ())) or "nothing on this CPU"
     assert kernel.load_library() == f"HEARTH_KERNEL_TARGET=avx9 is not one of {choices}"
 
 
@@ -396,7 +396,7 @@ def test_long_contexts_take_the_chunked_attention_and_stay_within_the_bound(path
         assert float((got - want).abs().max() / want.abs().max()) < LOGIT_ERROR_BOUNDS[path]
 
 
-@pytest.mark.skipif(not {"amx_tile", "amx_int8"} <= kernel.cpu_flags(), reason="this CPU has no AMX tiles")
+@pytest.mark.skipif(not {"amx_tile", "amx_int8"} <= cpu.cpu_flags(), reason="this CPU has no AMX tiles")
 def test_amx_prefill_is_on_by_default_and_the_avx512_cap_turns_it_off(
     fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
 ) -> None:
@@ -412,7 +412,7 @@ def test_amx_prefill_is_on_by_default_and_the_avx512_cap_turns_it_off(
     assert library.lib.hearth_q4_kernel() == 4 and library.lib.hearth_amx(-1) == 0
 
 
-@pytest.mark.skipif(kernel.machine_arch() != "x86_64", reason="the AMX code is x86-64's")
+@pytest.mark.skipif(cpu.machine_arch() != "x86_64", reason="the AMX code is x86-64's")
 def test_an_assembler_without_the_amx_instructions_still_builds_the_kernel(
     fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
 ) -> None:
@@ -434,7 +434,7 @@ def test_an_assembler_without_the_amx_instructions_still_builds_the_kernel(
     assert "without AMX" in library.origin and library.lib.hearth_amx(1) == 0
 
 
-@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= kernel.cpu_flags(), reason="this CPU can't run the AVX2 kernel")
+@pytest.mark.skipif(not {"avx2", "fma", "f16c"} <= cpu.cpu_flags(), reason="this CPU can't run the AVX2 kernel")
 def test_the_avx2_build_prefills_from_the_records_and_prefills_head_like_the_reference(
     fresh_library: Any, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
 ) -> None:

@@ -27,7 +27,7 @@ from app.core.engines.loader import load_model, stored_dtype
 from app.core.engines.local import EngineBackend
 from app.core.engines.session import ChatSession
 from app.core.errors import QuantizationError
-from app.core.fastpath import int8, kernel, native, packed, rows, select
+from app.core.fastpath import cpu, int8, kernel, native, packed, rows, select
 from app.core.memory.accounting import measured_weights_by_device
 from app.core.memory.planner import plan_memory
 from app.core.models.quant import resolve_quantization
@@ -119,7 +119,7 @@ def test_the_planner_names_the_kernel_a_build_here_reports() -> None:
     assert not isinstance(KERNEL, str)
     if not KERNEL.origin.startswith("compiled"):
         pytest.skip(f"a prebuilt kernel ({KERNEL.origin}) may target less than this CPU")
-    assert kernel.expected_q4_kernel() == KERNEL.lib.hearth_q4_kernel()
+    assert cpu.expected_q4_kernel() == KERNEL.lib.hearth_q4_kernel()
 
 
 @needs_kernel

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from app.core.fastpath import kernel
+from app.core.fastpath import cpu
 from app.core.fastpath.int8 import quantize_rows
 from app.core.fastpath.native import quantize_q4_blocks
 from app.core.fastpath.packed import dequantize_q4, interleave_q4, interleave_rows
@@ -149,7 +149,7 @@ def x86_harness(tmp_path_factory: pytest.TempPathFactory, harness_builds: Path) 
     builds = [
         (compiler, *x86_harness_build(build, harness_builds))
         for build in X86_BUILDS
-        if X86_BUILDS[build][1] <= kernel.cpu_flags()
+        if X86_BUILDS[build][1] <= cpu.cpu_flags()
     ]
     cross = shutil.which(CROSS_CC)
     if cross is not None:
@@ -159,7 +159,7 @@ def x86_harness(tmp_path_factory: pytest.TempPathFactory, harness_builds: Path) 
         builds += [
             (windows, *windows_harness_build(build, harness_builds))
             for build in WINDOWS_BUILDS
-            if WINDOWS_BUILDS[build][1] <= kernel.cpu_flags()
+            if WINDOWS_BUILDS[build][1] <= cpu.cpu_flags()
         ]
     beside = [
         subprocess.Popen(harness_command(*build), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -266,7 +266,7 @@ def built_once(compiler: str, flags: list[str], binary: Path) -> Path:
 
 
 def skip_unless_this_cpu_runs(needs: set[str], build: str) -> None:
-    missing = needs - kernel.cpu_flags()
+    missing = needs - cpu.cpu_flags()
     if missing:
         pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} for the {build} build")
 

@@ -6,7 +6,7 @@ the same damage (a garbage reply, then replayed by the response cache): each is 
 in a notice, never passed to ctypes, and the reply equals a clean run's.
 
 Prebuilt kernels (issue 16): packaging/build_kernels.py builds them here into a temporary folder; the CPU's flags go
-through a seam (kernel.cpu_flags) so both the AVX-512 and the AVX2 choice are covered on any x86-64 machine, and the
+through a seam (cpu.cpu_flags) so both the AVX-512 and the AVX2 choice are covered on any x86-64 machine, and the
 ones this CPU can run are loaded and decode for real.
 """
 
@@ -30,7 +30,7 @@ from app.core.chat.events import ChatMessage, DoneEvent
 from app.core.chat.sampling import SamplingParams
 from app.core.engines.backend import ReplyRequest
 from app.core.engines.engine import Engine
-from app.core.fastpath import integrity, kernel
+from app.core.fastpath import cpu, integrity, kernel
 from app.core.fastpath import select as fastpath
 from tests.helpers.build_kernels import load_build_kernels
 from tests.helpers.damage import flipped, random_bytes, truncated
@@ -50,7 +50,7 @@ LIBRARY_DAMAGE = {
     "random bytes": lambda data: random_bytes(len(data)),
     "same-size flip": lambda data: flipped(data, len(data) // 2),
 }
-REAL_FLAGS = kernel.cpu_flags()  # read before any test replaces the seam
+REAL_FLAGS = cpu.cpu_flags()  # read before any test replaces the seam
 needs_kernel = pytest.mark.skipif(not (IS_X86 and HAS_CC), reason="needs an x86-64 machine with a C compiler")
 
 
@@ -163,7 +163,7 @@ def prebuilt(prebuilt_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def with_flags(monkeypatch: pytest.MonkeyPatch, flags: frozenset[str]) -> None:
-    monkeypatch.setattr(kernel, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
 
 
 # -- the compiled library --------------------------------------------------------------------------------------------
@@ -288,7 +288,7 @@ def test_the_plain_path_names_the_dense_weights(default_loaded: Any) -> None:
 
 # -- prebuilt kernels ------------------------------------------------------------------------------------------------
 def test_cpu_flags_are_read_from_this_machine() -> None:
-    flags = kernel.cpu_flags()
+    flags = cpu.cpu_flags()
     if sys.platform.startswith("linux"):
         text = Path("/proc/cpuinfo").read_text()
         listed = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.MULTILINE)
@@ -320,10 +320,10 @@ def test_cpu_flags_are_the_first_cpus_flag_names_on_linux(
     def fake_open(path: str, *args: Any, **kwargs: Any) -> Any:
         return real_open(fake if path == "/proc/cpuinfo" else path, *args, **kwargs)
 
-    monkeypatch.setattr(kernel.sys, "platform", "linux")
-    monkeypatch.setattr(kernel, "machine_arch", lambda: "aarch64")  # no torch fallback: the file alone
-    monkeypatch.setattr(kernel, "open", fake_open, raising=False)
-    assert kernel.cpu_flags() == expected
+    monkeypatch.setattr(cpu.sys, "platform", "linux")
+    monkeypatch.setattr(cpu, "machine_arch", lambda: "aarch64")  # no torch fallback: the file alone
+    monkeypatch.setattr(cpu, "open", fake_open, raising=False)
+    assert cpu.cpu_flags() == expected
 
 
 @pytest.mark.parametrize(
@@ -486,7 +486,7 @@ def test_an_unusable_manifest_falls_back_with_the_reason(
 
 def test_no_prebuilt_for_this_architecture_says_so(prebuilt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(kernel.KERNEL_ENV, "prebuilt")
-    monkeypatch.setattr(kernel, "machine_arch", lambda: "riscv64")
+    monkeypatch.setattr(cpu, "machine_arch", lambda: "riscv64")
     found = kernel.load_library()
     assert isinstance(found, str) and f"none for riscv64 on {sys.platform}" in found
 

@@ -22,11 +22,11 @@ import pytest
 
 from app.core.engines.engine import KVState, call_start
 from app.core.engines.generation import PREFILL_CHUNK
-from app.core.fastpath import kernel
+from app.core.fastpath import cpu
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-X86 = kernel.machine_arch() == "x86_64"
-FLAGS = kernel.cpu_flags()
+X86 = cpu.machine_arch() == "x86_64"
+FLAGS = cpu.cpu_flags()
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= FLAGS
 AVX2 = {"avx2", "fma"} <= FLAGS
 

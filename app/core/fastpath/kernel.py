@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from app.core.fastpath import blocks, cpuid, integrity
+from app.core.fastpath import blocks, cpu, integrity
 from app.core.fastpath.openmp import SPIN_ENV, prefer_short_spin
 from app.core.fastpath.team import TeamChooser
 from app.core.storage.paths import cache_dir
@@ -284,111 +284,11 @@ def _compiler() -> str | None:
     return None
 
 
-def machine_arch() -> str:
-    """x86_64 or aarch64 (the names the manifest uses), or the platform's own name for anything else."""
-    machine = platform.machine().lower()
-    return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
-
-
-# macOS sysctl names -> /proc/cpuinfo names (the manifest's vocabulary)
-_DARWIN_FLAGS = {
-    "avx1.0": "avx", "avx2": "avx2", "fma": "fma", "f16c": "f16c", "bmi1": "bmi1", "bmi2": "bmi2", "movbe": "movbe",
-    "lzcnt": "abm", "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512vl": "avx512vl", "avx512dq": "avx512dq",
-    "avx512cd": "avx512cd", "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16",
-}  # fmt: skip
-# torch's own CPU probe, the last resort where the OS lists no flags and CPUID's generated code may not run. Every
-# AVX2 CPU also has FMA, F16C, BMI1/2, LZCNT and MOVBE (Haswell and Zen onwards); torch's AVX512 level means
-# F/BW/VL/DQ, not VNNI or BF16 (so that CPU takes the AVX2 library), and it names no AVX-VNNI.
-_TORCH_LEVELS = {
-    "AVX2": ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"),
-    "AVX512": ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe", "avx512f", "avx512bw", "avx512vl",
-               "avx512dq", "avx512cd"),
-}  # fmt: skip
-
-
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags, read at run time (never the build machine's), in /proc/cpuinfo's `flags` (x86) or
-    `Features` (ARM) names: from that file on Linux, sysctl on macOS, the CPUID instruction elsewhere (Windows)."""
-    if sys.platform.startswith("linux"):
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    key, _, value = line.partition(":")
-                    if key.strip() in ("flags", "Features"):
-                        return frozenset(value.split())
-        except OSError:
-            pass
-    elif sys.platform == "darwin":
-        return _darwin_flags()
-    if machine_arch() == "x86_64":
-        found = cpuid.cpuid_flags()  # no flag list from the OS (Windows): ask the CPU
-        if not isinstance(found, str):
-            return found
-        log.info("%s; CPU flags from torch's probe instead", found)
-        try:
-            import torch  # only where generated code may not run; the torch-free runtime has none there
-
-            level = str(torch.backends.cpu.get_cpu_capability())
-        except (ImportError, AttributeError, RuntimeError):
-            level = ""
-        return frozenset(_TORCH_LEVELS.get(level, ()))
-    return frozenset()
-
-
-def expected_q4_kernel() -> int:
-    """The Q4_1 kernel a build here reports (hearth_q4_kernel: 4 AVX-512 VNNI, 3 AVX2, 2 NEON dot product, 1 NEON,
-    0 scalar), read from this CPU's flags without building it (the memory planner asks)."""
-    flags = cpu_flags()
-    if machine_arch() == "x86_64":
-        if {"avx2", "fma"} <= flags:
-            return 4 if {"avx512f", "avx512bw", "avx512_vnni", "f16c"} <= flags else 3
-        return 0
-    if machine_arch() == "aarch64":
-        return 2 if "asimddp" in flags else 1
-    return 0
-
-
-def _darwin_flags() -> frozenset[str]:
-    if machine_arch() == "aarch64":  # NEON is always there; DotProd from M1 on
-        flags = {"asimd"}
-        names = ["hw.optional.arm.FEAT_DotProd"]
-    else:
-        flags, names = set(), ["machdep.cpu.features", "machdep.cpu.leaf7_features"]
-    try:
-        output = subprocess.run(["sysctl", *names], capture_output=True, text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return frozenset(flags)
-    for line in output.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == "hw.optional.arm.FEAT_DotProd" and value.strip() == "1":
-            flags.add("asimddp")
-        elif name.strip().startswith("machdep.cpu"):
-            flags.update(_DARWIN_FLAGS[word] for word in value.lower().split() if word in _DARWIN_FLAGS)
-    return frozenset(flags)
-
-
-def _machine_identity() -> str:
-    """What -march=native depends on: the CPU model and its feature flags."""
-    text = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith(("model name", "flags", "Features")):
-                    text += line
-                if line.strip() == "":
-                    break
-    except OSError:
-        pass
-    if not text:  # no /proc/cpuinfo (Windows, macOS): the flags this process reads another way
-        text = " ".join(sorted(cpu_flags()))
-    return f"{platform.machine()}|{platform.processor()}|{text}"
-
-
 def kernel_target() -> str:
     """The HEARTH_KERNEL_TARGET cap in force ("" for none: the best this CPU runs), or raise ValueError naming the
     choices when it names none of this architecture's."""
     target = os.environ.get(TARGET_ENV, "").strip().lower()
-    choices = TARGETS.get(machine_arch(), ())
+    choices = TARGETS.get(cpu.machine_arch(), ())
     if target and target not in choices:
         raise ValueError(f"{TARGET_ENV}={target} is not one of {', '.join(choices) or 'nothing on this CPU'}")
     return target
@@ -421,9 +321,9 @@ def _build_and_load() -> NativeLibrary | str:
 def _plain_build_only() -> bool:
     """Whether a compile here could only build the plain C kernel (x86-64 without AVX2+FMA, or capped to `scalar`),
     which is refused. Unknown flags (an OS without a flag list and no torch) are left to the compile to find out."""
-    if machine_arch() != "x86_64":
+    if cpu.machine_arch() != "x86_64":
         return False
-    flags = cpu_flags()
+    flags = cpu.cpu_flags()
     return kernel_target() == "scalar" or (bool(flags) and not {"avx2", "fma"} <= flags)
 
 
@@ -453,7 +353,7 @@ def _load_prebuilt() -> NativeLibrary | str:
         return f"prebuilt kernels: the kernel source is unreadable ({exc})"
     if manifest.get("source_sha256") != source_digest or manifest.get("abi") != ABI:
         return "prebuilt kernels: built from another version of hearth_decode.c"
-    arch, flags = machine_arch(), cpu_flags()
+    arch, flags = cpu.machine_arch(), cpu.cpu_flags()
     reasons: list[str] = []
     entries = [e for e in manifest.get("libraries", []) if isinstance(e, dict)]
     mine = [e for e in entries if e.get("arch") == arch and e.get("platform") == sys.platform]
@@ -499,7 +399,7 @@ def _verify_prebuilt(path: Path, entry: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _compile_and_load() -> NativeLibrary | str:
-    if machine_arch() not in ("x86_64", "aarch64"):
+    if cpu.machine_arch() not in ("x86_64", "aarch64"):
         return f"the fused decode kernel is for x86-64 (AVX2) and AArch64 (NEON); this CPU is {platform.machine()}"
     compiler = _compiler()
     if compiler is None:
@@ -513,19 +413,19 @@ def _compile_and_load() -> NativeLibrary | str:
     source = SOURCE.read_bytes()
     failures: list[str] = []
     # AArch64 compilers spell "this CPU" -mcpu=native (Apple's clang may refuse it: plain Armv8-A still has NEON).
-    cpu_choices = [["-march=native"]] if machine_arch() == "x86_64" else [["-mcpu=native"], []]
+    cpu_choices = [["-march=native"]] if cpu.machine_arch() == "x86_64" else [["-mcpu=native"], []]
     cap = kernel_target()
     if cap == "neon":  # -mcpu=native would bring DotProd back
         cpu_choices = [[]]
     capped = [*TARGET_FLAGS.get(cap, ())]
     # OpenMP first; a compiler without it still gets a single-threaded kernel. On x86-64 a compile that fails is tried
     # again without the AMX code (an assembler before binutils 2.36 does not know its instructions).
-    attempts = [(cpu, threaded, True) for cpu in cpu_choices for threaded in (True, False)]
+    attempts = [(march, threaded, True) for march in cpu_choices for threaded in (True, False)]
     while attempts:
-        cpu_flags, threaded, amx = attempts.pop(0)
+        march, threaded, amx = attempts.pop(0)
         flags = [
             "-O3",
-            *cpu_flags,
+            *march,
             "-shared",
             "-fPIC",
             "-std=c11",
@@ -537,7 +437,7 @@ def _compile_and_load() -> NativeLibrary | str:
             *EXTRA_FLAGS,
         ]
         identity = "\n".join(
-            [str(ABI), CACHE_TAG, compiler, *version, " ".join(flags), _machine_identity(), sys.platform]
+            [str(ABI), CACHE_TAG, compiler, *version, " ".join(flags), cpu.machine_identity(), sys.platform]
         )
         digest = hashlib.sha256(source + identity.encode()).hexdigest()[:20]
         target = cache_dir() / "native" / f"hearth_decode-{digest}{_suffix()}"
@@ -549,15 +449,15 @@ def _compile_and_load() -> NativeLibrary | str:
             error = _compile(compiler, flags, target)
             if error:
                 failures.append(error)
-                if amx and machine_arch() == "x86_64":
-                    attempts.insert(0, (cpu_flags, threaded, False))
+                if amx and cpu.machine_arch() == "x86_64":
+                    attempts.insert(0, (march, threaded, False))
                 continue
             built = time.perf_counter() - started
             checked = integrity.check_or_quarantine(target, "compiled kernel library", "compiled again", _notices)
             if checked is None:  # changed between writing and loading: never load it
                 failures.append(f"the compiled kernel library {target} changed before it could be loaded")
                 continue
-        origin = f"compiled here ({' '.join([*cpu_flags, *capped]) or 'plain'}{'' if amx else ', without AMX'})"
+        origin = f"compiled here ({' '.join([*march, *capped]) or 'plain'}{'' if amx else ', without AMX'})"
         loaded = _load(target, threaded, built, compiler, checked.sha256, origin)
         if isinstance(loaded, str):
             failures.append(loaded)

@@ -161,7 +161,7 @@ def _estimate_q4_weights(model: Any, dtype: torch.dtype, stored_dtype: torch.dty
     from torch import nn
 
     from app.core.fastpath import prefill
-    from app.core.fastpath.kernel import expected_q4_kernel
+    from app.core.fastpath.cpu import expected_q4_kernel
     from app.core.fastpath.native import head_bytes, packed_matrix_bytes
     from app.core.fastpath.packed import (
         MAPPABLE_EMBEDDING_DTYPES,

@@ -3530,6 +3530,58 @@ static inline char *row_slab(const gg_rows_kv *r, void *const *p, int layers, in
     return (char *)(r->kv ? r->kv[(i * layers + l) * 2 + is_v] : p[is_v ? GL_V_CACHE : GL_K_CACHE]);
 }
 
+/* Rows shared out by owners and thieves (the GGUF forward's products). Part t of a phase's rows (split_rows' t-th
+ * range: one long stream per thread, as static halves were) belongs to thread t, which takes it from the front a
+ * chunk of CLAIM_ROWS at a time; a thread whose own part is done takes chunks from the back of another's. So a thread
+ * that another program descheduled, or whose memory reads ran slower, leaves the rest of its part to the others
+ * instead of keeping them at the barrier, where a thread that waits past its spin sleeps and waking it costs more than
+ * the wait. Each part is one 64-bit word, next front chunk in the low half and the end of what is left in the high;
+ * every claim is a compare-and-swap on it. A row is still computed whole by one thread, and a row's result depends
+ * only on the row and its input, so who takes it never changes a bit. */
+#ifndef CLAIM_ROWS
+#define CLAIM_ROWS 64
+#endif
+enum { CLAIM_QKV, CLAIM_O, CLAIM_GATE_UP, CLAIM_DOWN, CLAIM_PHASES };
+
+static inline uint64_t claims_of(int chunks) { return (uint64_t)chunks << 32; }
+
+/* The next chunk of `part` (its front for the owner, its back for a thief), or -1 when none is left. */
+static inline int claim_chunk(uint64_t *part, int from_back) {
+    uint64_t old = __atomic_load_n(part, __ATOMIC_RELAXED);
+    for (;;) {
+        const uint32_t front = (uint32_t)old, back = (uint32_t)(old >> 32);
+        if (front >= back) return -1;
+        const uint64_t next = from_back ? ((uint64_t)(back - 1) << 32) | front : old + 1;
+        if (__atomic_compare_exchange_n(part, &old, next, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            return (int)(from_back ? back - 1 : front);
+    }
+}
+
+/* Rows [*lo, *hi) of a phase's next chunk for thread `tid` of `parts` (its own part first, then the others' from
+ * their backs); 0 when every part is taken. `claims` holds the phase's `parts` words, set by claims_start. */
+static inline int claim_rows(uint64_t *claims, int rows, int parts, int tid, int *lo, int *hi) {
+    for (int k = 0; k < parts; k++) {
+        const int part = (tid + k) % parts;
+        const int chunk = claim_chunk(claims + part, k > 0);
+        if (chunk < 0) continue;
+        int p0, p1;
+        split_rows(rows, parts, part, X16_ROWS, &p0, &p1);
+        *lo = p0 + chunk * CLAIM_ROWS;
+        *hi = *lo + CLAIM_ROWS < p1 ? *lo + CLAIM_ROWS : p1;
+        return 1;
+    }
+    return 0;
+}
+
+/* A phase of `rows` rows over `parts` threads: each part's chunk count, nothing taken yet. */
+static void claims_start(uint64_t *claims, int rows, int parts) {
+    for (int part = 0; part < parts; part++) {
+        int p0, p1;
+        split_rows(rows, parts, part, X16_ROWS, &p0, &p1);
+        claims[part] = claims_of((p1 - p0 + CLAIM_ROWS - 1) / CLAIM_ROWS);
+    }
+}
+
 static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types,
                       void *const *layers, const int64_t *tokens, int64_t n, const gg_rows_kv *rk, float *logits,
                       int64_t logit_rows, float *scratch, int64_t scratch_floats) {
@@ -3563,11 +3615,26 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
     const int64_t copies = own ? threads : 1;
     gvec *inputs = malloc((size_t)(copies * n) * sizeof(gvec));
     int *attended = n == 1 ? calloc((size_t)n_layers * kv_heads, sizeof(int)) : NULL; /* chunks done per kv head */
-    if (!inputs || (n == 1 && !attended)) {
+    /* the products' claims (claim_rows): per layer q/k/v, o, gate/up and down, then the head; a part per thread.
+     * q, k and v are one run of rows, each matrix's rows from a multiple of 16 (a chunk of a 16-row layout is whole
+     * groups) */
+    const int q_span = (qdim + X16_ROWS - 1) / X16_ROWS * X16_ROWS, kv_span = (kvdim + X16_ROWS - 1) / X16_ROWS * X16_ROWS;
+    const int qkv_span = q_span + 2 * kv_span;
+    uint64_t *claims = malloc((size_t)(n_layers * CLAIM_PHASES + 1) * threads * sizeof(uint64_t));
+    if (!inputs || (n == 1 && !attended) || !claims) {
         free(inputs);
         free(attended);
+        free(claims);
         return -3;
     }
+    for (int l = 0; l < n_layers; l++) {
+        uint64_t *c = claims + (int64_t)l * CLAIM_PHASES * threads;
+        claims_start(c + CLAIM_QKV * threads, qkv_span, threads);
+        claims_start(c + CLAIM_O * threads, hidden, threads);
+        claims_start(c + CLAIM_GATE_UP * threads, inter, threads);
+        claims_start(c + CLAIM_DOWN * threads, hidden, threads);
+    }
+    claims_start(claims + (int64_t)n_layers * CLAIM_PHASES * threads, vocab, threads);
     for (int64_t i = 0; i < n; i++) {
         if (gg_is_x16(embed_type)) /* a tied embedding read from the head's 16-row layout */
             x16_dequant_row(embed_type, (const uint8_t *)glob[GG_EMBED], hidden, tokens[i], s.x + i * hidden);
@@ -3600,6 +3667,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
         for (int l = 0; l < n_layers; l++) {
             void *const *p = layers + (int64_t)l * GL_COUNT;
             const int64_t *t = types + (int64_t)l * GT_COUNT;
+            uint64_t *layer_claims = claims + (int64_t)l * CLAIM_PHASES * threads;
             /* q, k and v read one quantization of the normalized input (a float matrix among them reads xn itself) */
             const int qkv_precise = (precise & PRECISE_QKV) != 0;
             const int qkv_type = !gg_is_float((int)t[GT_Q]) ? (int)t[GT_Q] : !gg_is_float((int)t[GT_K]) ? (int)t[GT_K] : (int)t[GT_V];
@@ -3607,13 +3675,18 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                 rmsnorm(s.x + i * hidden, (const float *)p[GL_ATTN_NORM], xn + i * hidden, hidden, eps);
                 in[i] = gg_input(xn + i * hidden, hidden, qkv_type, qkv_precise, gbuf_at(quant + i * s.quant_stride, hidden));
             })
-            for (int which = 0; which < 3; which++) { /* q, k, v: each thread its rows of each, for every token */
-                const int kind = (int)t[GT_Q + which], rows = which == 0 ? qdim : kvdim;
-                split_rows(rows, team, tid, X16_ROWS, &lo, &hi);
-                gg_rows(kind, qkv_precise && !gg_is_float(kind), (const uint8_t *)p[GL_Q + which], gg_row_bytes(kind, hidden),
-                        hidden, lo, hi, in, (int)n, s.qkv + (which == 0 ? 0 : which == 1 ? qdim : qdim + kvdim),
-                        (int64_t)units * hd, (const float *)p[GL_Q_BIAS + which], 0);
-            }
+            /* q, k and v as one run of rows (q's, then k's, then v's), claimed in chunks, for every token */
+            while (claim_rows(layer_claims + CLAIM_QKV * threads, qkv_span, threads, tid, &lo, &hi))
+                for (int which = 0; which < 3; which++) {
+                    const int kind = (int)t[GT_Q + which], rows = which == 0 ? qdim : kvdim;
+                    const int first = which == 0 ? 0 : q_span + (which - 1) * kv_span; /* in the run */
+                    const int r0 = lo > first ? lo - first : 0, r1 = hi - first < rows ? hi - first : rows;
+                    if (r0 < r1)
+                        gg_rows(kind, qkv_precise && !gg_is_float(kind), (const uint8_t *)p[GL_Q + which],
+                                gg_row_bytes(kind, hidden), hidden, r0, r1, in, (int)n,
+                                s.qkv + (which == 0 ? 0 : which == 1 ? qdim : qdim + kvdim), (int64_t)units * hd,
+                                (const float *)p[GL_Q_BIAS + which], 0);
+                }
 #pragma omp barrier
             /* attention: the same chunks of positions and the same merge in chunk order, however they are shared
              * out (so one token's result never depends on the threads or on the other tokens of the call) */
@@ -3707,9 +3780,9 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
             }
             const int o_precise = (precise & PRECISE_O) && !gg_is_float((int)t[GT_O]);
             EACH_ROW(i, 0, { in[i] = gg_input(s.att + i * qdim, qdim, (int)t[GT_O], o_precise, gbuf_at(quant + i * s.quant_stride, qdim)); })
-            split_rows(hidden, team, tid, X16_ROWS, &lo, &hi);
-            gg_rows((int)t[GT_O], o_precise, (const uint8_t *)p[GL_O], gg_row_bytes((int)t[GT_O], qdim), qdim, lo, hi,
-                    in, (int)n, s.x, hidden, NULL, 1);
+            while (claim_rows(layer_claims + CLAIM_O * threads, hidden, threads, tid, &lo, &hi))
+                gg_rows((int)t[GT_O], o_precise, (const uint8_t *)p[GL_O], gg_row_bytes((int)t[GT_O], qdim), qdim, lo,
+                        hi, in, (int)n, s.x, hidden, NULL, 1);
 #pragma omp barrier
             const int gu_precise = (precise & PRECISE_GATE_UP) != 0;
             const int gu_type = !gg_is_float((int)t[GT_GATE]) ? (int)t[GT_GATE] : (int)t[GT_UP];
@@ -3717,22 +3790,23 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                 rmsnorm(s.x + i * hidden, (const float *)p[GL_FFN_NORM], xn + i * hidden, hidden, eps);
                 in[i] = gg_input(xn + i * hidden, hidden, gu_type, gu_precise, gbuf_at(quant + i * s.quant_stride, hidden));
             })
-            split_rows(inter, team, tid, X16_ROWS, &lo, &hi);
-            gg_rows((int)t[GT_GATE], gu_precise && !gg_is_float((int)t[GT_GATE]), (const uint8_t *)p[GL_GATE],
-                    gg_row_bytes((int)t[GT_GATE], hidden), hidden, lo, hi, in, (int)n, s.gate, inter, NULL, 0);
-            gg_rows((int)t[GT_UP], gu_precise && !gg_is_float((int)t[GT_UP]), (const uint8_t *)p[GL_UP],
-                    gg_row_bytes((int)t[GT_UP], hidden), hidden, lo, hi, in, (int)n, s.up, inter, NULL, 0);
-            for (int64_t i = 0; i < n; i++)
-                for (int r = lo; r < hi; r++) {
-                    float *g = s.gate + i * inter + r;
-                    *g = *g / (1.0f + expf(-*g)) * s.up[i * inter + r];
-                }
+            while (claim_rows(layer_claims + CLAIM_GATE_UP * threads, inter, threads, tid, &lo, &hi)) {
+                gg_rows((int)t[GT_GATE], gu_precise && !gg_is_float((int)t[GT_GATE]), (const uint8_t *)p[GL_GATE],
+                        gg_row_bytes((int)t[GT_GATE], hidden), hidden, lo, hi, in, (int)n, s.gate, inter, NULL, 0);
+                gg_rows((int)t[GT_UP], gu_precise && !gg_is_float((int)t[GT_UP]), (const uint8_t *)p[GL_UP],
+                        gg_row_bytes((int)t[GT_UP], hidden), hidden, lo, hi, in, (int)n, s.up, inter, NULL, 0);
+                for (int64_t i = 0; i < n; i++)
+                    for (int r = lo; r < hi; r++) {
+                        float *g = s.gate + i * inter + r;
+                        *g = *g / (1.0f + expf(-*g)) * s.up[i * inter + r];
+                    }
+            }
 #pragma omp barrier
             const int down_precise = (precise & PRECISE_DOWN) && !gg_is_float((int)t[GT_DOWN]);
             EACH_ROW(i, 0, { in[i] = gg_input(s.gate + i * inter, inter, (int)t[GT_DOWN], down_precise, gbuf_at(quant + i * s.quant_stride, inter)); })
-            split_rows(hidden, team, tid, X16_ROWS, &lo, &hi);
-            gg_rows((int)t[GT_DOWN], down_precise, (const uint8_t *)p[GL_DOWN], gg_row_bytes((int)t[GT_DOWN], inter), inter,
-                    lo, hi, in, (int)n, s.x, hidden, NULL, 1);
+            while (claim_rows(layer_claims + CLAIM_DOWN * threads, hidden, threads, tid, &lo, &hi))
+                gg_rows((int)t[GT_DOWN], down_precise, (const uint8_t *)p[GL_DOWN], gg_row_bytes((int)t[GT_DOWN], inter),
+                        inter, lo, hi, in, (int)n, s.x, hidden, NULL, 1);
 #pragma omp barrier
         }
         if (logit_rows > 0) {
@@ -3742,14 +3816,15 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                 rmsnorm(s.x + i * hidden, (const float *)glob[GG_FINAL_NORM], xn + i * hidden, hidden, eps);
                 in[i] = gg_input(xn + i * hidden, hidden, head_type, head_precise, gbuf_at(quant + i * s.quant_stride, hidden));
             })
-            split_rows(vocab, team, tid, X16_ROWS, &lo, &hi);
-            gg_rows(head_type, head_precise, (const uint8_t *)glob[GG_HEAD], head_row, hidden, lo, hi, in + first,
-                    (int)logit_rows, logits, vocab, NULL, 0);
+            while (claim_rows(claims + (int64_t)n_layers * CLAIM_PHASES * threads, vocab, threads, tid, &lo, &hi))
+                gg_rows(head_type, head_precise, (const uint8_t *)glob[GG_HEAD], head_row, hidden, lo, hi, in + first,
+                        (int)logit_rows, logits, vocab, NULL, 0);
         }
     }
 #undef EACH_ROW
     free(inputs);
     free(attended);
+    free(claims);
     return 0;
 }
 

@@ -12,6 +12,7 @@ reference's top two are not a near tie.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -612,3 +613,38 @@ def test_a_load_leaves_no_kernel_threads_behind(tmp_path: Path) -> None:
     if laid_out != "True":
         pytest.skip("this build has no 16-row layout: nothing multi-threaded runs at load")
     assert after == before
+
+
+def test_rows_a_thread_never_reaches_are_taken_by_the_others_with_the_same_bits(tmp_path: Path) -> None:
+    """Each thread owns a part of every matrix's rows and takes the parts of a thread that falls behind from their
+    backs (claim_rows). OMP_THREAD_LIMIT=1 makes every parallel region one thread however many are asked for: a model
+    fixed at 3 threads then splits its rows in 3 parts that only thread 0 ever reaches, so it must take the other two
+    whole, and every logit must be the bits of a one-thread run (a row's result depends only on the row and its
+    input). Rows left untaken would leave the scratch's stale values in the logits."""
+    path = tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K)
+    probe = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "import numpy as np\n"
+        "from app.core.engines.lite.gguf_model import open_gguf_model\n"
+        "model = open_gguf_model(Path(sys.argv[1]), threads=3)\n"
+        "model.fix_threads(3)\n"
+        "cache = model.new_cache()\n"
+        f"rows = [model.prefill({IDS[:9]}, cache)] + [model.step(t, cache) for t in {IDS[9:]}]\n"
+        "np.save(sys.argv[2], np.stack(rows))\n"
+        "print(model.threads)\n"
+    )
+    saved = tmp_path / "alone.npy"
+    result = subprocess.run(
+        [sys.executable, "-c", probe, str(path), str(saved)], capture_output=True, text=True, timeout=120,
+        check=False, cwd=Path(__file__).resolve().parents[4], env={**os.environ, "OMP_THREAD_LIMIT": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1] == "3"  # three parts were made, for a team of one
+    model = open_gguf_model(path, threads=1)
+    try:
+        cache = model.new_cache()
+        expected = [model.prefill(IDS[:9], cache)] + [model.step(token, cache) for token in IDS[9:]]
+    finally:
+        model.close()
+    assert np.array_equal(np.load(saved), np.stack(expected))
