@@ -48,6 +48,16 @@ SHAPE = {**LLAMA_SHAPE, "hidden_size": 256, "intermediate_size": 512, "num_atten
 IDS = [5, 17, 99, 3, 250, 8, 41, 77, 12, 300, 6, 2, 150, 33]
 
 
+def run_python(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`script` in a fresh Python process from the repository's root; it must succeed."""
+    result = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300, check=False,
+        cwd=Path(__file__).resolve().parents[4], env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 def relative_error(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
@@ -433,11 +443,7 @@ def test_a_reply_from_the_default_gguf_never_imports_torch(tmp_path: Path) -> No
         "print(json.dumps([type(backend).__name__, stats.decode_path, backend.info.quantization, events[-1].text,\n"
         "                  events[-1].finish_reason, 'torch' in sys.modules]))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False,
-        cwd=Path(__file__).resolve().parents[4],
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_python(script)
     name, path, quantization, text, finish, imported = json.loads(result.stdout.strip().splitlines()[-1])
     assert (name, path, quantization) == ("LiteBackend", "lite-gguf", "Q4_1")
     assert text.strip() and finish in ("stop", "length")
@@ -575,11 +581,7 @@ def test_the_planned_memory_is_what_a_load_and_a_long_prompt_take(tmp_path: Path
         "plan = plan_load(request)\n"
         "print(json.dumps([peak, plan.weights_bytes + plan.overhead_bytes, backend.memory().devices[0].kv_bytes]))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False,
-        cwd=Path(__file__).resolve().parents[4],
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_python(script)
     peak, planned, kv = json.loads(result.stdout.strip().splitlines()[-1])
     assert abs((planned + kv) / peak - 1) < 0.05, (peak, planned, kv)
 
@@ -604,11 +606,7 @@ def test_a_load_leaves_no_kernel_threads_behind(tmp_path: Path) -> None:
         "    time.sleep(0.01)\n"
         "print(model.layout_bytes > 0, before, len(os.listdir('/proc/self/task')))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=120, check=False,
-        cwd=Path(__file__).resolve().parents[4],
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_python(probe, str(path))
     laid_out, before, after = result.stdout.split()
     if laid_out != "True":
         pytest.skip("this build has no 16-row layout: nothing multi-threaded runs at load")
@@ -635,11 +633,7 @@ def test_rows_a_thread_never_reaches_are_taken_by_the_others_with_the_same_bits(
         "print(model.threads)\n"
     )
     saved = tmp_path / "alone.npy"
-    result = subprocess.run(
-        [sys.executable, "-c", probe, str(path), str(saved)], capture_output=True, text=True, timeout=120,
-        check=False, cwd=Path(__file__).resolve().parents[4], env={**os.environ, "OMP_THREAD_LIMIT": "1"},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_python(probe, str(path), str(saved), env={**os.environ, "OMP_THREAD_LIMIT": "1"})
     assert result.stdout.split()[-1] == "3"  # three parts were made, for a team of one
     model = open_gguf_model(path, threads=1)
     try:
