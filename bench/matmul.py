@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import gguf_files, llama_build  # noqa: E402
+from bench import gguf_files, llama_build, worker_process  # noqa: E402
 
 DEFAULT_TARGETS = {"x86_64": "amx,avx512,avxvnni,avx2", "aarch64": "dotprod,neon"}
 COLD_BYTES = 512 << 20  # more than any CPU's last-level cache
@@ -45,14 +44,15 @@ def default_model() -> Path:
     return default_model_gguf()
 
 
-def worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """One process, one library (HEARTH_KERNEL_TARGET set by the parent): best seconds per (matrix, inputs, bits)."""
+def worker_matmul(spec: dict[str, Any]) -> dict[str, Any]:
+    """One process, one library (spec's target, as HEARTH_KERNEL_TARGET): best seconds per (matrix, inputs, bits)."""
     import numpy as np
 
     from app.core.fastpath import blocks
-    from app.core.fastpath.kernel import load_library
+    from app.core.fastpath.kernel import TARGET_ENV, load_library, q4_kernel_name
     from app.core.models.gguf_meta import read_gguf_header
 
+    os.environ[TARGET_ENV] = str(spec["target"])  # read when the library loads, as a user's setting is
     library = load_library()
     if isinstance(library, str):
         return {"error": library}
@@ -80,7 +80,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         kind, matrix = laid if laid is not None else (tensor.kind, weights)
         # A decode step reads its matrices from memory, never from a cache that held them a moment ago: one input
         # runs over copies that together pass COLD_BYTES (timed as a pass, per call), more inputs over one copy
-        copies = [matrix] + [matrix.copy() for _ in range(COLD_BYTES // matrix.nbytes)]
+        cold = 1 in spec["inputs"]
+        copies = [matrix] + [matrix.copy() for _ in range(COLD_BYTES // matrix.nbytes if cold else 0)]
         for count in spec["inputs"]:
             x = rng.standard_normal((count, cols)).astype(np.float32)
             run = copies if count == 1 else [matrix]
@@ -94,27 +95,14 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
                     best = min(best, (time.perf_counter() - began) / len(run))
                 name = f"{blocks.type_name(tensor.kind)} {rows}x{cols}{' x16' if laid is not None else ''}"
                 times[json.dumps([name, rows * cols, matrix.nbytes, count, 15 if precise else 8])] = best
-    from app.core.fastpath.kernel import q4_kernel_name
-
     amx = int(lib.hearth_amx(-1)) == 1
     described = f"{library.origin} ({q4_kernel_name(lib)}{', prompts on AMX tiles' if amx else ''})"
     return {"library": described, "times": times}
 
 
-def run_worker(target: str, spec: dict[str, Any]) -> dict[str, Any]:
-    env = {**os.environ, "HEARTH_KERNEL_TARGET": target}
-    found = subprocess.run(
-        [sys.executable, __file__, "--worker"], input=json.dumps(spec), capture_output=True, text=True, env=env,
-        cwd=ROOT, check=False,
-    )  # fmt: skip
-    if found.returncode != 0:
-        return {"error": f"exit {found.returncode}: {found.stderr.strip()[-400:] or 'nothing printed'}"}
-    return dict(json.loads(found.stdout.strip().splitlines()[-1]))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["matmul"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help="a GGUF file (default: the 1B Q4_K_M file if built, else the default model)")
     parser.add_argument("--inputs", default="1,16,256", help="input counts (1: a decode step)")
     parser.add_argument("--targets", help="HEARTH_KERNEL_TARGET values, first is the baseline")
@@ -123,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(json.loads(sys.stdin.read()))))
+        print(json.dumps(worker_matmul(json.loads(sys.stdin.read()))))
         return 0
     from app.core.fastpath.cpu import machine_arch
 
@@ -139,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     libraries: dict[str, str] = {}
     for _ in range(args.rounds):
         for target in targets:
-            result = run_worker(target, spec)
+            result = worker_process.run_worker(sys.executable, Path(__file__), "matmul", {**spec, "target": target})
             if "error" in result:
                 print(f"{target}: {result['error']}")
                 return 1
