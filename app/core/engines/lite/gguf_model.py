@@ -38,6 +38,7 @@ from app.core.fastpath.kernel import (
     on_a_passing_thread,
     q4_kernel_name,
 )
+from app.core.fastpath.prefetch import PrefetchChoice, choose_prefetch
 from app.core.fastpath.team import TeamChooser
 from app.core.models.gguf_meta import GGUFHeader, TensorExtent, check_gguf_complete, read_gguf_header
 
@@ -232,6 +233,7 @@ class GGUFModel(DecoderRuntime):
         self.weight_file_bytes = sum(tensor_bytes(tensor) for tensor in header.tensors)
         self.layout_bytes = self._lay_out_matrices()
         self._bind_step()
+        self.prefetch = self._choose_prefetch() if self.layout_bytes else None
 
     # -- the file's tensors, checked before any pointer into the map is made
     def _extent(self, name: str) -> tuple[TensorExtent, int]:
@@ -341,10 +343,11 @@ class GGUFModel(DecoderRuntime):
             PRECISE_ALL: "activations at 15 bits per 32 values",
             0: "activations at 8 bits per 32 values",
         }.get(self.precise, f"activations at 15 bits (inputs {self.precise:#x}) or 8 bits per 32 values")
+        prefetch = f", {self.prefetch.describe()}" if self.prefetch is not None else ""
         return (
             f"torch-free runtime on the GGUF file's own blocks ({mix}; head {head}{layout}), "
-            f"{kernel} ({library_origin(self.library)}), {activations}; decode in one C step, prefill in chunks of "
-            f"up to {PREFILL_CHUNK} tokens; {threads}"
+            f"{kernel} ({library_origin(self.library)}{prefetch}), {activations}; decode in one C step, prefill in "
+            f"chunks of up to {PREFILL_CHUNK} tokens; {threads}"
         )
 
     def _pages_note(self) -> str:
@@ -387,6 +390,28 @@ class GGUFModel(DecoderRuntime):
                 fields[f"{name}_bias"] = bias.ctypes.data if bias is not None else None
             layers.append(fields)
         self.arguments = blocks.GGForward(self.lib, sizes, config.eps, glob, types, layers)
+
+    def _choose_prefetch(self) -> PrefetchChoice:
+        """The kernel's software prefetch on or off, whichever this machine's decode steps measure faster
+        (app/core/fastpath/prefetch.py): steps of one token at position 0 of a scratch cache, on every thread, outside
+        the team chooser's account."""
+        cache = self.new_cache()
+        cache.reserve(1)
+        self._bind(cache)
+        self.arguments.set_threads(self.threads)
+        token, logits = np.zeros(1, dtype=np.int64), np.empty((1, self.config.vocab), dtype=np.float32)
+
+        def step() -> None:
+            code = self.arguments.run(token, 0, logits)
+            if code != 0:
+                raise RuntimeError(f"a decode step to time the prefetch failed (code {code})")
+
+        try:  # on a thread that ends with it, as the layout's (a thread that ran the kernel keeps an OpenMP pool)
+            return on_a_passing_thread(lambda: choose_prefetch(self.lib.hearth_x16_prefetch, step))
+        except ValueError as exc:  # HEARTH_PREFETCH set to something else than on or off
+            raise LiteUnavailable(str(exc)) from exc
+        finally:
+            self._bound = None  # the scratch cache goes; the next call binds its own
 
     def _bind_kv(self, keys: list[int], values: list[int], capacity: int) -> None:
         self.arguments.bind_kv(keys, values, capacity)

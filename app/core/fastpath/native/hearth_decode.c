@@ -247,6 +247,20 @@ static inline f32x8 block_dot_add(f32x8 acc, const int8_t *w, int8x16_t x0, int8
 /* How far ahead attention prefetches a bf16 K or V row: 16 positions of a 64-value head (a chunk's rows stream from
  * memory once a context outgrows the caches). */
 #define KV_PREFETCH_BYTES 2048
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT _MM_HINT_T0
+#endif
+/* Software prefetch in the 16-row kernels, X16_PREFETCH_BLOCKS blocks ahead: a hint, never a different bit. Which
+ * streams faster depends on the CPU: on a 2-core Zen 4 guest a 1B decode ran 1.13x faster without it (each prefetch
+ * to L1 holds one of the core's few miss buffers until its line arrives, while the hardware's own stream prefetch into
+ * L2 keeps more lines in flight); it was tuned with it elsewhere. So a model measures both on its own matrices when it
+ * loads (app/core/fastpath/prefetch.py) and sets it here, for the process: it is the machine's, not the model's. */
+#define X16_PREFETCH_BLOCKS 4
+static int x16_prefetch = 1;
+int hearth_x16_prefetch(int want) { /* want: 0 off, 1 on, -1 only asks; the setting now */
+    if (want >= 0) __atomic_store_n(&x16_prefetch, want != 0, __ATOMIC_RELAXED);
+    return __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED);
+}
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 8192 /* 2048-12288 measured; 8192 best on the 2-core Zen 3 (bench/engine_speed.py) */
 #endif
@@ -257,7 +271,7 @@ static inline f32x8 block_dot_add(f32x8 acc, const int8_t *w, int8x16_t x0, int8
 static inline __attribute__((always_inline)) void prefetch_lines(const void *start, int64_t bytes) {
     const char *p = (const char *)start;
 #if HEARTH_AVX2
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, PREFETCH_HINT);
 #else
     for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
 #endif
@@ -2442,10 +2456,12 @@ static inline __attribute__((always_inline)) __m512i x16_q6_values(__m512i ql0, 
 static inline __attribute__((always_inline)) void x16_group(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                             const gvec *x, int count, int precise, __m512 *result) {
     __m512 acc[GG_TILE], off[GG_TILE];
+    const int prefetch = __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED);
     for (int k = 0; k < count; k++) acc[k] = off[k] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; b++) {
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
-        if (x16_small(type) || type == GG_Q8_0_X16) /* the whole block, PREFETCH_BYTES ahead (K-quants: by step) */
+        if ((x16_small(type) || type == GG_Q8_0_X16) && prefetch) /* the whole block, PREFETCH_BYTES ahead (K-quants:
+                                                                   * by step) */
             prefetch_record(blk, block_bytes);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         if (x16_small(type)) { /* low nibbles: values 4i.., high: 16 + 4i..; Q4_0's -8 (Q5_0's -16) off the sum (exact) */
@@ -2497,7 +2513,7 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                 __m512i ia[GG_TILE], ib[GG_TILE], la[GG_TILE], lb[GG_TILE];
                 for (int k = 0; k < count; k++) ia[k] = ib[k] = la[k] = lb[k] = _mm512_setzero_si512();
                 for (int i = 0; i < 8; i++) {
-                    prefetch_lines(qs + 64 * (8 * c + i) + 4 * block_bytes, 64);
+                    if (prefetch) prefetch_lines(qs + 64 * (8 * c + i) + X16_PREFETCH_BLOCKS * block_bytes, 64);
                     __m512i wa, wb;
                     x16_k_step(type, blk, c, i, &wa, &wb);
                     for (int k = 0; k < count; k++) {
@@ -2538,8 +2554,8 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                             for (int tt = 0; tt < together; tt++) ia[k][tt] = la[k][tt] = _mm512_setzero_si512();
                         for (int i = 4 * s; i < 4 * s + 4; i++) {
                             const uint8_t *v = qv + 192 * (8 * h + i);
-                            if (t0 == 0) /* the step's three vectors */
-                                prefetch_lines(v + 4 * block_bytes, 192);
+                            if (t0 == 0 && prefetch) /* the step's three vectors */
+                                prefetch_lines(v + X16_PREFETCH_BLOCKS * block_bytes, 192);
                             const __m512i ql0 = _mm512_loadu_si512((const void *)v);
                             const __m512i ql1 = _mm512_loadu_si512((const void *)(v + 64));
                             const __m512i qh = _mm512_loadu_si512((const void *)(v + 128));
@@ -2613,11 +2629,13 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                                                            int half, const gvec *x, int count, int precise,
                                                            __m256 *result) {
     __m256 acc[GG_TILE], off[GG_TILE];
+    const int prefetch = __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED);
     for (int k = 0; k < count; k++) acc[k] = off[k] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(15), bits45 = _mm256_set1_epi8(0x30);
     for (int b = 0; b < blocks; b++) {
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
-        if (half == 0 && (x16_small(type) || type == GG_Q8_0_X16)) /* as the AVX-512 loop; half 1 finds it cached */
+        if (half == 0 && prefetch && (x16_small(type) || type == GG_Q8_0_X16)) /* as the AVX-512 loop; half 1 finds
+                                                                                 * it cached */
             prefetch_record(blk, block_bytes);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
         if (x16_small(type)) { /* the AVX-512 loop's sums, in int16 while they fit (a step's two maddubs are at most
@@ -2685,7 +2703,7 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                 __m256i s16[GG_TILE], l16[GG_TILE];
                 for (int k = 0; k < count; k++) s16[k] = l16[k] = _mm256_setzero_si256();
                 for (int i = 0; i < 8; i++) {
-                    if (!high) prefetch_lines(qs + 64 * (8 * c + i) + 4 * block_bytes, 64);
+                    if (!high && prefetch) prefetch_lines(qs + 64 * (8 * c + i) + X16_PREFETCH_BLOCKS * block_bytes, 64);
                     const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 64 * (8 * c + i)));
                     __m256i w = _mm256_and_si256(high ? _mm256_srli_epi16(raw, 4) : raw, low4);
                     if (type == GG_Q5_K_X16) { /* bit j8 of the step's qh bytes, moved to bit 4 */
@@ -2724,8 +2742,8 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                                     s16[k][tt] = x16_open(ia[k][tt]), l16[k][tt] = x16_open(la[k][tt]);
                             for (int step = i; step < i + 2; step++) {
                                 const uint8_t *v = qv + 192 * (8 * h + step);
-                                if (t0 == 0 && half == 0) /* the step's three vectors */
-                                    prefetch_lines(v + 4 * block_bytes, 192);
+                                if (t0 == 0 && half == 0 && prefetch) /* the step's three vectors */
+                                    prefetch_lines(v + X16_PREFETCH_BLOCKS * block_bytes, 192);
                                 const __m256i ql0 = _mm256_loadu_si256((const __m256i *)v);
                                 const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(v + 64));
                                 const __m256i qh = _mm256_loadu_si256((const __m256i *)(v + 128));

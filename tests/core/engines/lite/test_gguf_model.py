@@ -642,3 +642,38 @@ def test_rows_a_thread_never_reaches_are_taken_by_the_others_with_the_same_bits(
     finally:
         model.close()
     assert np.array_equal(np.load(saved), np.stack(expected))
+
+
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q4_1"])
+def test_the_prefetch_is_measured_named_and_never_changes_a_bit(
+    mix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 16-row products' software prefetch (app/core/fastpath/prefetch.py): a load measures it on and off and the
+    runtime's description says which it kept; either way every logit is the same bits (K-quant and small-block
+    layouts, which prefetch differently); HEARTH_PREFETCH fixes it, and a value that is neither on nor off is refused
+    by name."""
+    path = tiny_gguf(tmp_path / "tiny.gguf", **MIXES[mix])
+    model = open_gguf_model(path, threads=2)
+    try:
+        if model.prefetch is None:
+            pytest.skip("this build has no 16-row layout (NEON): nothing prefetches 16 rows")
+        assert model.prefetch.on_s is not None and model.prefetch.off_s is not None  # measured
+        assert f"software prefetch {'on' if model.prefetch.on else 'off'} (decode steps" in model.describe()
+        logits = {}
+        for setting in (1, 0):
+            model.lib.hearth_x16_prefetch(setting)
+            logits[setting] = np.stack(runtime_logits(model, IDS, prefilled=9))
+        assert np.array_equal(logits[0], logits[1])
+    finally:
+        model.close()
+    monkeypatch.setenv("HEARTH_PREFETCH", "off")
+    model = open_gguf_model(path, threads=2)
+    try:
+        assert model.lib.hearth_x16_prefetch(-1) == 0
+        assert "software prefetch off (HEARTH_PREFETCH)" in model.describe()
+    finally:
+        model.lib.hearth_x16_prefetch(1)  # the library's setting outlives the model: back to its default
+        model.close()
+    monkeypatch.setenv("HEARTH_PREFETCH", "sometimes")
+    with pytest.raises(LiteUnavailable, match="HEARTH_PREFETCH='sometimes' is not one of on, off"):
+        open_gguf_model(path)
