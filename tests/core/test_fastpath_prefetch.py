@@ -8,6 +8,7 @@ import pytest
 from app.core.fastpath.prefetch import (
     MARGIN,
     MAX_PAIRS,
+    MEASURED_BYTES,
     MIN_PAIRS,
     PREFETCH_ENV,
     PrefetchChoice,
@@ -39,7 +40,7 @@ class FakeKernel:
 
 
 def choose(kernel: FakeKernel, environ: dict[str, str] | None = None) -> PrefetchChoice:
-    return choose_prefetch(kernel.set_prefetch, kernel.step, clock=kernel.clock, environ=environ or {})
+    return choose_prefetch(kernel.set_prefetch, kernel.step, MEASURED_BYTES, clock=kernel.clock, environ=environ or {})
 
 
 def test_off_is_kept_where_its_steps_measure_faster_and_the_note_says_by_how_much() -> None:
@@ -79,3 +80,14 @@ def test_the_environment_fixes_it_without_timing_a_step() -> None:
 def test_a_setting_that_is_neither_on_nor_off_is_named() -> None:
     with pytest.raises(ValueError, match=r"HEARTH_PREFETCH='sometimes' is not one of on, off"):
         choose(FakeKernel(0.03, 0.03), {PREFETCH_ENV: "sometimes"})
+
+
+def test_a_small_model_leaves_the_setting_as_it_is_and_says_so() -> None:
+    kernel = FakeKernel(on_s=0.004, off_s=0.002)
+    kernel.setting = 0  # as a larger model loaded earlier in the process left it
+    choice = choose_prefetch(kernel.set_prefetch, kernel.step, MEASURED_BYTES - 1, clock=kernel.clock, environ={})
+    assert not choice.on and kernel.setting == 0 and kernel.steps == []
+    assert choice.describe() == "software prefetch off (not measured under 256 MiB)"
+    # the environment still fixes it
+    choice = choose_prefetch(kernel.set_prefetch, kernel.step, 1, environ={PREFETCH_ENV: "on"})
+    assert choice.on and kernel.setting == 1

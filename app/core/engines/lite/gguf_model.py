@@ -407,7 +407,7 @@ class GGUFModel(DecoderRuntime):
                 raise RuntimeError(f"a decode step to time the prefetch failed (code {code})")
 
         try:  # on a thread that ends with it, as the layout's (a thread that ran the kernel keeps an OpenMP pool)
-            return on_a_passing_thread(lambda: choose_prefetch(self.lib.hearth_x16_prefetch, step))
+            return on_a_passing_thread(lambda: choose_prefetch(self.lib.hearth_x16_prefetch, step, self.layout_bytes))
         except ValueError as exc:  # HEARTH_PREFETCH set to something else than on or off
             raise LiteUnavailable(str(exc)) from exc
         finally:

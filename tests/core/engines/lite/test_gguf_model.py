@@ -34,7 +34,7 @@ from app.core.engines.lite.gguf_model import (
     resident_weight_bytes,
 )
 from app.core.engines.lite.runtime import LiteUnavailable
-from app.core.fastpath import blocks
+from app.core.fastpath import blocks, prefetch
 from app.core.fastpath.huge_pages import arena_bytes, arena_on_huge_pages
 from app.core.models.gguf_meta import read_gguf_header
 from app.core.models.model_source import default_model_gguf
@@ -590,13 +590,16 @@ def test_the_planned_memory_is_what_a_load_and_a_long_prompt_take(tmp_path: Path
 def test_a_load_leaves_no_kernel_threads_behind(tmp_path: Path) -> None:
     """The layout is made on a thread that ends with the load: OpenMP keeps a pool of threads for every thread that
     ran a parallel region, and with more of them than cores every later step's barriers sleep (a model loaded on one
-    thread and decoded on another, as the server does, ran 4.7x slower). A fresh process, so no pool exists yet."""
+    thread and decoded on another, as the server does, ran 4.7x slower). So are the decode steps that measure the
+    prefetch. A fresh process, so no pool exists yet."""
     path = tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K)
     probe = (
         "import os, sys\n"
         "from pathlib import Path\n"
         "from app.core.engines.lite.gguf_model import open_gguf_model\n"
         "from app.core.fastpath.kernel import load_library\n"
+        "from app.core.fastpath import prefetch\n"
+        "prefetch.MEASURED_BYTES = 0\n"  # the prefetch's decode steps run at load too, however small the model
         "load_library()\n"
         "import time\n"
         "before = len(os.listdir('/proc/self/task'))\n"
@@ -604,12 +607,14 @@ def test_a_load_leaves_no_kernel_threads_behind(tmp_path: Path) -> None:
         "deadline = time.monotonic() + 10\n"  # the pool's threads end just after the thread that owned them
         "while len(os.listdir('/proc/self/task')) > before and time.monotonic() < deadline:\n"
         "    time.sleep(0.01)\n"
-        "print(model.layout_bytes > 0, before, len(os.listdir('/proc/self/task')))\n"
+        "measured = model.prefetch is not None and model.prefetch.on_s is not None\n"
+        "print(model.layout_bytes > 0, measured, before, len(os.listdir('/proc/self/task')))\n"
     )
     result = run_python(probe, str(path))
-    laid_out, before, after = result.stdout.split()
+    laid_out, measured, before, after = result.stdout.split()
     if laid_out != "True":
         pytest.skip("this build has no 16-row layout: nothing multi-threaded runs at load")
+    assert measured == "True"
     assert after == before
 
 
@@ -651,8 +656,9 @@ def test_the_prefetch_is_measured_named_and_never_changes_a_bit(
     """The 16-row products' software prefetch (app/core/fastpath/prefetch.py): a load measures it on and off and the
     runtime's description says which it kept; either way every logit is the same bits (K-quant and small-block
     layouts, which prefetch differently); HEARTH_PREFETCH fixes it, and a value that is neither on nor off is refused
-    by name."""
+    by name. A model under prefetch.MEASURED_BYTES leaves it as it is and says so."""
     path = tiny_gguf(tmp_path / "tiny.gguf", **MIXES[mix])
+    monkeypatch.setattr(prefetch, "MEASURED_BYTES", 0)  # measured however small (a tiny model is not, by default)
     model = open_gguf_model(path, threads=2)
     try:
         if model.prefetch is None:
@@ -664,6 +670,15 @@ def test_the_prefetch_is_measured_named_and_never_changes_a_bit(
             model.lib.hearth_x16_prefetch(setting)
             logits[setting] = np.stack(runtime_logits(model, IDS, prefilled=9))
         assert np.array_equal(logits[0], logits[1])
+    finally:
+        model.close()
+    monkeypatch.setattr(prefetch, "MEASURED_BYTES", 256 << 20)
+    model = open_gguf_model(path, threads=2)
+    try:
+        assert model.prefetch is not None and model.prefetch.on_s is None  # not measured: left as it was
+        assert (
+            f"software prefetch {'on' if model.prefetch.on else 'off'} (not measured under 256 MiB)" in model.describe()
+        )
     finally:
         model.close()
     monkeypatch.setenv("HEARTH_PREFETCH", "off")
