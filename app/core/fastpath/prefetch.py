@@ -3,7 +3,8 @@ faster. Torch-free.
 
 Why: the 16-row products stream each matrix from memory and prefetch a few blocks ahead into L1. That was tuned on the
 Intel and Zen 3 CI machines; on a 2-core Zen 4 guest the same decode ran faster without it (1B Llama shape, Q4_K_M:
-1.06-1.13x; Q6_K: 1.12x; 135M Q4_K_M: 1.15x; the built-in Q4_1: no difference): each prefetch holds one of the core's
+0.99-1.13x in runs an hour apart; Q6_K: 1.03-1.13x; 135M Q4_K_M: 1.15x; the built-in Q4_1: no difference; but 1B
+Q5_K_M's steps took 1.22x as long without it): each prefetch holds one of the core's
 few L1 miss buffers until its line arrives, while the hardware's own stream prefetch into L2 keeps more lines in
 flight. Which way a CPU goes is not known from its flags, so it is measured.
 
@@ -26,8 +27,8 @@ from dataclasses import dataclass
 
 PREFETCH_ENV = "HEARTH_PREFETCH"
 # Steps with it on and off, alternating, after one step that warms the caches: as many pairs as fit in BUDGET_S by
-# that step's time, between MIN_PAIRS and MAX_PAIRS (the 135M default model takes 15 pairs in ~0.1 s, a 1B ~5 in
-# ~0.3 s, an 8B 3 in ~1.5 s): single steps vary by several per cent on a shared machine, and a median of more is surer.
+# that step's time, between MIN_PAIRS and MAX_PAIRS (a 1B takes ~5 pairs in ~0.3 s, an 8B 3 in ~1.5 s): single steps
+# vary by several per cent on a shared machine, and a median of more is surer.
 BUDGET_S = 0.3
 MIN_PAIRS, MAX_PAIRS = 3, 15
 MARGIN = 0.03  # off must measure this much faster per step to be chosen
