@@ -4,9 +4,9 @@ faster. Torch-free.
 Why: the 16-row products stream each matrix from memory and prefetch a few blocks ahead into L1. That was tuned on the
 Intel and Zen 3 CI machines; on a 2-core Zen 4 guest the same decode ran faster without it (1B Llama shape, Q4_K_M:
 0.99-1.13x in runs an hour apart; Q6_K: 1.03-1.13x; 135M Q4_K_M: 1.15x; the built-in Q4_1: no difference; but 1B
-Q5_K_M's steps took 1.22x as long without it): each prefetch holds one of the core's
-few L1 miss buffers until its line arrives, while the hardware's own stream prefetch into L2 keeps more lines in
-flight. Which way a CPU goes is not known from its flags, so it is measured.
+Q5_K_M's steps took 1.22x as long without it): each prefetch holds one of the core's few L1 miss buffers until its line
+arrives, while the hardware's own stream prefetch into L2 keeps more lines in flight. Which way a CPU goes is not known
+from its flags, so it is measured.
 
 How: when a model with at least MEASURED_BYTES of 16-row layouts loads, it runs a few decode steps of one token on a
 scratch cache with the prefetch on and off in turn (alternating, so a change in load falls on both), and keeps the
