@@ -12,8 +12,9 @@ from app.core.fastpath.prefetch import (
     MIN_PAIRS,
     PREFETCH_ENV,
     PrefetchChoice,
-    choose_prefetch,
     pairs_for,
+    timed_choice,
+    untimed_choice,
 )
 
 
@@ -40,7 +41,9 @@ class FakeKernel:
 
 
 def choose(kernel: FakeKernel, environ: dict[str, str] | None = None) -> PrefetchChoice:
-    return choose_prefetch(kernel.set_prefetch, kernel.step, MEASURED_BYTES, clock=kernel.clock, environ=environ or {})
+    """What a load of a model of MEASURED_BYTES does: the untimed setting where there is one, else the timed one."""
+    untimed = untimed_choice(kernel.set_prefetch, MEASURED_BYTES, environ or {})
+    return untimed if untimed is not None else timed_choice(kernel.set_prefetch, kernel.step, kernel.clock)
 
 
 def test_off_is_kept_where_its_steps_measure_faster_and_the_note_says_by_how_much() -> None:
@@ -55,7 +58,7 @@ def test_off_is_kept_where_its_steps_measure_faster_and_the_note_says_by_how_muc
 
 
 def test_small_models_time_more_pairs_and_large_ones_at_least_a_few() -> None:
-    assert pairs_for(0.004) == MAX_PAIRS  # the 135M default model: 15 pairs in ~0.1 s
+    assert pairs_for(0.004) == MAX_PAIRS  # a model stepping in 4 ms: 15 pairs in ~0.1 s
     assert pairs_for(0.030) == 5  # a 1B
     assert pairs_for(0.250) == MIN_PAIRS  # an 8B: 3 pairs, however long
 
@@ -85,9 +88,9 @@ def test_a_setting_that_is_neither_on_nor_off_is_named() -> None:
 def test_a_small_model_leaves_the_setting_as_it_is_and_says_so() -> None:
     kernel = FakeKernel(on_s=0.004, off_s=0.002)
     kernel.setting = 0  # as a larger model loaded earlier in the process left it
-    choice = choose_prefetch(kernel.set_prefetch, kernel.step, MEASURED_BYTES - 1, clock=kernel.clock, environ={})
-    assert not choice.on and kernel.setting == 0 and kernel.steps == []
+    choice = untimed_choice(kernel.set_prefetch, MEASURED_BYTES - 1, environ={})
+    assert choice is not None and not choice.on and kernel.setting == 0 and kernel.steps == []
     assert choice.describe() == "software prefetch off (not measured under 256 MiB)"
     # the environment still fixes it
-    choice = choose_prefetch(kernel.set_prefetch, kernel.step, 1, environ={PREFETCH_ENV: "on"})
-    assert choice.on and kernel.setting == 1
+    choice = untimed_choice(kernel.set_prefetch, 1, environ={PREFETCH_ENV: "on"})
+    assert choice is not None and choice.on and kernel.setting == 1

@@ -97,9 +97,9 @@ def declare(lib: Any) -> str:
     lib.hearth_amx_calls.restype = size  # how many products ran on the tiles (tests)
     lib.hearth_amx_calls.argtypes = []
     lib.hearth_avx_vnni.restype = flag  # 1: the AVX2 loops' dot products on AVX-VNNI
+    lib.hearth_avx_vnni.argtypes = []
     lib.hearth_x16_prefetch.restype = flag  # software prefetch in the 16-row products: 1 on, 0 off, -1 asks
     lib.hearth_x16_prefetch.argtypes = [flag]
-    lib.hearth_avx_vnni.argtypes = []
     lib.hearth_gg_x16_bytes.restype = size
     lib.hearth_gg_x16_bytes.argtypes = [flag, size, size]
     lib.hearth_gg_repack_x16.restype = flag

@@ -70,22 +70,26 @@ def pairs_for(step_s: float) -> int:
     return max(MIN_PAIRS, min(MAX_PAIRS, fit))
 
 
-def choose_prefetch(
-    set_prefetch: Callable[[int], int],
-    step: Callable[[], None],
-    layout_bytes: int,
-    clock: Callable[[], float] = time.perf_counter,
-    environ: Mapping[str, str] = os.environ,
-) -> PrefetchChoice:
-    """Time `step` (of a model with `layout_bytes` of 16-row layouts) with the prefetch on and off (set through
-    `set_prefetch(1 or 0)`; -1 asks), leave the faster set, and say which and why. Where the environment fixes it, set
-    that and time nothing; below MEASURED_BYTES, leave it as it is."""
+def untimed_choice(
+    set_prefetch: Callable[[int], int], layout_bytes: int, environ: Mapping[str, str] = os.environ
+) -> PrefetchChoice | None:
+    """The setting where nothing is timed: HEARTH_PREFETCH's (set through `set_prefetch(1 or 0)`), or the one in place
+    (`set_prefetch(-1)` asks) for a model with under MEASURED_BYTES of 16-row layouts; None where the steps should be
+    timed (timed_choice). A HEARTH_PREFETCH that is neither on nor off raises ValueError naming it."""
     fixed = fixed_setting(environ)
     if fixed is not None:
         set_prefetch(int(fixed))
         return PrefetchChoice(fixed)
     if layout_bytes < MEASURED_BYTES:
         return PrefetchChoice(bool(set_prefetch(-1)), unmeasured=f"not measured under {MEASURED_BYTES >> 20} MiB")
+    return None
+
+
+def timed_choice(
+    set_prefetch: Callable[[int], int], step: Callable[[], None], clock: Callable[[], float] = time.perf_counter
+) -> PrefetchChoice:
+    """Time `step` with the prefetch on and off (set through `set_prefetch(1 or 0)`), leave the faster set, and say
+    which and by how much."""
     times: dict[bool, list[float]] = {True: [], False: []}
     set_prefetch(1)
     start = clock()

@@ -38,7 +38,7 @@ from app.core.fastpath.kernel import (
     on_a_passing_thread,
     q4_kernel_name,
 )
-from app.core.fastpath.prefetch import PrefetchChoice, choose_prefetch
+from app.core.fastpath.prefetch import PrefetchChoice, timed_choice, untimed_choice
 from app.core.fastpath.team import TeamChooser
 from app.core.models.gguf_meta import GGUFHeader, TensorExtent, check_gguf_complete, read_gguf_header
 
@@ -392,9 +392,15 @@ class GGUFModel(DecoderRuntime):
         self.arguments = blocks.GGForward(self.lib, sizes, config.eps, glob, types, layers)
 
     def _choose_prefetch(self) -> PrefetchChoice:
-        """The kernel's software prefetch on or off, whichever this machine's decode steps measure faster
-        (app/core/fastpath/prefetch.py): steps of one token at position 0 of a scratch cache, on every thread, outside
-        the team chooser's account."""
+        """The kernel's software prefetch on or off (app/core/fastpath/prefetch.py): as HEARTH_PREFETCH says, as it is
+        for a small model, else whichever this machine's decode steps measure faster: steps of one token at position 0
+        of a scratch cache, on every thread, outside the team chooser's account."""
+        try:
+            untimed = untimed_choice(self.lib.hearth_x16_prefetch, self.layout_bytes)
+        except ValueError as exc:  # HEARTH_PREFETCH set to something else than on or off
+            raise LiteUnavailable(str(exc)) from exc
+        if untimed is not None:
+            return untimed
         cache = self.new_cache()
         cache.reserve(1)
         self._bind(cache)
@@ -407,9 +413,7 @@ class GGUFModel(DecoderRuntime):
                 raise RuntimeError(f"a decode step to time the prefetch failed (code {code})")
 
         try:  # on a thread that ends with it, as the layout's (a thread that ran the kernel keeps an OpenMP pool)
-            return on_a_passing_thread(lambda: choose_prefetch(self.lib.hearth_x16_prefetch, step, self.layout_bytes))
-        except ValueError as exc:  # HEARTH_PREFETCH set to something else than on or off
-            raise LiteUnavailable(str(exc)) from exc
+            return on_a_passing_thread(lambda: timed_choice(self.lib.hearth_x16_prefetch, step))
         finally:
             self._bound = None  # the scratch cache goes; the next call binds its own
 

@@ -247,14 +247,11 @@ static inline f32x8 block_dot_add(f32x8 acc, const int8_t *w, int8x16_t x0, int8
 /* How far ahead attention prefetches a bf16 K or V row: 16 positions of a 64-value head (a chunk's rows stream from
  * memory once a context outgrows the caches). */
 #define KV_PREFETCH_BYTES 2048
-#ifndef PREFETCH_HINT
-#define PREFETCH_HINT _MM_HINT_T0
-#endif
-/* Software prefetch in the 16-row kernels, X16_PREFETCH_BLOCKS blocks ahead: a hint, never a different bit. Which
- * streams faster depends on the CPU: on a 2-core Zen 4 guest a 1B decode ran 1.13x faster without it (each prefetch
- * to L1 holds one of the core's few miss buffers until its line arrives, while the hardware's own stream prefetch into
- * L2 keeps more lines in flight); it was tuned with it elsewhere. So a model measures both on its own matrices when it
- * loads (app/core/fastpath/prefetch.py) and sets it here, for the process: it is the machine's, not the model's. */
+/* Software prefetch in the 16-row kernels, X16_PREFETCH_BLOCKS blocks ahead: a hint, never a different bit. Whether
+ * it pays depends on the CPU and the format: on a 2-core Zen 4 guest a 1B Q6_K decode ran faster without it (each
+ * prefetch to L1 holds one of the core's few miss buffers until its line arrives, while the hardware's own stream
+ * prefetch into L2 keeps more lines in flight), a Q5_K_M one far slower; it was tuned with it elsewhere. So a large
+ * model measures both when it loads (app/core/fastpath/prefetch.py) and sets it here, for the process. */
 #define X16_PREFETCH_BLOCKS 4
 static int x16_prefetch = 1;
 int hearth_x16_prefetch(int want) { /* want: 0 off, 1 on, -1 only asks; the setting now */
@@ -272,7 +269,7 @@ int hearth_x16_prefetch(int want) { /* want: 0 off, 1 on, -1 only asks; the sett
 static inline __attribute__((always_inline)) void prefetch_lines(const void *start, int64_t bytes) {
     const char *p = (const char *)start;
 #if HEARTH_AVX2
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, PREFETCH_HINT);
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
 #else
     for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
 #endif
@@ -2472,9 +2469,8 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
     for (int k = 0; k < count; k++) acc[k] = off[k] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; b++) {
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
-        if ((x16_small(type) || type == GG_Q8_0_X16) && prefetch) /* the whole block, PREFETCH_BYTES ahead (K-quants:
-                                                                   * by step) */
-            prefetch_record(blk, block_bytes);
+        /* the whole block, PREFETCH_BYTES ahead (K-quants: step by step, x16_prefetch_step) */
+        if ((x16_small(type) || type == GG_Q8_0_X16) && prefetch) prefetch_record(blk, block_bytes);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
         if (x16_small(type)) { /* low nibbles: values 4i.., high: 16 + 4i..; Q4_0's -8 (Q5_0's -16) off the sum (exact) */
             const uint8_t *qs = blk + x16_qs(type);
@@ -2645,9 +2641,8 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
     const __m256i low4 = _mm256_set1_epi8(15), bits45 = _mm256_set1_epi8(0x30);
     for (int b = 0; b < blocks; b++) {
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
-        if (half == 0 && prefetch && (x16_small(type) || type == GG_Q8_0_X16)) /* as the AVX-512 loop; half 1 finds
-                                                                                 * it cached */
-            prefetch_record(blk, block_bytes);
+        /* as the AVX-512 loop; half 1 finds it cached */
+        if (half == 0 && prefetch && (x16_small(type) || type == GG_Q8_0_X16)) prefetch_record(blk, block_bytes);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * half)));
         if (x16_small(type)) { /* the AVX-512 loop's sums, in int16 while they fit (a step's two maddubs are at most
                                 * 2 * 2 * 15 * 127 for nibbles, four steps in all; 2 * 2 * 31 * 127 for 5 bits, two) */
