@@ -195,8 +195,9 @@ def test_the_16_row_layout_computes_what_the_file_s_rows_do(kind: int, precise: 
     """Every quantized type's matrices laid out 16 rows at a time (AVX-512, AVX-VNNI and AVX2 builds): the exact
     product within the activation bound, the row layout's result to float rounding, every row's result the same bits
     alone, in any tile and on any threads, and the same bits in every build (their integer sums are exact and their
-    float operations the same); the scalar build has no layout (None) and the load keeps the file's rows."""
-    rows, cols, n = 96, 768, 7
+    float operations the same); the scalar build has no layout (None) and the load keeps the file's rows. 11 inputs:
+    AVX-512 takes K-quants 8 at a time, then 3; 8 of them (x[3:]) make one such tile."""
+    rows, cols, n = 96, 768, 11
     data = weights_of(kind, rows, cols).reshape(-1)
     x = np.random.default_rng(6).standard_normal((n, cols)).astype(np.float32)
     x[:, 5] *= 40

@@ -624,7 +624,7 @@ def forward_scratch_bytes(config: LiteConfig, threads: int, tokens: int, capacit
     floats += threads * block_heads * hd  # a block's (one token: a group's) roped queries
     floats = -(-floats // 16) * 16
     quantized = 2 * widest + 2 * (widest // 32) * 4 + (widest // 16) * 4  # gbuf_bytes: h, l, d, s, n16
-    floats += copies * tokens * (-(-quantized // 64) * 16)
+    floats += copies * tokens * ((-(-quantized // 64) | 1) * 16)  # gbuf_stride: an odd number of cache lines
     return 4 * floats
 
 

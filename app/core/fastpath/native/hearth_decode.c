@@ -1798,6 +1798,12 @@ static void gg_quantize(const float *x, int cols, int precise, int8_t *q, int8_t
 }
 
 #define GG_TILE 4 /* inputs per pass over a weight row */
+/* inputs per pass over a 16-row group: AVX-512's 32 registers hold the sums of 8 (AVX2's 16, of 4) */
+#if HEARTH_AVX512
+#define X16_TILE 8
+#else
+#define X16_TILE GG_TILE
+#endif
 
 #if HEARTH_AVX2
 static inline __m256i nibbles_32(const uint8_t *p16) { /* 16 bytes -> 32 values in Q4_0/Q4_1 order */
@@ -2240,6 +2246,9 @@ static inline int gg_is_x16(int type) {
 static inline int x16_small(int type) {
     return type == GG_Q4_0_X16 || type == GG_Q4_1_X16 || type == GG_Q5_0_X16 || type == GG_Q5_1_X16;
 }
+static inline int x16_wide_tile(int type) { /* takes X16_TILE inputs at a time */
+    return type == GG_Q4_K_X16 || type == GG_Q5_K_X16 || type == GG_Q6_K_X16;
+}
 static inline int x16_with_min(int type) { return type == GG_Q4_1_X16 || type == GG_Q5_1_X16; }
 static inline int x16_five(int type) { return type == GG_Q5_0_X16 || type == GG_Q5_1_X16; }
 static inline int x16_qs(int type) { return 32 * (1 + x16_with_min(type)) + 64 * x16_five(type); } /* its offset */
@@ -2414,6 +2423,15 @@ static inline __m512i bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
+/* acc + the dot products of w's bytes with the 4 bytes at p in every lane: vpdpbusd with p's broadcast folded in
+ * (its {1to16} form) and acc updated in place; as intrinsics gcc loads the broadcast apart and copies acc around
+ * each product. */
+static inline __attribute__((always_inline)) __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *p) {
+    typedef struct { int8_t b[4]; } four_bytes; /* char-typed: aliases the inputs' bytes */
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const four_bytes *)p));
+    return acc;
+}
+
 static inline __m512 scales16(const uint8_t *p, int is_signed) { /* 16 bytes as 16 float lanes */
     const __m128i raw = _mm_loadu_si128((const __m128i *)p);
     return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw));
@@ -2448,6 +2466,19 @@ static inline __attribute__((always_inline)) void x16_k_step(int type, const uin
     }
 }
 
+/* Step i (of 8) of sub-block j8 of a Q4_K/Q5_K block alone: x16_k_step's wa (j8 even) or wb (odd). */
+static inline __attribute__((always_inline)) __m512i x16_k_values(int type, const uint8_t *blk, int j8, int i) {
+    const int c = j8 / 2;
+    const __m512i low4 = _mm512_set1_epi8(15), raw = _mm512_loadu_si512((const void *)(blk + 320 + 64 * (8 * c + i)));
+    __m512i w = _mm512_and_si512(j8 % 2 ? _mm512_srli_epi16(raw, 4) : raw, low4);
+    if (type == GG_Q5_K_X16) { /* bit j8 of the step's qh bytes to bit 4 */
+        const __m512i qh = _mm512_loadu_si512((const void *)(blk + 2368 + 64 * i));
+        w = _mm512_or_si512(w, _mm512_and_si512(j8 <= 4 ? _mm512_slli_epi16(qh, 4 - j8) : _mm512_srli_epi16(qh, j8 - 4),
+                                                _mm512_set1_epi8(16)));
+    }
+    return w;
+}
+
 /* Chunk t (of 4) of a Q6_K step from its two vectors of low bits and one of high bits. */
 static inline __attribute__((always_inline)) __m512i x16_q6_values(__m512i ql0, __m512i ql1, __m512i qh, int t) {
     const __m512i ql = t & 1 ? ql1 : ql0;
@@ -2464,7 +2495,7 @@ static inline __attribute__((always_inline)) __m512i x16_q6_values(__m512i ql0, 
  * result[k] lane r = row r . input k. Always inlined with constant type, count and precise. */
 static inline __attribute__((always_inline)) void x16_group(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                             const gvec *x, int count, int precise, __m512 *result) {
-    __m512 acc[GG_TILE], off[GG_TILE];
+    __m512 acc[X16_TILE], off[X16_TILE];
     const int prefetch = __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED);
     for (int k = 0; k < count; k++) acc[k] = off[k] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; b++) {
@@ -2476,17 +2507,17 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
             const uint8_t *qs = blk + x16_qs(type);
             const __m512i qh = x16_five(type) ? _mm512_loadu_si512((const void *)(blk + 32 * (1 + x16_with_min(type))))
                                               : _mm512_setzero_si512();
-            __m512i ia[GG_TILE], la[GG_TILE];
+            __m512i ia[X16_TILE], la[X16_TILE];
             for (int k = 0; k < count; k++) ia[k] = la[k] = _mm512_setzero_si512();
             for (int i = 0; i < 4; i++) {
                 __m512i lo, hi;
                 x16_small_step(type, qs, qh, i, &lo, &hi);
                 for (int k = 0; k < count; k++) {
-                    ia[k] = _mm512_dpbusd_epi32(ia[k], lo, bcast4(x[k].q + 32 * b + 4 * i));
-                    ia[k] = _mm512_dpbusd_epi32(ia[k], hi, bcast4(x[k].q + 32 * b + 16 + 4 * i));
+                    ia[k] = dpbusd_bcast(ia[k], lo, x[k].q + 32 * b + 4 * i);
+                    ia[k] = dpbusd_bcast(ia[k], hi, x[k].q + 32 * b + 16 + 4 * i);
                     if (precise) {
-                        la[k] = _mm512_dpbusd_epi32(la[k], lo, bcast4(x[k].l + 32 * b + 4 * i));
-                        la[k] = _mm512_dpbusd_epi32(la[k], hi, bcast4(x[k].l + 32 * b + 16 + 4 * i));
+                        la[k] = dpbusd_bcast(la[k], lo, x[k].l + 32 * b + 4 * i);
+                        la[k] = dpbusd_bcast(la[k], hi, x[k].l + 32 * b + 16 + 4 * i);
                     }
                 }
             }
@@ -2499,19 +2530,41 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                 if (x16_with_min(type)) off[k] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[k].s[b]), off[k]);
             }
         } else if (type == GG_Q8_0_X16) { /* signed bytes as q + 128, and 128 times the input's sum taken off (exact) */
-            __m512i ia[GG_TILE], la[GG_TILE];
+            __m512i ia[X16_TILE], la[X16_TILE];
             for (int k = 0; k < count; k++) ia[k] = la[k] = _mm512_setzero_si512();
             for (int i = 0; i < 8; i++) {
                 const __m512i w = _mm512_xor_si512(_mm512_loadu_si512((const void *)(blk + 32 + 64 * i)), _mm512_set1_epi8((char)0x80));
                 for (int k = 0; k < count; k++) {
-                    ia[k] = _mm512_dpbusd_epi32(ia[k], w, bcast4(x[k].q + 32 * b + 4 * i));
-                    if (precise) la[k] = _mm512_dpbusd_epi32(la[k], w, bcast4(x[k].l + 32 * b + 4 * i));
+                    ia[k] = dpbusd_bcast(ia[k], w, x[k].q + 32 * b + 4 * i);
+                    if (precise) la[k] = dpbusd_bcast(la[k], w, x[k].l + 32 * b + 4 * i);
                 }
             }
             for (int k = 0; k < count; k++) {
                 __m512i dot = precise ? _mm512_add_epi32(_mm512_slli_epi32(ia[k], 8), la[k]) : ia[k];
                 dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * (x[k].n16[2 * b] + x[k].n16[2 * b + 1])));
                 acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(x[k].d[b])), acc[k]);
+            }
+        } else if (type != GG_Q6_K_X16 && count > GG_TILE) {
+            /* A wide tile: one sub-block at a time, and the mins' terms in a pass of their own after the blocks, so
+             * that the sums fit the registers; each input's float steps come in the same order as below (sub-block
+             * 2c, then 2c + 1), and so the same bits. */
+            for (int j8 = 0; j8 < 8; j8++) {
+                const int j = b * 8 + j8;
+                __m512i ia[X16_TILE], la[X16_TILE];
+                for (int k = 0; k < count; k++) ia[k] = la[k] = _mm512_setzero_si512();
+                for (int i = 0; i < 8; i++) {
+                    if (prefetch && j8 % 2 == 0) x16_prefetch_step(blk, block_bytes, 4 * j8 + i, 32);
+                    const __m512i w = x16_k_values(type, blk, j8, i);
+                    for (int k = 0; k < count; k++) {
+                        ia[k] = dpbusd_bcast(ia[k], w, x[k].q + 32 * j + 4 * i);
+                        if (precise) la[k] = dpbusd_bcast(la[k], w, x[k].l + 32 * j + 4 * i);
+                    }
+                }
+                const __m512 a = _mm512_mul_ps(d, scales16(blk + 64 + 16 * j8, 0));
+                for (int k = 0; k < count; k++) {
+                    if (precise) ia[k] = _mm512_add_epi32(_mm512_slli_epi32(ia[k], 8), la[k]);
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[k]), _mm512_mul_ps(a, _mm512_set1_ps(x[k].d[j])), acc[k]);
+                }
             }
         } else if (type != GG_Q6_K_X16) {
             const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
@@ -2524,11 +2577,11 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                     __m512i wa, wb;
                     x16_k_step(type, blk, c, i, &wa, &wb);
                     for (int k = 0; k < count; k++) {
-                        ia[k] = _mm512_dpbusd_epi32(ia[k], wa, bcast4(x[k].q + 32 * ja + 4 * i));
-                        ib[k] = _mm512_dpbusd_epi32(ib[k], wb, bcast4(x[k].q + 32 * jb + 4 * i));
+                        ia[k] = dpbusd_bcast(ia[k], wa, x[k].q + 32 * ja + 4 * i);
+                        ib[k] = dpbusd_bcast(ib[k], wb, x[k].q + 32 * jb + 4 * i);
                         if (precise) {
-                            la[k] = _mm512_dpbusd_epi32(la[k], wa, bcast4(x[k].l + 32 * ja + 4 * i));
-                            lb[k] = _mm512_dpbusd_epi32(lb[k], wb, bcast4(x[k].l + 32 * jb + 4 * i));
+                            la[k] = dpbusd_bcast(la[k], wa, x[k].l + 32 * ja + 4 * i);
+                            lb[k] = dpbusd_bcast(lb[k], wb, x[k].l + 32 * jb + 4 * i);
                         }
                     }
                 }
@@ -2556,7 +2609,7 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
             for (int h = 0; h < 2; h++)
                 for (int s = 0; s < 2; s++)
                     _Pragma("GCC unroll 4") for (int t0 = 0; t0 < 4; t0 += together) {
-                        __m512i ia[GG_TILE][4], la[GG_TILE][4];
+                        __m512i ia[X16_TILE][4], la[X16_TILE][4];
                         for (int k = 0; k < count; k++)
                             for (int tt = 0; tt < together; tt++) ia[k][tt] = la[k][tt] = _mm512_setzero_si512();
                         for (int i = 4 * s; i < 4 * s + 4; i++) {
@@ -2570,9 +2623,9 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                                 const int t = t0 + tt, j = b * 8 + 4 * h + t;
                                 const __m512i w = x16_q6_values(ql0, ql1, qh, t);
                                 for (int k = 0; k < count; k++) {
-                                    ia[k][tt] = _mm512_dpbusd_epi32(ia[k][tt], w, bcast4(x[k].q + 32 * j + 4 * i));
+                                    ia[k][tt] = dpbusd_bcast(ia[k][tt], w, x[k].q + 32 * j + 4 * i);
                                     if (precise)
-                                        la[k][tt] = _mm512_dpbusd_epi32(la[k][tt], w, bcast4(x[k].l + 32 * j + 4 * i));
+                                        la[k][tt] = dpbusd_bcast(la[k][tt], w, x[k].l + 32 * j + 4 * i);
                                 }
                             }
                         }
@@ -2588,14 +2641,23 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                     }
         }
     }
+    if ((type == GG_Q4_K_X16 || type == GG_Q5_K_X16) && count > GG_TILE)
+        for (int b = 0; b < blocks; b++) {
+            const uint8_t *blk = grp + (int64_t)b * block_bytes;
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+            for (int j8 = 0; j8 < 8; j8++) {
+                const __m512 m = _mm512_mul_ps(dmin, scales16(blk + 192 + 16 * j8, 0));
+                for (int k = 0; k < count; k++) off[k] = _mm512_fnmadd_ps(m, _mm512_set1_ps(x[k].s[b * 8 + j8]), off[k]);
+            }
+        }
     for (int k = 0; k < count; k++) result[k] = _mm512_add_ps(acc[k], off[k]);
 }
 
 /* One group's 16 rows against `count` inputs, into out[k][row]. */
 static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                                 const gvec *x, int count, int precise,
-                                                                float out[GG_TILE][X16_ROWS]) {
-    __m512 res[GG_TILE];
+                                                                float out[X16_TILE][X16_ROWS]) {
+    __m512 res[X16_TILE];
     x16_group(type, grp, blocks, block_bytes, x, count, precise, res);
     for (int k = 0; k < count; k++) _mm512_storeu_ps(out[k], res[k]);
 }
@@ -2794,7 +2856,7 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
 /* One group's 16 rows against `count` inputs, into out[k][row]: its two halves of 8 in turn. */
 static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                                 const gvec *x, int count, int precise,
-                                                                float out[GG_TILE][X16_ROWS]) {
+                                                                float out[X16_TILE][X16_ROWS]) {
     __m256 res[GG_TILE];
     for (int half = 0; half < 2; half++) {
         x16_half(type, grp, blocks, block_bytes, half, x, count, precise, res);
@@ -3069,14 +3131,16 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
     int block_groups = (int)(GG_BLOCK_BYTES / group_bytes);
     if (block_groups < 1) block_groups = 1;
     const int g0 = r0 / X16_ROWS, g1 = r1 / X16_ROWS;
-    float out[GG_TILE][X16_ROWS];
+    float out[X16_TILE][X16_ROWS];
     for (int gb = g0; gb < g1; gb += block_groups) {
         const int ge = g1 - gb < block_groups ? g1 : gb + block_groups;
         for (int k0 = 0; k0 < count;) {
-            const int tile = count - k0 >= GG_TILE ? GG_TILE : count - k0;
+            const int tile = count - k0 >= X16_TILE && x16_wide_tile(type) ? X16_TILE : count - k0 >= GG_TILE ? GG_TILE : count - k0;
             for (int g = gb; g < ge; g++) {
                 const uint8_t *grp = w + (int64_t)g * group_bytes;
-                if (tile == 4)
+                if (X16_TILE > GG_TILE && x16_wide_tile(type) && tile == X16_TILE)
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, out);
+                else if (tile == 4)
                     x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, out);
                 else if (tile == 3)
                     x16_group_out(type, grp, blocks, block_bytes, x + k0, 3, precise, out);
@@ -3172,6 +3236,14 @@ static int64_t gbuf_bytes(int64_t cols) { /* q, l, d, s, n16 */
     return 2 * cols + 2 * (cols / QBLOCK) * (int64_t)sizeof(float) + (cols / 16) * (int64_t)sizeof(int32_t);
 }
 
+/* Bytes from one input's buffers to the next: whole cache lines, an odd number of them, so that the inputs of a tile
+ * (read side by side, block by block) fall in different L1 sets (an even number made every one of them 4 KiB apart
+ * at 1B's widths: one set, and a wide tile's 15-bit inputs thrashed it). */
+static int64_t gbuf_stride(int64_t cols) {
+    const int64_t lines = (gbuf_bytes(cols) + 63) / 64;
+    return 64 * (lines | 1);
+}
+
 static gbuf gbuf_at(void *memory, int64_t cols) {
     gbuf b;
     b.d = (float *)memory;
@@ -3198,7 +3270,7 @@ int hearth_gg_matmul(int type, const void *w, int64_t rows, int64_t cols, const 
     if (row_bytes < 0 || n < 1 || rows < 1 || cols > INT32_MAX || rows > INT32_MAX) return -1;
     if (threads < 1) threads = 1;
     precise = precise && !gg_is_float(type);
-    const int64_t per_input = (gbuf_bytes(cols) + 63) / 64 * 64;
+    const int64_t per_input = gbuf_stride(cols);
     char *memory = malloc((size_t)(n * per_input));
     gvec *inputs = malloc((size_t)n * sizeof(gvec));
     if (!memory || !inputs) {
@@ -3507,7 +3579,7 @@ static int64_t gg_layout_scratch(const int64_t *cfg, int64_t n, int64_t capacity
     const int64_t inter = cfg[GC_INTER], threads = cfg[GC_THREADS] > 0 ? cfg[GC_THREADS] : 1;
     const int64_t widest = max3((int)hidden, (int)(heads * hd), (int)inter), units = heads + 2 * kv;
     const int64_t chunks = (capacity + SPAN - 1) / SPAN, group = kv > 0 ? heads / kv : 1;
-    const int64_t quant_stride = (gbuf_bytes(widest) + 63) / 64 * 16; /* floats, 64-byte multiples */
+    const int64_t quant_stride = gbuf_stride(widest) / 4; /* floats */
     int64_t at = 0;
     gg_scratch s;
 #define TAKE(field, count) (s.field = base ? base + at : NULL, at += (count))
