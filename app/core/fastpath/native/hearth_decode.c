@@ -2417,12 +2417,6 @@ static inline void x16_store(const float *out, float *target, const float *bias,
 }
 
 #if HEARTH_AVX512
-static inline __m512i bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 /* acc + the dot products of w's bytes with the 4 bytes at p in every lane: vpdpbusd with p's broadcast folded in
  * (its {1to16} form) and acc updated in place; as intrinsics gcc loads the broadcast apart and copies acc around
  * each product. */
