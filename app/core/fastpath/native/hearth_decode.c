@@ -2447,30 +2447,24 @@ static inline __attribute__((always_inline)) void x16_small_step(int type, const
     }
 }
 
-/* Step i (of 8) of chunk pair c of a Q4_K/Q5_K block: sub-block 2c's values (wa) and 2c + 1's (wb), Q5_K's fifth
- * bit moved from its qh bytes to bit 4. */
-static inline __attribute__((always_inline)) void x16_k_step(int type, const uint8_t *blk, int c, int i, __m512i *wa,
-                                                             __m512i *wb) {
-    const __m512i low4 = _mm512_set1_epi8(15), raw = _mm512_loadu_si512((const void *)(blk + 320 + 64 * (8 * c + i)));
-    *wa = _mm512_and_si512(raw, low4), *wb = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-    if (type == GG_Q5_K_X16) { /* bit 2c (2c + 1) of the step's qh bytes */
-        const __m512i qh = _mm512_loadu_si512((const void *)(blk + 2368 + 64 * i)), bit4 = _mm512_set1_epi8(16);
-        *wa = _mm512_or_si512(*wa, _mm512_and_si512(2 * c <= 4 ? _mm512_slli_epi16(qh, 4 - 2 * c) : _mm512_srli_epi16(qh, 2 * c - 4), bit4));
-        *wb = _mm512_or_si512(*wb, _mm512_and_si512(2 * c + 1 <= 4 ? _mm512_slli_epi16(qh, 3 - 2 * c) : _mm512_srli_epi16(qh, 2 * c - 3), bit4));
-    }
-}
-
-/* Step i (of 8) of sub-block j8 of a Q4_K/Q5_K block alone: x16_k_step's wa (j8 even) or wb (odd). */
+/* Step i (of 8) of sub-block j8 of a Q4_K/Q5_K block: its low (j8 even) or high nibbles, Q5_K's fifth bit moved from
+ * bit j8 of its qh bytes to bit 4. */
 static inline __attribute__((always_inline)) __m512i x16_k_values(int type, const uint8_t *blk, int j8, int i) {
     const int c = j8 / 2;
     const __m512i low4 = _mm512_set1_epi8(15), raw = _mm512_loadu_si512((const void *)(blk + 320 + 64 * (8 * c + i)));
     __m512i w = _mm512_and_si512(j8 % 2 ? _mm512_srli_epi16(raw, 4) : raw, low4);
-    if (type == GG_Q5_K_X16) { /* bit j8 of the step's qh bytes to bit 4 */
+    if (type == GG_Q5_K_X16) {
         const __m512i qh = _mm512_loadu_si512((const void *)(blk + 2368 + 64 * i));
         w = _mm512_or_si512(w, _mm512_and_si512(j8 <= 4 ? _mm512_slli_epi16(qh, 4 - j8) : _mm512_srli_epi16(qh, j8 - 4),
                                                 _mm512_set1_epi8(16)));
     }
     return w;
+}
+
+/* Step i of chunk pair c: sub-block 2c's values (wa) and 2c + 1's (wb), from the same loads. */
+static inline __attribute__((always_inline)) void x16_k_step(int type, const uint8_t *blk, int c, int i, __m512i *wa,
+                                                             __m512i *wb) {
+    *wa = x16_k_values(type, blk, 2 * c, i), *wb = x16_k_values(type, blk, 2 * c + 1, i);
 }
 
 /* Chunk t (of 4) of a Q6_K step from its two vectors of low bits and one of high bits. */
