@@ -218,9 +218,9 @@ def test_spec_bundles_resources_the_default_model_and_the_launcher(monkeypatch: 
     spec = run_spec(monkeypatch, platform="linux", cuda="0")
     kwargs = spec.analysis.kwargs
     assert spec.analysis.args[0] == [str(PACKAGING / "launcher.py")]
-    native = PACKAGING.parent / "app" / "core" / "fastpath" / "native"
-    assert spec.kernel_builds == [native / "prebuilt"]
-    assert (str(native / "prebuilt"), "app/core/fastpath/native/prebuilt") in spec.analysis.kwargs["datas"]
+    kernels = PACKAGING.parent / "build" / "kernels"  # never the checkout's own prebuilt/, which its tests load
+    assert spec.kernel_builds == [kernels]
+    assert (str(kernels), "app/core/fastpath/native/prebuilt") in spec.analysis.kwargs["datas"]
     datas = dict((Path(source).name, dest) for source, dest in kwargs["datas"])
     assert datas["resources"] == "resources"
     gguf = next(source for source, dest in kwargs["datas"] if dest == "resources/models")
