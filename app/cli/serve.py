@@ -7,15 +7,18 @@ import secrets as random_secrets
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.cli import Subparsers
 from app.cli.common import add_model_flags, progress_to_stderr, settings_from_args
 from app.core.errors import HearthError
-from app.core.server.api import RequestRecord
-from app.core.server.handle import DEFAULT_PARALLEL, DEFAULT_PORT, MAX_PARALLEL, ServerConfig, ServerHandle
 from app.core.server.protocol import Limits
-from app.core.server.security import check_bind, check_cors_origins
+from app.core.server.security import DEFAULT_PORT, check_bind, check_cors_origins
+from app.core.settings import DEFAULT_PARALLEL, MAX_PARALLEL
+
+if TYPE_CHECKING:  # the server itself (starlette, uvicorn) is imported when `serve` runs, not for every command
+    from app.core.server.api import RequestRecord
+    from app.core.server.handle import ServerConfig
 
 KEY_PREFIX = "server-key:"  # keyring username = KEY_PREFIX + the name given to --api-key-name
 
@@ -103,6 +106,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     check_bind(args.host, "pending" if args.api_key_name else None, args.allow_network)
     check_cors_origins(tuple(args.cors_origin), "pending" if args.api_key_name else None)
     key = api_key_from_keyring(args.api_key_name, make_new=args.new_key) if args.api_key_name else None
+    from app.core.server.handle import ServerConfig
+
     return ServerConfig(
         host=args.host, port=args.port, api_key=key, allow_network=args.allow_network,
         cors_origins=tuple(args.cors_origin), max_queue=args.max_queue, parallel=args.parallel,
@@ -141,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
     for notice in [*backend.info.notices, *backend.info.recovered]:
         print(f"hearth: note: {notice}", file=sys.stderr)
     print(f"hearth: runtime: {runtime_line(backend, candidate)}", file=sys.stderr, flush=True)
+    from app.core.server.handle import ServerHandle
+
     handle = ServerHandle(config, on_request=print_record)
     try:
         address = handle.start(backend)

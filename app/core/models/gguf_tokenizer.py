@@ -7,11 +7,17 @@ token types (0.2 s at 49k tokens), and transformers' own GGUF tokenizer builders
 gguf_tokenizer_mapping, torch-free) turn them into the same `tokenizers` object, wrapped in the class AutoTokenizer
 gives these files (TokenizersBackend). The tests hold ids, special tokens, chat template and decoding equal to
 AutoTokenizer's on the default model and on tiny GGUFs written in the test run.
+
+A file's first load keeps what it built in the cache (gguf_tokenizer_file's tokenizer.json and the config beside it,
+each named by its sha256): later loads read those two (0.1-0.2 s) instead of the header's vocabulary and transformers'
+builders, whose module alone imports every model family transformers has (~0.4 s). The same JSON and config make the
+same tokenizer, byte for byte (tested).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -71,28 +77,118 @@ def gguf_tokenizer_parts(path: Path) -> tuple[str, dict[str, Any], dict[str, Any
     return header.architecture, tokenizer, config
 
 
-def load_gguf_tokenizer(path: Path) -> Any:
+def load_gguf_tokenizer(path: Path, notices: list[str] | None = None) -> Any:
     """The GGUF's tokenizer as a transformers TokenizersBackend (what AutoTokenizer gives for these files), without
-    importing torch. UnsupportedModelError for a tokenizer type transformers cannot build, CorruptModelError for
-    a header that does not hold together."""
+    importing torch: from the cache's copies where a load before made them, else built from the header (and the
+    copies made). UnsupportedModelError for a tokenizer type transformers cannot build, CorruptModelError for a
+    header that does not hold together. A damaged copy is moved aside (a line in `notices`) and built again."""
     from transformers import TokenizersBackend
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
-    architecture, tokenizer_dict, config = gguf_tokenizer_parts(path)
-    try:
-        backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
-    except ValueError as exc:
-        raise UnsupportedModelError(f"{path.name}: its tokenizer cannot be built ({exc}) File: {path}") from exc
-    except Exception as exc:  # the tokenizers library raises plain Exceptions for a vocabulary it cannot take
-        raise CorruptModelError(
-            f"{path.name}: its tokenizer could not be built from the header ({type(exc).__name__}: {exc}); the file "
-            f"may be damaged. File: {path}"
-        ) from exc
+    cached = _cached_tokenizer(path, notices)
+    if cached is not None:
+        backend, config = cached
+    else:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+        architecture, tokenizer_dict, config = gguf_tokenizer_parts(path)
+        try:
+            backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
+        except ValueError as exc:
+            raise UnsupportedModelError(f"{path.name}: its tokenizer cannot be built ({exc}) File: {path}") from exc
+        except Exception as exc:  # the tokenizers library raises plain Exceptions for a vocabulary it cannot take
+            raise CorruptModelError(
+                f"{path.name}: its tokenizer could not be built from the header ({type(exc).__name__}: {exc}); the "
+                f"file may be damaged. File: {path}"
+            ) from exc
+        config = {**config, **extra}
     # tokenizer_object= would deep-copy the backend (1.1 s at 128k tokens); __init__ keeps one already set instead.
     tokenizer = TokenizersBackend.__new__(TokenizersBackend)
     tokenizer._tokenizer = backend
-    tokenizer.__init__(name_or_path=str(path.parent), **config, **extra)
+    tokenizer.__init__(name_or_path=str(path.parent), **config)
+    if cached is None:
+        _keep_copies(path, tokenizer, config, notices)
     return tokenizer
+
+
+def _keep_copies(path: Path, tokenizer: Any, config: dict[str, Any], notices: list[str] | None) -> None:
+    """The tokenizer.json and config of a tokenizer just built, for the next load; best effort (a full or read-only
+    cache, a config value JSON cannot hold: the next load builds it again)."""
+    try:
+        data = json.dumps(config, sort_keys=True).encode()
+    except (TypeError, ValueError) as exc:
+        log.info("tokenizer config of %s not kept: %s", path, exc)
+        return
+    try:
+        gguf_tokenizer_file(path, tokenizer, notices)
+        folder, prefix = _copies(path)
+        _write_verified(folder, prefix, data, CONFIG_SUFFIX)
+    except OSError as exc:
+        log.info("tokenizer copies of %s not kept: %s", path, exc)
+
+
+CONFIG_SUFFIX = ".config"  # the tokenizer config beside the tokenizer.json ("*.json" is the tokenizer's alone)
+
+
+def _copies(path: Path) -> tuple[Path, str]:
+    """The cache folder of tokenizer copies and this file version's name prefix (path, size and mtime)."""
+    from app.core.storage.paths import cache_dir
+
+    stat = path.stat()
+    identity = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "gguf-tokenizers", f"{path.stem[:60]}-{identity}-"
+
+
+def _find_verified(folder: Path, prefix: str, suffix: str, notices: list[str] | None) -> Path | None:
+    """The copy named PREFIX<sha256 of its content>SUFFIX; any other under PREFIX*SUFFIX is damaged: moved to
+    NAME.damaged, with a line in `notices`."""
+    for found in sorted(folder.glob(f"{prefix}*{suffix}")):
+        digest = hashlib.sha256(found.read_bytes()).hexdigest()[:16]
+        if found.name == f"{prefix}{digest}{suffix}":
+            return found
+        damaged = found.with_name(found.name + ".damaged")
+        os.replace(found, damaged)
+        log.warning("tokenizer copy %s damaged; moved to %s", found, damaged)
+        if notices is not None:
+            notices.append(
+                f"The tokenizer copy {found.name} was damaged (its content does not match the sha256 in its name); "
+                f"it was moved to {damaged} and written again."
+            )
+    return None
+
+
+def _write_verified(folder: Path, prefix: str, data: bytes, suffix: str) -> Path:
+    """`data` as PREFIX<its sha256>SUFFIX, atomically (a reader never sees half a file)."""
+    target = folder / f"{prefix}{hashlib.sha256(data).hexdigest()[:16]}{suffix}"
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(prefix=".tokenizer-", suffix=suffix, dir=folder)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(staging, target)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _cached_tokenizer(path: Path, notices: list[str] | None) -> tuple[Any, dict[str, Any]] | None:
+    """(the tokenizers backend, its config) from the cache's verified copies of this file version, or None."""
+    from tokenizers import Tokenizer
+
+    try:
+        folder, prefix = _copies(path)
+        config_file = _find_verified(folder, prefix, CONFIG_SUFFIX, notices)
+        tokenizer_file = _find_verified(folder, prefix, ".json", notices)
+        if config_file is None or tokenizer_file is None:
+            return None
+        config = json.loads(config_file.read_bytes())
+        backend = Tokenizer.from_file(str(tokenizer_file))
+    except Exception as exc:  # OSError, bad JSON, or tokenizers' plain Exception: build from the header instead
+        log.info("tokenizer copies of %s not used: %s", path, exc)
+        return None
+    if not isinstance(config, dict) or not all(isinstance(key, str) for key in config):
+        return None
+    return backend, config
 
 
 def gguf_eos_ids(path: Path) -> set[int]:
@@ -108,33 +204,9 @@ def gguf_tokenizer_file(path: Path, tokenizer: Any | None = None, notices: list[
     a tokenizer.json alone: the window's torch-free token counts (app.core.chat.token_counter). Its name ends with
     the sha256 of its content, checked at each use: a damaged copy is moved to NAME.damaged (with a line in
     `notices`) and written again."""
-    from app.core.storage.paths import cache_dir
-
-    stat = path.stat()
-    identity = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = cache_dir() / "gguf-tokenizers"
-    prefix = f"{path.stem[:60]}-{identity}-"
-    for found in sorted(folder.glob(f"{prefix}*.json")):
-        digest = hashlib.sha256(found.read_bytes()).hexdigest()[:16]
-        if found.name == f"{prefix}{digest}.json":
-            return found
-        damaged = found.with_name(found.name + ".damaged")
-        os.replace(found, damaged)
-        log.warning("tokenizer copy %s damaged; moved to %s", found, damaged)
-        if notices is not None:
-            notices.append(
-                f"The tokenizer copy {found.name} was damaged (its content does not match the sha256 in its name); "
-                f"it was moved to {damaged} and written again."
-            )
+    folder, prefix = _copies(path)
+    found = _find_verified(folder, prefix, ".json", notices)
+    if found is not None:
+        return found
     data = (tokenizer if tokenizer is not None else load_gguf_tokenizer(path)).backend_tokenizer.to_str().encode()
-    target = folder / f"{prefix}{hashlib.sha256(data).hexdigest()[:16]}.json"
-    folder.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=".tokenizer-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.replace(staging, target)  # atomic: a reader never sees half a file
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
-    return target
+    return _write_verified(folder, prefix, data, ".json")

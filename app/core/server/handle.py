@@ -20,11 +20,10 @@ from app.core.server.api import RequestLog, RequestRecord, ServerApp
 from app.core.server.guard import Policy
 from app.core.server.protocol import Limits
 from app.core.server.queue import RequestQueue, ServedModel
-from app.core.server.security import check_bind, check_cors_origins
+from app.core.server.security import DEFAULT_PORT, check_bind, check_cors_origins
 from app.core.settings import DEFAULT_PARALLEL, MAX_PARALLEL
 
 log = logging.getLogger(__name__)
-DEFAULT_PORT = 8080
 START_TIMEOUT_S = 15.0
 
 

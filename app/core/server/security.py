@@ -10,6 +10,8 @@ import socket
 
 from app.core.errors import HearthError
 
+DEFAULT_PORT = 8080  # `hearth serve`'s and the window's (settings.server_port)
+
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 

@@ -194,6 +194,56 @@ def test_a_tokenizer_json_for_token_counts_is_written_once(default_tokenizer: An
     assert not list(path.parent.glob(".tokenizer-*"))  # no staging file left behind
 
 
+@pytest.mark.parametrize("kind", ["default", "llama-bpe", "qwen2", "sentencepiece"])
+def test_a_second_load_reads_the_cache_s_copies_and_gives_the_same_tokenizer(
+    kind: str, tiny_ggufs: dict[str, Path], isolated_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers.integrations.gguf.gguf_tokenizer_mapping as mapping
+
+    path = default_model_gguf() if kind == "default" else tiny_ggufs[kind]
+    built = load_gguf_tokenizer(path)
+    copies = sorted(p.name for p in (isolated_cache / "gguf-tokenizers").iterdir())
+    assert sorted(name.rsplit(".", 1)[1] for name in copies) == ["config", "json"], copies
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the second load built the tokenizer from the header again")
+
+    monkeypatch.setattr(mapping, "convert_gguf_tokenizer", refuse)
+    again = load_gguf_tokenizer(path)
+    assert again.backend_tokenizer.to_str() == built.backend_tokenizer.to_str()
+    for name in (
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "all_special_ids",
+        "add_bos_token",
+        "chat_template",
+    ):
+        assert getattr(again, name) == getattr(built, name), name
+    assert {i: repr(t) for i, t in again.added_tokens_decoder.items()} == {
+        i: repr(t) for i, t in built.added_tokens_decoder.items()
+    }
+    for prompt in [*PROMPTS, SAMPLE_TEXT]:
+        assert again(prompt)["input_ids"] == built(prompt)["input_ids"], prompt
+    assert again.apply_chat_template(CHAT, tokenize=False) == built.apply_chat_template(CHAT, tokenize=False)
+
+
+def test_a_damaged_config_copy_is_moved_aside_and_the_tokenizer_built_again(isolated_cache: Path) -> None:
+    path = default_model_gguf()
+    built = load_gguf_tokenizer(path)
+    [config] = (isolated_cache / "gguf-tokenizers").glob("*.config")
+    whole = config.read_bytes()
+    config.write_bytes(whole.replace(b'"add_bos_token": false', b'"add_bos_token": true '))  # a hand edit
+    notices: list[str] = []
+    again = load_gguf_tokenizer(path, notices)
+    [notice] = notices
+    assert f"The tokenizer copy {config.name} was damaged" in notice and "written again" in notice
+    assert (config.parent / f"{config.name}.damaged").is_file() and config.read_bytes() == whole
+    assert again.add_bos_token == built.add_bos_token
+    assert again("What is the capital of France?")["input_ids"] == DEFAULT_MODEL_IDS["What is the capital of France?"]
+
+
 def _spec(**changes: Any) -> TokenizerSpec:
     spec = byte_level_bpe()
     for name, value in changes.items():

@@ -415,12 +415,15 @@ def test_a_load_writes_nothing_but_a_small_tokenizer_file_and_plans_the_files_by
     backend = open_backend(request)
     try:
         assert backend.info.quantization == plan.quantization
-        # besides the compiled kernel and the response cache's database: the tokenizer's JSON, and nothing else
+        # besides the compiled kernel and the response cache's database: the tokenizer's JSON and config, nothing else
         written = [
             p for p in isolated_cache.rglob("*") if p.is_file() and "native" not in p.parts and "sqlite" not in p.name
         ]
-        assert [p.parent.name for p in written if p.suffix == ".json"] == ["gguf-tokenizers"], written
-        assert sum(p.stat().st_size for p in written if p.suffix == ".json") < 0.05 * path.stat().st_size
+        assert sorted((p.parent.name, p.suffix) for p in written) == [
+            ("gguf-tokenizers", ".config"),
+            ("gguf-tokenizers", ".json"),
+        ], written
+        assert sum(p.stat().st_size for p in written) < 0.05 * path.stat().st_size
     finally:
         backend.close()
 
