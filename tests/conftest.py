@@ -153,6 +153,19 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(autouse=True)
+def run_kernel_library() -> Iterator[None]:
+    """A test that swaps the process's kernel library (compiling one of its own, capping its target) hands the run's
+    back: left unset, the next test's first load would resolve it again in whatever cache that test isolated, and
+    compile one (~24 s at -O3) where the run had one."""
+    from app.core.fastpath import kernel
+
+    held = kernel.held_library_for_tests()
+    yield
+    if held is not None and kernel.held_library_for_tests() is not held:
+        kernel.reset_library_for_tests(held)
+
+
+@pytest.fixture(autouse=True)
 def hearth_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test gets fresh data and config dirs; the cache of derived files is shared."""
     home = tmp_path / "hearth-home"

@@ -270,11 +270,18 @@ def take_library_notices() -> list[str]:
         return taken
 
 
-def reset_library_for_tests() -> None:
+def reset_library_for_tests(library: NativeLibrary | str | None = None) -> None:
+    """Forget the process's library (the next use resolves it again), or hold `library` instead."""
     global _library
     with _library_lock:
-        _library = None
+        _library = library
         _notices.clear()
+
+
+def held_library_for_tests() -> NativeLibrary | str | None:
+    """The library the process holds, None before its first use."""
+    with _library_lock:
+        return _library
 
 
 def _compiler() -> str | None:

@@ -29,6 +29,7 @@ from app.core.engines.lite.prefix_store import (
 from app.core.fastpath import blocks
 from app.core.stats_text import reply_stats_text
 from tests.core.engines.lite.test_gguf_model import tiny_gguf
+from tests.helpers.kernel_cache import seed_kernel
 
 IDS = [int(i) for i in np.random.default_rng(3).integers(3, 400, size=512)]  # the tiny model's whole context
 
@@ -199,6 +200,7 @@ def test_a_new_process_asks_about_the_same_document_without_prefilling_it_again(
         "text = ''.join(e.text for e in events if isinstance(e, TokenEvent))\n"
         "print(json.dumps([text, stats.prompt_tokens, stats.cached_tokens, stats.restored_tokens]))\n"
     )
+    seed_kernel(tmp_path / "cache")  # this run's compiled kernel: neither process compiles its own
     environment = {**os.environ, "HEARTH_CACHE_DIR": str(tmp_path / "cache")}
     runs = []
     for _ in range(2):
