@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from app.core.fastpath import kernel
 from app.core.fastpath.openmp import prefer_short_spin
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -45,7 +46,7 @@ def kernel_report() -> list[str]:
     import torch
     from threadpoolctl import threadpool_info
 
-    from app.core.fastpath import cpu, kernel, prefill
+    from app.core.fastpath import cpu, prefill
 
     flags = cpu.cpu_flags()
     model = next(
@@ -152,17 +153,22 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     package_build.stop()
 
 
+_RUN_LIBRARY: list[kernel.NativeLibrary | str] = []  # the library this run loaded first (the header loads it)
+
+
 @pytest.fixture(autouse=True)
 def run_kernel_library() -> Iterator[None]:
-    """A test that swaps the process's kernel library (compiling one of its own, capping its target) hands the run's
-    back: left unset, the next test's first load would resolve it again in whatever cache that test isolated, and
-    compile one (~24 s at -O3) where the run had one."""
-    from app.core.fastpath import kernel
-
+    """Every test starts and ends with the run's kernel library. A test or fixture that swaps it (compiling one of
+    its own, capping its target, a module fixture forgetting it) hands it back: left unset, the next load would
+    resolve it again in whatever cache that test isolated, and compile one (24-40 s at -O3) where the run has one."""
     held = kernel.held_library_for_tests()
+    if not _RUN_LIBRARY and held is not None:
+        _RUN_LIBRARY.append(held)
+    if _RUN_LIBRARY and held is not _RUN_LIBRARY[0]:
+        kernel.reset_library_for_tests(_RUN_LIBRARY[0])
     yield
-    if held is not None and kernel.held_library_for_tests() is not held:
-        kernel.reset_library_for_tests(held)
+    if _RUN_LIBRARY and kernel.held_library_for_tests() is not _RUN_LIBRARY[0]:
+        kernel.reset_library_for_tests(_RUN_LIBRARY[0])
 
 
 @pytest.fixture(autouse=True)
