@@ -79,7 +79,7 @@ TEST_CACHE = $${HEARTH_TEST_CACHE:-$(CURDIR)/.cache/test-models}
 # The AVX2 build too (where the CPU runs it), which the tests of an AVX2-only CPU's kernels load: both fit in lint's time.
 LOAD_KERNEL = $(BIN)/python -c "from app.core.fastpath.kernel import load_library; load_library()" >/dev/null 2>&1
 WARM_KERNEL = (mkdir -p "$(TEST_CACHE)" && export HEARTH_CACHE_DIR="$(TEST_CACHE)" && $(LOAD_KERNEL); \
-	HEARTH_KERNEL_TARGET=avx2 $(LOAD_KERNEL); true)
+	HEARTH_KERNEL_TARGET=avx2 $(LOAD_KERNEL))
 LINT_BESIDE_KERNEL = $(WARM_KERNEL) & warm=$$!; $(MAKE) --no-print-directory lint; status=$$?; wait $$warm; exit $$status
 
 # Bytecode written ahead: where PYTHONDONTWRITEBYTECODE is set (CI sandboxes), nothing else writes it, and every

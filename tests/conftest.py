@@ -161,13 +161,16 @@ def run_kernel_library() -> Iterator[None]:
     """Every test starts and ends with the run's kernel library. A test or fixture that swaps it (compiling one of
     its own, capping its target, a module fixture forgetting it) hands it back: left unset, the next load would
     resolve it again in whatever cache that test isolated, and compile one (24-40 s at -O3) where the run has one."""
+    _hold_the_run_s_library()
+    yield
+    _hold_the_run_s_library()
+
+
+def _hold_the_run_s_library() -> None:
     held = kernel.held_library_for_tests()
     if not _RUN_LIBRARY and held is not None:
         _RUN_LIBRARY.append(held)
     if _RUN_LIBRARY and held is not _RUN_LIBRARY[0]:
-        kernel.reset_library_for_tests(_RUN_LIBRARY[0])
-    yield
-    if _RUN_LIBRARY and kernel.held_library_for_tests() is not _RUN_LIBRARY[0]:
         kernel.reset_library_for_tests(_RUN_LIBRARY[0])
 
 
