@@ -186,7 +186,7 @@ def load_model(
     if gguf:
         check_gguf_complete(folder)  # a cut-short file is named before anything reads it
         step("Reading the tokenizer…", 0.15)
-        tokenizer = load_gguf_tokenizer(folder)
+        tokenizer = load_gguf_tokenizer(folder, recovered)  # a damaged cached copy: said, not lost
         config = gguf_config(folder)
     else:
         config_data = read_config(folder)

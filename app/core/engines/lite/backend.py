@@ -304,10 +304,10 @@ def open_lite_backend(
         if candidate.gguf is not None:
             gguf_model = open_gguf_model(candidate.gguf)
             model = gguf_model
-            tokenizer = load_gguf_tokenizer(candidate.gguf)
+            tokenizer = load_gguf_tokenizer(candidate.gguf, recovered)  # a damaged cached copy: said, not lost
             eos = gguf_eos_ids(candidate.gguf) | token_ids([getattr(tokenizer, "eos_token_id", None)])
             fingerprint, label = file_fingerprint(candidate.gguf), file_type_label(gguf_model.header)
-            tokenizer_file: Path | None = gguf_tokenizer_file(candidate.gguf, tokenizer)
+            tokenizer_file: Path | None = gguf_tokenizer_file(candidate.gguf, tokenizer, recovered)
         else:
             assert candidate.folder is not None
             folder = candidate.folder

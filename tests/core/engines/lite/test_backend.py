@@ -121,3 +121,20 @@ def test_the_plan_before_loading_is_the_runtime_s_own(packed_default: str, monke
     assert (plan.served_together, plan.served_kv_budget_bytes) == (1, 0)  # a packed copy serves one at a time
     monkeypatch.setenv("HEARTH_RUNTIME", "torch")
     assert lite_plan(LoadRequest(packed_default, device="cpu")) == "HEARTH_RUNTIME=torch"
+
+
+def test_a_damaged_tokenizer_copy_is_told_in_the_load_s_notes(isolated_cache: Path) -> None:
+    """The default model on its GGUF: the cached tokenizer's config hand-edited between two loads."""
+    request = LoadRequest(None, device="cpu", response_cache=False)
+    first = open_lite_backend(request)
+    assert isinstance(first, LiteBackend)
+    first.close()
+    [config] = (isolated_cache / "gguf-tokenizers").glob("*.config")
+    config.write_bytes(config.read_bytes() + b" ")
+    again = open_lite_backend(request)
+    assert isinstance(again, LiteBackend)
+    try:
+        [note] = [line for line in again.info.recovered if "tokenizer copy" in line]
+        assert f"The tokenizer copy {config.name} was damaged" in note and "written again" in note
+    finally:
+        again.close()
