@@ -3,6 +3,10 @@ changes a bit is tested on real models in tests/core/engines/lite/test_gguf_mode
 
 from __future__ import annotations
 
+import json
+import logging
+from pathlib import Path
+
 import pytest
 
 from app.core.fastpath.prefetch import (
@@ -11,8 +15,13 @@ from app.core.fastpath.prefetch import (
     MEASURED_BYTES,
     MIN_PAIRS,
     PREFETCH_ENV,
+    SAVED_CHOICES,
+    SAVED_FOR_S,
     PrefetchChoice,
+    choice_key,
     pairs_for,
+    save_choice,
+    saved_choice,
     timed_choice,
     untimed_choice,
 )
@@ -94,3 +103,87 @@ def test_a_small_model_leaves_the_setting_as_it_is_and_says_so() -> None:
     # the environment still fixes it
     choice = untimed_choice(kernel.set_prefetch, 1, environ={PREFETCH_ENV: "on"})
     assert choice is not None and choice.on and kernel.setting == 1
+
+
+NOW = 1_796_600_000.0  # 2026-12-07 UTC
+
+
+def test_a_measured_choice_is_saved_read_back_with_its_date_and_measured_again_after_a_week(tmp_path: Path) -> None:
+    store = tmp_path / "cache" / "prefetch.json"  # the cache folder is made on the first save
+    key = choice_key("x86_64|AMD EPYC|flags", "library-sha", "803409376:1", 2)
+    assert saved_choice(store, key, NOW) is None  # nothing saved yet
+    save_choice(store, key, PrefetchChoice(False, 0.0291, 0.0265), NOW)
+    read = saved_choice(store, key, NOW + 60)
+    assert read == PrefetchChoice(False, 0.0291, 0.0265, measured_at=NOW)
+    assert read.describe() == (
+        "software prefetch off (decode steps 1.10x faster without it here, measured 2026-12-06 23:33 UTC)"
+    )
+    assert saved_choice(store, key, NOW + SAVED_FOR_S + 1) is None  # too old: measured again
+    assert saved_choice(store, key, NOW - 60) is None  # from the future (a clock set back): measured again
+    for other in (  # another CPU, kernel library, model file or team size: measured for itself
+        choice_key("x86_64|Intel Xeon|flags", "library-sha", "803409376:1", 2),
+        choice_key("x86_64|AMD EPYC|flags", "another-library", "803409376:1", 2),
+        choice_key("x86_64|AMD EPYC|flags", "library-sha", "803409376:2", 2),
+        choice_key("x86_64|AMD EPYC|flags", "library-sha", "803409376:1", 1),
+    ):
+        assert saved_choice(store, other, NOW) is None
+    save_choice(store, key, PrefetchChoice(True, unmeasured="HEARTH_PREFETCH"), NOW + 120)  # not measured: not saved
+    assert saved_choice(store, key, NOW + 180) == read
+
+
+def test_the_file_keeps_the_latest_choices_only(tmp_path: Path) -> None:
+    store = tmp_path / "prefetch.json"
+    for index in range(SAVED_CHOICES + 3):
+        save_choice(store, f"key-{index}", PrefetchChoice(True, 0.02, 0.03), NOW + index)
+    kept = json.loads(store.read_text())["choices"]
+    assert list(kept) == [f"key-{index}" for index in range(3, SAVED_CHOICES + 3)]
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b'{"format": 1, "choi', "prefetch.json is not valid JSON"),
+        (b"\xff\xfe", "prefetch.json is not UTF-8 text"),
+        (b"[1, 2]", "prefetch.json is not a saved prefetch file of format 1"),
+        (b'{"format": 2, "choices": {}}', "prefetch.json is not a saved prefetch file of format 1"),
+    ],
+)
+def test_a_damaged_file_is_said_measured_again_and_replaced(
+    content: bytes, said: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = tmp_path / "prefetch.json"
+    store.write_bytes(content)
+    with caplog.at_level(logging.WARNING, logger="app.core.fastpath.prefetch"):
+        assert saved_choice(store, "key", NOW) is None
+    assert f"the saved prefetch choices are not used: {said}" in caplog.text
+    save_choice(store, "key", PrefetchChoice(True, 0.02, 0.03), NOW)
+    assert saved_choice(store, "key", NOW) == PrefetchChoice(True, 0.02, 0.03, measured_at=NOW)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"on": "false", "on_s": 0.03, "off_s": 0.02, "measured_at": NOW},  # only an explicit false turns it off
+        {"on": 0, "on_s": 0.03, "off_s": 0.02, "measured_at": NOW},
+        {"on": False, "on_s": 0.03, "measured_at": NOW},
+        {"on": False, "on_s": 0.03, "off_s": -1.0, "measured_at": NOW},
+        {"on": False, "on_s": True, "off_s": 0.02, "measured_at": NOW},
+        {"on": False, "on_s": 0.03, "off_s": 0.02, "measured_at": "today"},
+        "off",
+    ],
+)
+def test_a_hand_edited_entry_is_not_used(entry: object, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = tmp_path / "prefetch.json"
+    store.write_text(json.dumps({"format": 1, "choices": {"key": entry}}))
+    with caplog.at_level(logging.WARNING, logger="app.core.fastpath.prefetch"):
+        assert saved_choice(store, "key", NOW) is None
+    if isinstance(entry, dict):
+        assert "the saved prefetch choice in" in caplog.text and "is damaged; measuring again" in caplog.text
+
+
+def test_a_cache_that_cannot_be_written_only_means_measuring_again(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder would be")
+    store = blocker / "prefetch.json"
+    save_choice(store, "key", PrefetchChoice(True, 0.02, 0.03), NOW)  # no exception
+    assert saved_choice(store, "key", NOW) is None

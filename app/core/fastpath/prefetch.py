@@ -12,18 +12,29 @@ How: when a model with at least MEASURED_BYTES of 16-row layouts loads, it runs 
 scratch cache with the prefetch on and off in turn (alternating, so a change in load falls on both), and keeps the
 faster by median; within MARGIN of each other it stays on, as tuned. A smaller model leaves the setting as it is:
 its steps stream little from memory (the built-in 135M measured the same either way), and measuring would add most of
-its load time (0.08 -> 0.15 s). The setting belongs to the kernel library, so to the process: it is the
-machine's, not a model's, and a later load measures again. HEARTH_PREFETCH=on or off fixes it without measuring
-(benchmarks). A prefetch is a hint: on or off, every result is the same bits.
+its load time (0.08 -> 0.15 s). The setting belongs to the kernel library, so to the process. HEARTH_PREFETCH=on or
+off fixes it without measuring (benchmarks). A prefetch is a hint: on or off, every result is the same bits.
+
+Saved: the measurement takes ~0.3 s of a 1B model's ~2 s warm start, so a choice is kept in the cache
+(`prefetch.json`) for the same CPU, kernel library, model file and thread count, and measured again after SAVED_FOR_S
+(a shared machine's load changes) or when the file cannot be read (a damaged file is said in the log and replaced).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import math
 import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from app.core.storage.schema import read_json_file, write_json_file
+
+log = logging.getLogger(__name__)
 
 PREFETCH_ENV = "HEARTH_PREFETCH"
 # Steps with it on and off, alternating, after one step that warms the caches: as many pairs as fit in BUDGET_S by
@@ -33,6 +44,10 @@ BUDGET_S = 0.3
 MIN_PAIRS, MAX_PAIRS = 3, 15
 MARGIN = 0.03  # off must measure this much faster per step to be chosen
 MEASURED_BYTES = 256 << 20  # the least a model's 16-row layouts hold for its load to measure the prefetch
+SAVED_FOR_S = 7 * 24 * 3600  # a saved choice is measured again after a week
+SAVED_CHOICES = 64  # the most choices the file keeps (the latest measured)
+SAVED_FORMAT = 1
+PREFETCH_FILE = "prefetch.json"  # in the cache folder
 
 
 @dataclass(frozen=True)
@@ -43,15 +58,19 @@ class PrefetchChoice:
     on_s: float | None = None
     off_s: float | None = None
     unmeasured: str = PREFETCH_ENV  # why it was not measured
+    measured_at: float | None = None  # when a saved choice was measured (epoch seconds); None: at this load
 
     def describe(self) -> str:
         """The runtime description's words on it: the setting, and the measured factor or why there is none."""
         state = "on" if self.on else "off"
         if self.on_s is None or self.off_s is None:
             return f"software prefetch {state} ({self.unmeasured})"
+        when = ""
+        if self.measured_at is not None:
+            when = time.strftime(", measured %Y-%m-%d %H:%M UTC", time.gmtime(self.measured_at))
         if self.on:
-            return f"software prefetch on (decode steps {self.off_s / self.on_s:.2f}x as long without it here)"
-        return f"software prefetch off (decode steps {self.on_s / self.off_s:.2f}x faster without it here)"
+            return f"software prefetch on (decode steps {self.off_s / self.on_s:.2f}x as long without it here{when})"
+        return f"software prefetch off (decode steps {self.on_s / self.off_s:.2f}x faster without it here{when})"
 
 
 def fixed_setting(environ: Mapping[str, str] = os.environ) -> bool | None:
@@ -104,3 +123,70 @@ def timed_choice(
     on = not off_s < on_s * (1 - MARGIN)
     set_prefetch(int(on))
     return PrefetchChoice(on, on_s, off_s)
+
+
+def choice_key(machine: str, library_sha256: str, model_identity: str, threads: int) -> str:
+    """What a saved choice is for: this CPU (cpu.machine_identity), the kernel library's file, the model file (size
+    and modification time) and the team's size."""
+    return hashlib.sha256(f"{machine}\0{library_sha256}\0{model_identity}\0{threads}".encode()).hexdigest()
+
+
+def _saved_entries(path: Path) -> tuple[dict[str, dict[str, float | bool]], str]:
+    """The file's choices by key, and why it was not usable ("" when it was, or is not there)."""
+    if not path.exists():
+        return {}, ""
+    data, problem = read_json_file(path)
+    if problem:
+        return {}, f"{path.name} {problem}"
+    if not isinstance(data, dict) or data.get("format") != SAVED_FORMAT or not isinstance(data.get("choices"), dict):
+        return {}, f"{path.name} is not a saved prefetch file of format {SAVED_FORMAT}"
+    return {key: entry for key, entry in data["choices"].items() if isinstance(entry, dict)}, ""
+
+
+def _choice_from(entry: Mapping[str, object]) -> PrefetchChoice | None:
+    """A saved entry as a choice, or None where a value is missing or not what it should be (a hand-edited file)."""
+    on = entry.get("on")
+    if not isinstance(on, bool):  # only an explicit true or false
+        return None
+    times: list[float] = []
+    for name in ("on_s", "off_s", "measured_at"):
+        value = entry.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            return None
+        times.append(float(value))
+    return PrefetchChoice(on, times[0], times[1], measured_at=times[2])
+
+
+def saved_choice(path: Path, key: str, now: float | None = None) -> PrefetchChoice | None:
+    """The choice saved in `path` for `key`, measured less than SAVED_FOR_S ago; None to measure it (none saved, too
+    old, or a file or entry that cannot be read: said in the log, and replaced by the next save)."""
+    entries, problem = _saved_entries(path)
+    if problem:
+        log.warning("the saved prefetch choices are not used: %s; measuring again", problem)
+        return None
+    entry = entries.get(key)
+    if entry is None:
+        return None
+    choice = _choice_from(entry)
+    if choice is None:
+        log.warning("the saved prefetch choice in %s is damaged; measuring again", path)
+        return None
+    age = (time.time() if now is None else now) - (choice.measured_at or 0.0)
+    return choice if 0 <= age < SAVED_FOR_S else None
+
+
+def save_choice(path: Path, key: str, choice: PrefetchChoice, now: float | None = None) -> None:
+    """Keep a measured choice in `path` under `key` (the latest SAVED_CHOICES). Best effort: a full or read-only cache
+    only means the next load measures again."""
+    if choice.on_s is None or choice.off_s is None:
+        return
+    entries, _ = _saved_entries(path)  # an unreadable file is replaced
+    entry = {**asdict(choice), "measured_at": time.time() if now is None else now}
+    del entry["unmeasured"]
+    entries.pop(key, None)
+    entries[key] = entry
+    kept = dict(list(entries.items())[-SAVED_CHOICES:])
+    try:
+        write_json_file(path, {"format": SAVED_FORMAT, "choices": kept})
+    except OSError as exc:
+        log.info("prefetch choice not saved in %s: %s", path, exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import mmap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,6 +30,7 @@ from app.core.engines.lite.runtime import (
 )
 from app.core.errors import HearthError
 from app.core.fastpath import blocks
+from app.core.fastpath.cpu import machine_identity
 from app.core.fastpath.huge_pages import PageArena, arena_bytes, arena_on_huge_pages, huge_pages_setting
 from app.core.fastpath.kernel import (
     NativeLibrary,
@@ -38,9 +39,18 @@ from app.core.fastpath.kernel import (
     on_a_passing_thread,
     q4_kernel_name,
 )
-from app.core.fastpath.prefetch import PrefetchChoice, timed_choice, untimed_choice
+from app.core.fastpath.prefetch import (
+    PREFETCH_FILE,
+    PrefetchChoice,
+    choice_key,
+    save_choice,
+    saved_choice,
+    timed_choice,
+    untimed_choice,
+)
 from app.core.fastpath.team import TeamChooser
 from app.core.models.gguf_meta import GGUFHeader, TensorExtent, check_gguf_complete, read_gguf_header
+from app.core.storage.paths import cache_dir
 
 # Which matrix inputs are quantized to 15 bits instead of 8 (blocks.PRECISE_*), in prefill and decode alike: the
 # attention's (q/k/v and o) and the head's; the MLP's, most of the products, at 8 (each 15-bit input costs twice the
@@ -175,8 +185,15 @@ class GGUFModel(DecoderRuntime):
     batched_step = True  # several sequences' steps in one forward, each row as its own step computes it
 
     def __init__(
-        self, path: Path, library: NativeLibrary, threads: int | None = None, precise: int = PRECISE_INPUTS
+        self,
+        path: Path,
+        library: NativeLibrary,
+        threads: int | None = None,
+        precise: int = PRECISE_INPUTS,
+        before_timing: Callable[[], object] | None = None,
     ) -> None:
+        """`before_timing` waits for work the caller runs beside the load (the tokenizer's build), so that the
+        prefetch choice times the decode steps on cores nothing else uses."""
         self.path = path
         self.precise = precise  # blocks.PRECISE_* bits: the matrix inputs taken at 15 bits
         try:
@@ -231,9 +248,10 @@ class GGUFModel(DecoderRuntime):
                 raise LiteUnavailable("its rope_freqs.weight holds factors that are not positive numbers")
             self.config = config = replace(config, inv_freq=(config.inv_freq / factors).astype(np.float32))
         self.weight_file_bytes = sum(tensor_bytes(tensor) for tensor in header.tensors)
-        self.layout_bytes = self._lay_out_matrices()
+        # work beside the load (before_timing's) keeps one core: the layout's team waits at a barrier per slice
+        self.layout_bytes = self._lay_out_matrices(max(1, self.threads - 1) if before_timing else self.threads)
         self._bind_step()
-        self.prefetch = self._choose_prefetch() if self.layout_bytes else None
+        self.prefetch = self._choose_prefetch(before_timing) if self.layout_bytes else None
 
     # -- the file's tensors, checked before any pointer into the map is made
     def _extent(self, name: str) -> tuple[TensorExtent, int]:
@@ -256,13 +274,13 @@ class GGUFModel(DecoderRuntime):
             raise LiteUnavailable(f"tensor {name}: {exc}") from exc
         return Matrix(name, tensor.kind, rows, cols, self.map[start : start + size])
 
-    def _lay_out_matrices(self) -> int:
+    def _lay_out_matrices(self, threads: int) -> int:
         """Each quantized matrix in the kernel's 16-row layout where this build has one (AVX-512, AVX2):
         the file's blocks, bit for bit, with 16 rows interleaved so that one vector instruction steps 16 rows' dot
         products. A tied embedding then reads its rows from the head's layout. Done in slices, each slice's file pages
         released once copied, so memory holds the model once (plus a slice) while it happens. The layouts share one
-        arena on 2 MiB pages where the system gives them (app.core.fastpath.huge_pages). Returns the layouts'
-        bytes."""
+        arena on 2 MiB pages where the system gives them (app.core.fastpath.huge_pages). On `threads` threads.
+        Returns the layouts' bytes."""
         matrices = [*(matrix for layer in self.layers for matrix in layer.values()), self.head]
         sizes = [blocks.x16_bytes(self.lib, matrix.kind, matrix.rows, matrix.cols) for matrix in matrices]
         self.arena = PageArena([size for size in sizes if size is not None]) if any(sizes) else None
@@ -273,7 +291,7 @@ class GGUFModel(DecoderRuntime):
             if size is None or self.arena is None:
                 return matrix
             layout = blocks.repack_x16(
-                self.lib, matrix.kind, matrix.data, matrix.rows, matrix.cols, self.threads,
+                self.lib, matrix.kind, matrix.data, matrix.rows, matrix.cols, threads,
                 slice_bytes=LAYOUT_SLICE_BYTES, copied=self._release, out=self.arena.take(size),
             )  # fmt: skip
             if layout is None:
@@ -391,16 +409,25 @@ class GGUFModel(DecoderRuntime):
             layers.append(fields)
         self.arguments = blocks.GGForward(self.lib, sizes, config.eps, glob, types, layers)
 
-    def _choose_prefetch(self) -> PrefetchChoice:
+    def _choose_prefetch(self, before_timing: Callable[[], object] | None) -> PrefetchChoice:
         """The kernel's software prefetch on or off (app/core/fastpath/prefetch.py): as HEARTH_PREFETCH says, as it is
         for a small model, else whichever this machine's decode steps measure faster: steps of one token at position 0
-        of a scratch cache, on every thread, outside the team chooser's account."""
+        of a scratch cache, on every thread, outside the team chooser's account (after `before_timing`)."""
         try:
             untimed = untimed_choice(self.lib.hearth_x16_prefetch, self.layout_bytes)
         except ValueError as exc:  # HEARTH_PREFETCH set to something else than on or off
             raise LiteUnavailable(str(exc)) from exc
         if untimed is not None:
             return untimed
+        store = cache_dir() / PREFETCH_FILE
+        library = self.library.sha256 or str(self.library.path)
+        key = choice_key(machine_identity(), library, self.file_identity, self.threads)
+        saved = saved_choice(store, key)
+        if saved is not None:
+            self.lib.hearth_x16_prefetch(int(saved.on))
+            return saved
+        if before_timing is not None:
+            before_timing()
         cache = self.new_cache()
         cache.reserve(1)
         self._bind(cache)
@@ -413,9 +440,11 @@ class GGUFModel(DecoderRuntime):
                 raise RuntimeError(f"a decode step to time the prefetch failed (code {code})")
 
         try:  # on a thread that ends with it, as the layout's (a thread that ran the kernel keeps an OpenMP pool)
-            return on_a_passing_thread(lambda: timed_choice(self.lib.hearth_x16_prefetch, step))
+            choice = on_a_passing_thread(lambda: timed_choice(self.lib.hearth_x16_prefetch, step))
         finally:
             self._bound = None  # the scratch cache goes; the next call binds its own
+        save_choice(store, key, choice)
+        return choice
 
     def _bind_kv(self, keys: list[int], values: list[int], capacity: int) -> None:
         self.arguments.bind_kv(keys, values, capacity)
@@ -520,13 +549,18 @@ class GGUFModel(DecoderRuntime):
         return logits
 
 
-def open_gguf_model(path: Path, threads: int | None = None, precise: int = PRECISE_INPUTS) -> GGUFModel:
+def open_gguf_model(
+    path: Path,
+    threads: int | None = None,
+    precise: int = PRECISE_INPUTS,
+    before_timing: Callable[[], object] | None = None,
+) -> GGUFModel:
     """The GGUF file at `path` on the torch-free runtime; LiteUnavailable says why not (no kernel for this CPU, an
-    architecture, tensor type or size the runtime does not take, a damaged file)."""
+    architecture, tensor type or size the runtime does not take, a damaged file). `before_timing`: GGUFModel's."""
     library = load_library()
     if isinstance(library, str):
         raise LiteUnavailable(library)
-    return GGUFModel(path, library, threads, precise)
+    return GGUFModel(path, library, threads, precise, before_timing)
 
 
 def gguf_support(path: Path) -> str:

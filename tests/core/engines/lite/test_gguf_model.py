@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ import pytest
 
 from app.core.engines.backend import LoadRequest
 from app.core.engines.kv_pool import MAX_POOLED
+from app.core.engines.lite import backend as lite_backend
+from app.core.engines.lite import gguf_model
 from app.core.engines.lite.backend import LiteBackend, lite_candidate, lite_plan
 from app.core.engines.lite.gguf_model import (
     PRECISE_ALL,
@@ -34,6 +37,7 @@ from app.core.engines.lite.gguf_model import (
     resident_weight_bytes,
 )
 from app.core.engines.lite.runtime import LiteUnavailable
+from app.core.errors import CorruptModelError
 from app.core.fastpath import blocks, prefetch
 from app.core.fastpath.huge_pages import arena_bytes, arena_on_huge_pages
 from app.core.models.gguf_meta import read_gguf_header
@@ -650,6 +654,107 @@ def test_rows_a_thread_never_reaches_are_taken_by_the_others_with_the_same_bits(
     finally:
         model.close()
     assert np.array_equal(np.load(saved), np.stack(expected))
+
+
+def test_the_tokenizer_builds_beside_the_layout_and_the_prefetch_is_timed_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
+) -> None:
+    """A warm load's two long parts, the tokenizer's build (Python) and the weights' layout (C), run at once, the
+    layout on one thread fewer; the prefetch's timed steps wait for the tokenizer, so that they run alone. The
+    tokenizer waits for the layout to begin: loaded one after the other, this test would hang until its timeout or
+    see the timing first."""
+    path = tiny_gguf(tmp_path / "tiny.gguf", **MIXES["Q4_K_M"])
+    monkeypatch.setattr(prefetch, "MEASURED_BYTES", 0)  # timed however small
+    events: list[str] = []
+    laying_out = threading.Event()
+    build_tokenizer, lay_out, timed = (
+        lite_backend.load_gguf_tokenizer,
+        GGUFModel._lay_out_matrices,
+        gguf_model.timed_choice,
+    )
+
+    def tokenizer_after_the_layout_began(gguf: Path, recovered: list[str]) -> Any:
+        assert laying_out.wait(60), "the layout never began while the tokenizer was building"
+        tokenizer = build_tokenizer(gguf, recovered)
+        events.append("tokenizer built")
+        return tokenizer
+
+    def layout(self: GGUFModel, threads: int) -> int:
+        events.append(f"layout on {threads} of {self.threads} threads")
+        laying_out.set()
+        return lay_out(self, threads)
+
+    def timing(*args: Any) -> prefetch.PrefetchChoice:
+        events.append("prefetch timed")
+        return timed(*args)
+
+    monkeypatch.setattr(lite_backend, "load_gguf_tokenizer", tokenizer_after_the_layout_began)
+    monkeypatch.setattr(GGUFModel, "_lay_out_matrices", layout)
+    monkeypatch.setattr(gguf_model, "timed_choice", timing)
+    model, tokenizer = lite_backend.open_gguf_beside_tokenizer(path, [])
+    try:
+        if model.prefetch is None:
+            pytest.skip("this build has no 16-row layout (NEON): nothing is timed")
+        team = model.threads
+        assert events == [f"layout on {max(1, team - 1)} of {team} threads", "tokenizer built", "prefetch timed"]
+        assert tokenizer.decode(tokenizer.encode("hello world"), skip_special_tokens=True) == "hello world"
+    finally:
+        model.close()
+
+
+def test_a_tokenizer_that_cannot_be_built_closes_the_model_loaded_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tiny_gguf(tmp_path / "tiny.gguf", **MIXES["Q4_K_M"])
+    closed: list[GGUFModel] = []
+    close = GGUFModel.close
+
+    def refuse(gguf: Path, recovered: list[str]) -> Any:
+        raise CorruptModelError(f"{gguf.name}: its tokenizer could not be built from the header")
+
+    def recorded_close(self: GGUFModel) -> None:
+        closed.append(self)
+        close(self)
+
+    monkeypatch.setattr(lite_backend, "load_gguf_tokenizer", refuse)
+    monkeypatch.setattr(GGUFModel, "close", recorded_close)
+    with pytest.raises(CorruptModelError, match=r"tiny\.gguf: its tokenizer could not be built"):
+        lite_backend.open_gguf_beside_tokenizer(path, [])
+    assert len(closed) == 1
+
+
+def test_a_second_load_of_the_file_takes_the_saved_prefetch_choice_without_timing_a_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
+) -> None:
+    """The measurement is ~0.3 s of a 1B model's warm start: the next load of the same file on the same CPU and kernel
+    library sets what the first measured, and its description says when that was."""
+    path = tiny_gguf(tmp_path / "tiny.gguf", **MIXES["Q4_K_M"])
+    monkeypatch.setattr(prefetch, "MEASURED_BYTES", 0)
+    model = open_gguf_model(path, threads=2)
+    try:
+        first = model.prefetch
+        if first is None:
+            pytest.skip("this build has no 16-row layout (NEON): nothing prefetches 16 rows")
+        assert first.on_s is not None and first.measured_at is None  # measured at this load
+    finally:
+        model.close()
+    assert (isolated_cache / prefetch.PREFETCH_FILE).is_file()
+
+    def no_timing(*_: object) -> None:
+        raise AssertionError("a saved choice was timed again")
+
+    monkeypatch.setattr(gguf_model, "timed_choice", no_timing)
+    model = open_gguf_model(path, threads=2)
+    try:
+        again = model.prefetch
+        assert again is not None and again.measured_at is not None
+        assert (again.on, again.on_s, again.off_s) == (first.on, first.on_s, first.off_s)
+        assert model.lib.hearth_x16_prefetch(-1) == int(first.on)  # the kernel runs with the saved setting
+        assert f"software prefetch {'on' if first.on else 'off'} (decode steps" in model.describe()
+        assert ", measured 20" in model.describe()
+    finally:
+        model.lib.hearth_x16_prefetch(1)  # the library's setting outlives the model: back to its default
+        model.close()
 
 
 @pytest.mark.parametrize("mix", ["Q4_K_M", "Q4_1"])
