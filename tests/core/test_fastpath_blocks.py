@@ -227,6 +227,40 @@ def test_the_16_row_layout_computes_what_the_file_s_rows_do(kind: int, precise: 
     assert all(np.array_equal(first, other) for other in results.values()), list(results)
 
 
+def test_the_run_s_library_gives_the_bits_of_the_o1_build_of_its_kernel(lib: Any, builds: dict[str, Any]) -> None:
+    """The builds these tests and tests/core/test_native_arm.py compare take -O1 for their compile time; the library
+    a user runs is -O3 (compiled here at -march=native, or prebuilt). The optimiser never changes a bit (the float
+    order is fixed by -ffp-contract=off and the intrinsics): the run's library and the -O1 build of the same kernel
+    give the same products, every type, both layouts, 1, 4, 8 and 16 inputs at 8 and 15 bits."""
+    same = [
+        name
+        for name, build in builds.items()
+        if (build.hearth_q4_kernel(), build.hearth_avx_vnni()) == (lib.hearth_q4_kernel(), lib.hearth_avx_vnni())
+    ]
+    if not same:
+        pytest.skip("no -O1 build here runs the kernel the run's library does")
+    build = builds[same[0]]
+    rows, cols = 48, 512
+    x = np.random.default_rng(9).standard_normal((16, cols)).astype(np.float32)
+    x[:, 3] *= 40
+    for kind in TYPES:
+        data = weights_of(kind, rows, cols).reshape(-1)
+        layouts = [(kind, data, data)]
+        ours, theirs = (
+            blocks.repack_x16(lib, kind, data, rows, cols, 2),
+            blocks.repack_x16(build, kind, data, rows, cols, 2),
+        )
+        if ours is not None and theirs is not None:
+            assert ours[0] == theirs[0] and np.array_equal(ours[1], theirs[1]), blocks.type_name(kind)
+            layouts.append((ours[0], ours[1], theirs[1]))
+        for code, mine, other in layouts:
+            for n in (1, 4, 8, 16):
+                for precise in (False, True):
+                    run = blocks.matmul(lib, code, mine, rows, x[:n], 2, precise=precise)
+                    o1 = blocks.matmul(build, code, other, rows, x[:n], 2, precise=precise)
+                    assert np.array_equal(run.view(np.uint32), o1.view(np.uint32)), (blocks.type_name(kind), code, n)
+
+
 AMX = {"amx_tile", "amx_int8"} <= cpu.cpu_flags()
 
 
