@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -288,22 +287,6 @@ def serving_note(config: LiteConfig, free: int, replies: int = 1, window: int = 
     return note
 
 
-def open_gguf_beside_tokenizer(path: Path, recovered: list[str]) -> tuple[GGUFModel, Any]:
-    """The GGUF model and its tokenizer, the tokenizer built on a thread of its own while the kernel lays the weights
-    out: importing transformers and reading the vocabulary is Python on one core, the layout is C that leaves the
-    interpreter free (a warm load of a 1B Q4_K_M took the sum of the two, ~0.6 s each, on 2 cores). The model's
-    prefetch timing waits for the tokenizer, so that its steps run alone. A damaged cached tokenizer copy is a line in
-    `recovered`, not lost."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hearth-tokenizer") as pool:
-        building = pool.submit(load_gguf_tokenizer, path, recovered)
-        model = open_gguf_model(path, before_timing=lambda: wait([building]))
-        try:
-            return model, building.result()
-        except BaseException:
-            model.close()
-            raise
-
-
 def open_lite_backend(
     request: LoadRequest, progress: ProgressCallback | None = None, cancel: threading.Event | None = None
 ) -> LiteBackend | str:
@@ -319,8 +302,9 @@ def open_lite_backend(
     model: DecoderRuntime
     try:
         if candidate.gguf is not None:
-            gguf_model, tokenizer = open_gguf_beside_tokenizer(candidate.gguf, recovered)
+            gguf_model = open_gguf_model(candidate.gguf)
             model = gguf_model
+            tokenizer = load_gguf_tokenizer(candidate.gguf, recovered)  # a damaged cached copy: said, not lost
             eos = gguf_eos_ids(candidate.gguf) | token_ids([getattr(tokenizer, "eos_token_id", None)])
             fingerprint, label = file_fingerprint(candidate.gguf), file_type_label(gguf_model.header)
             tokenizer_file: Path | None = gguf_tokenizer_file(candidate.gguf, tokenizer, recovered)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import mmap
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -185,15 +185,8 @@ class GGUFModel(DecoderRuntime):
     batched_step = True  # several sequences' steps in one forward, each row as its own step computes it
 
     def __init__(
-        self,
-        path: Path,
-        library: NativeLibrary,
-        threads: int | None = None,
-        precise: int = PRECISE_INPUTS,
-        before_timing: Callable[[], object] | None = None,
+        self, path: Path, library: NativeLibrary, threads: int | None = None, precise: int = PRECISE_INPUTS
     ) -> None:
-        """`before_timing` waits for work the caller runs beside the load (the tokenizer's build), so that the
-        prefetch choice times the decode steps on cores nothing else uses."""
         self.path = path
         self.precise = precise  # blocks.PRECISE_* bits: the matrix inputs taken at 15 bits
         try:
@@ -248,10 +241,9 @@ class GGUFModel(DecoderRuntime):
                 raise LiteUnavailable("its rope_freqs.weight holds factors that are not positive numbers")
             self.config = config = replace(config, inv_freq=(config.inv_freq / factors).astype(np.float32))
         self.weight_file_bytes = sum(tensor_bytes(tensor) for tensor in header.tensors)
-        # work beside the load (before_timing's) keeps one core: the layout's team waits at a barrier per slice
-        self.layout_bytes = self._lay_out_matrices(max(1, self.threads - 1) if before_timing else self.threads)
+        self.layout_bytes = self._lay_out_matrices()
         self._bind_step()
-        self.prefetch = self._choose_prefetch(before_timing) if self.layout_bytes else None
+        self.prefetch = self._choose_prefetch() if self.layout_bytes else None
 
     # -- the file's tensors, checked before any pointer into the map is made
     def _extent(self, name: str) -> tuple[TensorExtent, int]:
@@ -274,13 +266,13 @@ class GGUFModel(DecoderRuntime):
             raise LiteUnavailable(f"tensor {name}: {exc}") from exc
         return Matrix(name, tensor.kind, rows, cols, self.map[start : start + size])
 
-    def _lay_out_matrices(self, threads: int) -> int:
+    def _lay_out_matrices(self) -> int:
         """Each quantized matrix in the kernel's 16-row layout where this build has one (AVX-512, AVX2):
         the file's blocks, bit for bit, with 16 rows interleaved so that one vector instruction steps 16 rows' dot
         products. A tied embedding then reads its rows from the head's layout. Done in slices, each slice's file pages
         released once copied, so memory holds the model once (plus a slice) while it happens. The layouts share one
-        arena on 2 MiB pages where the system gives them (app.core.fastpath.huge_pages). On `threads` threads.
-        Returns the layouts' bytes."""
+        arena on 2 MiB pages where the system gives them (app.core.fastpath.huge_pages). Returns the layouts'
+        bytes."""
         matrices = [*(matrix for layer in self.layers for matrix in layer.values()), self.head]
         sizes = [blocks.x16_bytes(self.lib, matrix.kind, matrix.rows, matrix.cols) for matrix in matrices]
         self.arena = PageArena([size for size in sizes if size is not None]) if any(sizes) else None
@@ -291,7 +283,7 @@ class GGUFModel(DecoderRuntime):
             if size is None or self.arena is None:
                 return matrix
             layout = blocks.repack_x16(
-                self.lib, matrix.kind, matrix.data, matrix.rows, matrix.cols, threads,
+                self.lib, matrix.kind, matrix.data, matrix.rows, matrix.cols, self.threads,
                 slice_bytes=LAYOUT_SLICE_BYTES, copied=self._release, out=self.arena.take(size),
             )  # fmt: skip
             if layout is None:
@@ -409,10 +401,11 @@ class GGUFModel(DecoderRuntime):
             layers.append(fields)
         self.arguments = blocks.GGForward(self.lib, sizes, config.eps, glob, types, layers)
 
-    def _choose_prefetch(self, before_timing: Callable[[], object] | None) -> PrefetchChoice:
+    def _choose_prefetch(self) -> PrefetchChoice:
         """The kernel's software prefetch on or off (app/core/fastpath/prefetch.py): as HEARTH_PREFETCH says, as it is
         for a small model, else whichever this machine's decode steps measure faster: steps of one token at position 0
-        of a scratch cache, on every thread, outside the team chooser's account (after `before_timing`)."""
+        of a scratch cache, on every thread, outside the team chooser's account; or
+        the choice saved for this CPU, kernel library, file and team (app/core/fastpath/prefetch.py)."""
         try:
             untimed = untimed_choice(self.lib.hearth_x16_prefetch, self.layout_bytes)
         except ValueError as exc:  # HEARTH_PREFETCH set to something else than on or off
@@ -426,8 +419,6 @@ class GGUFModel(DecoderRuntime):
         if saved is not None:
             self.lib.hearth_x16_prefetch(int(saved.on))
             return saved
-        if before_timing is not None:
-            before_timing()
         cache = self.new_cache()
         cache.reserve(1)
         self._bind(cache)
@@ -549,18 +540,13 @@ class GGUFModel(DecoderRuntime):
         return logits
 
 
-def open_gguf_model(
-    path: Path,
-    threads: int | None = None,
-    precise: int = PRECISE_INPUTS,
-    before_timing: Callable[[], object] | None = None,
-) -> GGUFModel:
+def open_gguf_model(path: Path, threads: int | None = None, precise: int = PRECISE_INPUTS) -> GGUFModel:
     """The GGUF file at `path` on the torch-free runtime; LiteUnavailable says why not (no kernel for this CPU, an
-    architecture, tensor type or size the runtime does not take, a damaged file). `before_timing`: GGUFModel's."""
+    architecture, tensor type or size the runtime does not take, a damaged file)."""
     library = load_library()
     if isinstance(library, str):
         raise LiteUnavailable(library)
-    return GGUFModel(path, library, threads, precise, before_timing)
+    return GGUFModel(path, library, threads, precise)
 
 
 def gguf_support(path: Path) -> str:

@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import sys
-import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,6 @@ import pytest
 
 from app.core.engines.backend import LoadRequest
 from app.core.engines.kv_pool import MAX_POOLED
-from app.core.engines.lite import backend as lite_backend
 from app.core.engines.lite import gguf_model
 from app.core.engines.lite.backend import LiteBackend, lite_candidate, lite_plan
 from app.core.engines.lite.gguf_model import (
@@ -37,7 +36,6 @@ from app.core.engines.lite.gguf_model import (
     resident_weight_bytes,
 )
 from app.core.engines.lite.runtime import LiteUnavailable
-from app.core.errors import CorruptModelError
 from app.core.fastpath import blocks, prefetch
 from app.core.fastpath.huge_pages import arena_bytes, arena_on_huge_pages
 from app.core.models.gguf_meta import read_gguf_header
@@ -419,13 +417,21 @@ def test_a_load_writes_nothing_but_a_small_tokenizer_file_and_plans_the_files_by
     backend = open_backend(request)
     try:
         assert backend.info.quantization == plan.quantization
-        # besides the compiled kernel and the response cache's database: the tokenizer's JSON and config, nothing else
+        # the prompt cache's digest of the file is written by a thread of its own: listed once it is there (listed
+        # while it was written, its temporary file showed or not by timing)
+        assert isinstance(backend, LiteBackend)
+        deadline = time.monotonic() + 60
+        while backend.engine.prefixes is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # besides the compiled kernel and the response cache's database: the tokenizer's JSON and config and the
+        # prompt cache's record of the file's sha256, nothing else
         written = [
             p for p in isolated_cache.rglob("*") if p.is_file() and "native" not in p.parts and "sqlite" not in p.name
         ]
-        assert sorted((p.parent.name, p.suffix) for p in written) == [
+        assert sorted((p.parent.name, p.name if p.parent.name == "prompt-cache" else p.suffix) for p in written) == [
             ("gguf-tokenizers", ".config"),
             ("gguf-tokenizers", ".json"),
+            ("prompt-cache", "weights.json"),
         ], written
         assert sum(p.stat().st_size for p in written) < 0.05 * path.stat().st_size
     finally:
@@ -654,73 +660,6 @@ def test_rows_a_thread_never_reaches_are_taken_by_the_others_with_the_same_bits(
     finally:
         model.close()
     assert np.array_equal(np.load(saved), np.stack(expected))
-
-
-def test_the_tokenizer_builds_beside_the_layout_and_the_prefetch_is_timed_after_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
-) -> None:
-    """A warm load's two long parts, the tokenizer's build (Python) and the weights' layout (C), run at once, the
-    layout on one thread fewer; the prefetch's timed steps wait for the tokenizer, so that they run alone. The
-    tokenizer waits for the layout to begin: loaded one after the other, this test would hang until its timeout or
-    see the timing first."""
-    path = tiny_gguf(tmp_path / "tiny.gguf", **MIXES["Q4_K_M"])
-    monkeypatch.setattr(prefetch, "MEASURED_BYTES", 0)  # timed however small
-    events: list[str] = []
-    laying_out = threading.Event()
-    build_tokenizer, lay_out, timed = (
-        lite_backend.load_gguf_tokenizer,
-        GGUFModel._lay_out_matrices,
-        gguf_model.timed_choice,
-    )
-
-    def tokenizer_after_the_layout_began(gguf: Path, recovered: list[str]) -> Any:
-        assert laying_out.wait(60), "the layout never began while the tokenizer was building"
-        tokenizer = build_tokenizer(gguf, recovered)
-        events.append("tokenizer built")
-        return tokenizer
-
-    def layout(self: GGUFModel, threads: int) -> int:
-        events.append(f"layout on {threads} of {self.threads} threads")
-        laying_out.set()
-        return lay_out(self, threads)
-
-    def timing(*args: Any) -> prefetch.PrefetchChoice:
-        events.append("prefetch timed")
-        return timed(*args)
-
-    monkeypatch.setattr(lite_backend, "load_gguf_tokenizer", tokenizer_after_the_layout_began)
-    monkeypatch.setattr(GGUFModel, "_lay_out_matrices", layout)
-    monkeypatch.setattr(gguf_model, "timed_choice", timing)
-    model, tokenizer = lite_backend.open_gguf_beside_tokenizer(path, [])
-    try:
-        if model.prefetch is None:
-            pytest.skip("this build has no 16-row layout (NEON): nothing is timed")
-        team = model.threads
-        assert events == [f"layout on {max(1, team - 1)} of {team} threads", "tokenizer built", "prefetch timed"]
-        assert tokenizer.decode(tokenizer.encode("hello world"), skip_special_tokens=True) == "hello world"
-    finally:
-        model.close()
-
-
-def test_a_tokenizer_that_cannot_be_built_closes_the_model_loaded_beside_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tiny_gguf(tmp_path / "tiny.gguf", **MIXES["Q4_K_M"])
-    closed: list[GGUFModel] = []
-    close = GGUFModel.close
-
-    def refuse(gguf: Path, recovered: list[str]) -> Any:
-        raise CorruptModelError(f"{gguf.name}: its tokenizer could not be built from the header")
-
-    def recorded_close(self: GGUFModel) -> None:
-        closed.append(self)
-        close(self)
-
-    monkeypatch.setattr(lite_backend, "load_gguf_tokenizer", refuse)
-    monkeypatch.setattr(GGUFModel, "close", recorded_close)
-    with pytest.raises(CorruptModelError, match=r"tiny\.gguf: its tokenizer could not be built"):
-        lite_backend.open_gguf_beside_tokenizer(path, [])
-    assert len(closed) == 1
 
 
 def test_a_second_load_of_the_file_takes_the_saved_prefetch_choice_without_timing_a_step(
