@@ -20,12 +20,12 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from app.core.errors import CorruptModelError, UnsupportedModelError
 from app.core.models.gguf_meta import SkippedArray, read_gguf_arrays, read_gguf_header
+from app.core.storage import staging
 
 log = logging.getLogger(__name__)
 
@@ -160,14 +160,7 @@ def _write_verified(folder: Path, prefix: str, data: bytes, suffix: str) -> Path
     """`data` as PREFIX<its sha256>SUFFIX, atomically (a reader never sees half a file)."""
     target = folder / f"{prefix}{hashlib.sha256(data).hexdigest()[:16]}{suffix}"
     folder.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=".tokenizer-", suffix=suffix, dir=folder)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.replace(staging, target)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
+    staging.write_atomically(target, data)  # a copy a killed process was writing is swept at the next start
     return target
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import shutil
 import threading
 import time
@@ -72,6 +73,22 @@ def writing(final: Path) -> Iterator[Path]:
     partial = partial_path(final)
     try:
         yield partial
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def write_atomically(final: Path, data: bytes) -> None:
+    """`data` into `final` whole or not at all: written under a partial name of this process (NAME.<random>.<pid>-
+    <start>.partial: the random part for two threads writing one file), fsynced, renamed into place; removed on any
+    failure, and swept at a later start if the process is killed mid-write."""
+    partial = partial_path(final.with_name(f"{final.name}.{secrets.token_hex(4)}"))
+    try:
+        with open(partial, "xb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, final)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise

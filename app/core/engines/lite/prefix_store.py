@@ -29,7 +29,6 @@ import queue
 import shutil
 import stat
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -39,6 +38,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from app.core.storage import staging
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def file_sha256(path: Path, memo: Path) -> str:
             hasher.update(block)
     known[key] = digest = hasher.hexdigest()
     with contextlib.suppress(OSError):
-        _write_atomically(memo, json.dumps(known).encode())
+        staging.write_atomically(memo, json.dumps(known).encode())
     return digest
 
 
@@ -185,7 +186,7 @@ class PrefixStore:
         )  # fmt: skip
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            _write_atomically(path, header + token_bytes + body)
+            staging.write_atomically(path, header + token_bytes + body)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 free = shutil.disk_usage(self.folder).free
@@ -254,21 +255,6 @@ def _read_regular(path: Path) -> bytes:
             return handle.read()
     finally:
         os.close(descriptor)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, written, fsynced, renamed over `path`; the temp file removed on any failure."""
-    handle, temporary = tempfile.mkstemp(prefix=".partial-", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
 
 
 def folder_usage(folder: Path) -> tuple[int, int]:

@@ -28,8 +28,11 @@ from app.core.engines.lite.prefix_store import (
 )
 from app.core.fastpath import blocks
 from app.core.stats_text import reply_stats_text
+from app.core.storage import staging
 from tests.core.engines.lite.test_gguf_model import tiny_gguf
 from tests.helpers.kernel_cache import seed_kernel
+
+REPO = Path(__file__).resolve().parents[4]
 
 IDS = [int(i) for i in np.random.default_rng(3).integers(3, 400, size=512)]  # the tiny model's whole context
 
@@ -162,6 +165,44 @@ def test_two_writers_of_one_block_leave_one_whole_block(model: Any, tmp_path: Pa
         writer.join()
     assert [path.name for path in tmp_path.iterdir()] == [store.path_of(key).name]
     assert store.read_block(key, 0, IDS) is not None
+
+
+KILLED_WRITER = """
+import os, sys, time
+from pathlib import Path
+import numpy as np
+from app.core.engines.lite.prefix_store import BLOCK_TOKENS, CacheShape, PrefixStore
+folder = Path(sys.argv[1])
+def stall(descriptor):  # the block written, not yet synced or renamed: where kill -9 finds it
+    print(*sorted(folder.glob("*.partial")), flush=True)
+    time.sleep(600)
+os.fsync = stall
+store = PrefixStore(folder, bytes(32), CacheShape(layers=30, kv_heads=3, head_dim=64), 1 << 30)
+payload = np.zeros((2, 30, 3, BLOCK_TOKENS, 64), dtype=np.uint16)  # a default-model block: 5.6 MiB
+store.write_block(bytes(32), 0, list(range(BLOCK_TOKENS)), payload)
+"""
+
+
+def test_a_block_a_killed_process_was_writing_is_swept_at_the_next_start(isolated_cache: Path) -> None:
+    """A prompt-cache block is megabytes: one a process was writing when it was killed is named for that process and
+    removed by the next start's sweep (app.core.storage.staging), a whole block beside it kept."""
+    folder = isolated_cache / "prompt-cache"
+    folder.mkdir(parents=True)
+    kept = folder / "whole.kvb"
+    kept.write_bytes(b"a block written in full")
+    writer = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(folder)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert writer.stdout is not None
+    (partial,) = writer.stdout.readline().split()
+    writer.kill()
+    writer.wait(30)
+    assert Path(partial).stat().st_size > 5 << 20  # kill -9: nothing of its own cleaned up
+    (leftover,) = staging.find_leftovers()
+    assert leftover.path == Path(partial) and "has ended" in leftover.why
+    assert staging.sweep() == [leftover]
+    assert sorted(path.name for path in folder.iterdir()) == ["whole.kvb"]
 
 
 def test_the_least_recently_used_blocks_go_first(model: Any, tmp_path: Path) -> None:
