@@ -66,13 +66,13 @@ def test_broken_settings_file_is_reported_not_overwritten(hearth_home: Path) -> 
 
 def test_a_failed_write_leaves_the_old_file(monkeypatch: pytest.MonkeyPatch) -> None:
     save_settings(Settings(system_prompt="old"))
-    import json
+    import os
 
-    def boom(*args: object, **kwargs: object) -> None:
+    def boom(*args: object, **kwargs: object) -> None:  # the new text written, its sync refused: a full disk
         raise OSError("disk full")
 
     with monkeypatch.context() as patch:
-        patch.setattr(json, "dump", boom)
+        patch.setattr(os, "fsync", boom)
         with pytest.raises(OSError, match="disk full"):
             save_settings(Settings(system_prompt="new"))
     assert load_settings().system_prompt == "old"

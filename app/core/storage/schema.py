@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 import typing
 from dataclasses import dataclass
 from functools import cache
@@ -20,6 +18,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from app.core.errors import InvalidSettingError
+from app.core.storage import staging
 
 _STRICT = ConfigDict(strict=True, allow_inf_nan=False)
 _CONSTRAINT_ERRORS = frozenset(
@@ -174,15 +173,8 @@ def read_json_file(path: Path) -> tuple[Any, str]:
 
 
 def write_json_file(path: Path, data: Any, *, sort_keys: bool = False) -> None:
-    """Write atomically: a crash mid-write never leaves a half-written file (a temporary file, fsync, rename)."""
+    """Write atomically: a crash mid-write never leaves a half-written file (a temporary file named for this process,
+    fsync, rename: staging.write_atomically)."""
+    text = json.dumps(data, indent=2, sort_keys=sort_keys)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=sort_keys)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    staging.write_atomically(path, text.encode("utf-8"))
