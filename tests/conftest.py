@@ -191,6 +191,18 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="session")
+def x86_kernel_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The kernel as each shipped x86-64 target this CPU runs, at -O1, compiled once for the run
+    (tests/helpers/x86_builds.py); a skip on a machine that is not x86-64 or has no gcc."""
+    from tests.helpers.x86_builds import build_x86_libraries, x86_compiler
+
+    compiler = x86_compiler()
+    if compiler is None:
+        pytest.skip("the x86 builds need an x86-64 CPU and gcc")
+    return build_x86_libraries(compiler, tmp_path_factory.mktemp("x86-builds"))
+
+
+@pytest.fixture(scope="session")
 def default_loaded() -> Iterator[object]:
     """The embedded SmolLM2-135M-Instruct in bf16 on the CPU, loaded once for the whole run (the CPU default, q4, has
     its own tests: tests/core/test_fastpath_packed.py)."""

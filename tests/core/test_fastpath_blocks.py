@@ -13,8 +13,6 @@ build this CPU runs.
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +21,8 @@ import pytest
 from gguf import GGMLQuantizationType, quants
 
 from app.core.fastpath import blocks, cpu, kernel
-from tests.core.test_native_arm import FLAGS, KERNEL_DIR, X86_BUILDS
 from tests.helpers.gguf_files import random_blocks
+from tests.helpers.x86_builds import KERNEL_DIR
 
 TYPES = [blocks.Q4_0, blocks.Q4_1, blocks.Q5_0, blocks.Q5_1, blocks.Q8_0, blocks.Q4_K, blocks.Q5_K, blocks.Q6_K]
 FLOAT_TYPES = [blocks.F32, blocks.F16, blocks.BF16]
@@ -56,24 +54,11 @@ def lib() -> Any:
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def builds(x86_kernel_builds: dict[str, Path]) -> dict[str, Any]:
     """The kernel built as each shipped x86 target this CPU can run (the AVX-512 VNNI, AVX-VNNI, AVX2 and scalar
-    code)."""
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if cpu.machine_arch() != "x86_64" or compiler is None:
-        pytest.skip("the x86 builds need an x86-64 CPU and gcc")
-    folder = tmp_path_factory.mktemp("builds")
-    compiles: dict[str, tuple[Path, subprocess.Popen[str]]] = {}
-    for name, (flags, needs, _) in X86_BUILDS.items():  # side by side: a core each
-        if needs - cpu.cpu_flags():
-            continue
-        target = folder / f"hearth-{name}.so"
-        command = [compiler, *FLAGS, *flags, "-shared", "-fPIC", "-o", str(target), str(KERNEL_DIR / "hearth_decode.c")]
-        compiles[name] = (target, subprocess.Popen([*command, "-lm"], stderr=subprocess.PIPE, text=True))
+    code), loaded."""
     found: dict[str, Any] = {}
-    for name, (target, process) in compiles.items():
-        _, errors = process.communicate(timeout=300)
-        assert process.returncode == 0, errors
+    for name, target in x86_kernel_builds.items():
         library = ctypes.CDLL(str(target))
         assert blocks.declare(library) == ""
         # the AVX-VNNI build's loops really are on vpdpbusd: else its bits would match AVX2's trivially

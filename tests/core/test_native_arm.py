@@ -3,8 +3,10 @@ inputs (no ARM machine and no Windows here).
 
 tests/core/native_harness/harness.c builds tiny random Llama models from fixed seeds (both weight formats, fp32 and
 bf16 KV caches and embeddings, biases, GQA, 1 and 2 OpenMP threads, short and >512-position attention), runs
-hearth_step and prints every logit as a hex float. It is built natively for x86-64 (-march=native, as native.py
-builds the kernel) and cross-built for AArch64 twice: -march=armv8.2-a+dotprod (int8 dots with sdot) under
+hearth_step and prints every logit as a hex float. For x86-64 Linux it is built once with -DHARNESS_LIBRARY and runs
+on kernel libraries: the one this test run loaded (compiled here at -O3 -march=native, or prebuilt: the reference)
+and the run's -O1 build of each x86 target (tests/helpers/x86_builds.py, which the block tests load too). It is
+cross-built for AArch64 twice: -march=armv8.2-a+dotprod (int8 dots with sdot) under
 `qemu-aarch64 -cpu max`, and -march=armv8-a (widening multiplies) under `-cpu cortex-a53`, a core without DotProd,
 so that build can't lean on it. Correctness only: qemu says nothing about speed on real ARM hardware. The harness
 packs its weights with C ports of native.py's packers; a third test checks they give native.py's bytes. `harness
@@ -28,6 +30,7 @@ measured > 1.
 from __future__ import annotations
 
 import math
+import os
 import platform
 import shutil
 import subprocess
@@ -38,40 +41,24 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 
-from app.core.fastpath import cpu
+from app.core.fastpath import cpu, kernel
 from app.core.fastpath.int8 import quantize_rows
 from app.core.fastpath.native import quantize_q4_blocks
 from app.core.fastpath.packed import dequantize_q4, interleave_q4, interleave_rows
 from tests.helpers.build_kernels import load_build_kernels
+from tests.helpers.x86_builds import FLAGS, KERNEL_DIR, X86_BUILDS, x86_compiler
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARNESS = REPO_ROOT / "tests" / "core" / "native_harness" / "harness.c"
-KERNEL_DIR = REPO_ROOT / "app" / "core" / "fastpath" / "native"
 CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
 INSTALL_HINT = "Debian/Ubuntu: `make cross-tools` (apt-get install gcc-aarch64-linux-gnu qemu-user)"
 WINDOWS_CC = load_build_kernels().WINDOWS_CROSS_COMPILER  # the posix-threads flavour: it has libgomp
 WINDOWS_HINT = "Debian/Ubuntu: `make cross-tools` (apt-get install gcc-mingw-w64-x86-64-posix wine64)"
-# As native.py compiles the kernel with gcc: C11, OpenMP. -ffp-contract=off is gcc's default under -std=c11; said
-# outright so a clang (which fuses a * b + c within an expression by default) builds the same floats too. Every
-# build here, the -march=native reference too, takes -O1, not native.py's -O3: the same bits (the float order is
-# fixed by the contraction rule and the intrinsics, never by the optimiser) in a third of the compile time (the
-# reference's harness took 34 s at -O3 on the 2-core Zen 4 guest, the longest of this module's builds). That -O3
-# changes no bit is checked where the run's own library is at hand: test_fastpath_blocks.py's
-# test_the_run_s_library_gives_the_bits_of_the_o1_build_of_its_kernel.
-FLAGS = ["-O1", "-std=c11", "-ffp-contract=off", "-fopenmp"]
 RELATIVE_BOUND = 1e-6
 VARIANTS, STEPS = 5, 11  # harness.c's VARIANTS and POSITIONS
 # The CPU qemu emulates per build: `max` has DotProd; a Cortex-A53 (Armv8.0) faults on sdot.
 ARM_BUILDS = {"dotprod": ("armv8.2-a+dotprod", "max"), "plain": ("armv8-a", "cortex-a53")}
-# The x86-64 builds a user's CPU may get (packaging/build_kernels.py's targets; -march=native picks one of these
-# kernels too): flags, the CPU flags the build needs to run, and the Q4_1 kernel it reports (hearth_q4_kernel).
-X86_BUILDS = {
-    "avx512-vnni": (["-march=x86-64-v4", "-mavx512vnni"], {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}, 4),
-    "avx-vnni": (["-march=x86-64-v3", "-mavxvnni"], {"avx2", "fma", "f16c", "avx_vnni"}, 3),
-    "avx2": (["-march=x86-64-v3"], {"avx2", "fma", "f16c"}, 3),
-    "scalar": (["-march=x86-64"], set(), 0),
-}
 
 # The Windows libraries a user's CPU may get (packaging/build_kernels.py's x86 targets, built there).
 WINDOWS_BUILDS = {build: X86_BUILDS[build] for build in ("avx512-vnni", "avx2")}
@@ -82,13 +69,13 @@ Products = dict[tuple[int, int, str], list[float] | None]
 GGUF_TYPES = (2, 3, 6, 7, 8, 12, 13, 14)  # harness.c's print_gguf: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
 
 
-def harness_command(compiler: str, flags: list[str], target: Path) -> list[str]:
+def harness_command(compiler: str, flags: list[str], target: Path, libraries: tuple[str, ...] = ()) -> list[str]:
     """`flags` after FLAGS: a later -O wins."""
-    return [compiler, *FLAGS, *flags, f"-I{KERNEL_DIR}", "-o", str(target), str(HARNESS), "-lm"]
+    return [compiler, *FLAGS, *flags, f"-I{KERNEL_DIR}", "-o", str(target), str(HARNESS), "-lm", *libraries]
 
 
-def compile_harness(compiler: str, flags: list[str], target: Path) -> None:
-    command = harness_command(compiler, flags, target)
+def compile_harness(compiler: str, flags: list[str], target: Path, libraries: tuple[str, ...] = ()) -> None:
+    command = harness_command(compiler, flags, target, libraries)
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stderr}"
 
@@ -99,9 +86,14 @@ class HarnessRun(NamedTuple):
     products: Products
 
 
-def run_harness(command: list[str]) -> HarnessRun:
-    """The build's header, its logits per step and its GGUF products."""
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+def library_env(library: Path | None) -> dict[str, str] | None:
+    """The environment that points the x86-64 harness at a kernel library (HARNESS_LIBRARY builds), else None."""
+    return None if library is None else {**os.environ, "HEARTH_HARNESS_LIBRARY": str(library)}
+
+
+def run_harness(command: list[str], library: Path | None = None) -> HarnessRun:
+    """The build's header, its logits per step and its GGUF products (`library`: the kernel the x86-64 harness runs)."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, env=library_env(library))
     assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-2000:]}"
     header, *lines = result.stdout.splitlines()
     words = header.split()
@@ -139,19 +131,15 @@ def within_bound(
 
 @pytest.fixture(scope="module")
 def x86_harness(tmp_path_factory: pytest.TempPathFactory, harness_builds: Path) -> Path:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip(f"the reference build is x86-64 (AVX2); this machine is {platform.machine()}")
-    compiler = shutil.which("gcc") or shutil.which("cc")  # gcc first: the cross compiler's family
+    """The harness for x86-64 Linux built with -DHARNESS_LIBRARY: it runs the kernel library HEARTH_HARNESS_LIBRARY
+    names (the run's own, a build of x86_kernel_builds), so no x86 build of the kernel is compiled again for it. The
+    cross builds compile beside it, on the cores pytest leaves idle; arm_build and windows_build find them made, or
+    build them again and report why not."""
+    compiler = x86_compiler()
     if compiler is None:
-        pytest.skip("no C compiler (gcc or cc) for the x86-64 reference build")
+        pytest.skip(f"the x86-64 harness needs an x86-64 CPU and gcc or cc; this machine is {platform.machine()}")
     binary = tmp_path_factory.mktemp("harness") / "harness-x86_64"
-    # The other builds compile beside the reference, on the cores pytest leaves idle;
-    # x86_build, arm_build and windows_build find them made, or build them again and report why not.
-    builds = [
-        (compiler, *x86_harness_build(build, harness_builds))
-        for build in X86_BUILDS
-        if X86_BUILDS[build][1] <= cpu.cpu_flags()
-    ]
+    builds = []
     cross = shutil.which(CROSS_CC)
     if cross is not None:
         builds += [(cross, *arm_harness_build(build, harness_builds)) for build in ARM_BUILDS]
@@ -167,7 +155,7 @@ def x86_harness(tmp_path_factory: pytest.TempPathFactory, harness_builds: Path) 
         for build in builds
     ]
     try:
-        compile_harness(compiler, ["-march=native"], binary)
+        compile_harness(compiler, ["-march=x86-64", "-DHARNESS_LIBRARY"], binary, ("-ldl",))
     finally:
         for process in beside:
             process.wait(timeout=300)
@@ -175,8 +163,17 @@ def x86_harness(tmp_path_factory: pytest.TempPathFactory, harness_builds: Path) 
 
 
 @pytest.fixture(scope="module")
-def x86_logits(x86_harness: Path) -> Logits:
-    flags, logits, _ = run_harness([str(x86_harness)])
+def run_library() -> Path:
+    """The kernel library this test run loaded (compiled here at -O3 -march=native, or prebuilt): the reference."""
+    library = kernel.load_library()
+    if isinstance(library, str):
+        pytest.skip(f"no kernel library here: {library}")
+    return library.path
+
+
+@pytest.fixture(scope="module")
+def x86_logits(x86_harness: Path, run_library: Path) -> Logits:
+    flags, logits, _ = run_harness([str(x86_harness)], run_library)
     if not flags["simd"]:
         pytest.skip("this CPU lacks AVX2+FMA, so the x86-64 reference would run the scalar loops")
     assert len(logits) == VARIANTS * STEPS
@@ -207,7 +204,12 @@ def cross_tools(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 @pytest.mark.parametrize("build", list(ARM_BUILDS))
 def test_the_aarch64_build_computes_the_harness_builds_logits_and_gguf_products(
-    build: str, x86_logits: Logits, cross_tools: tuple[str, str], harness_builds: Path
+    build: str,
+    x86_logits: Logits,
+    cross_tools: tuple[str, str],
+    harness_builds: Path,
+    x86_harness: Path,
+    x86_kernel_builds: dict[str, Path],
 ) -> None:
     compiler, qemu = cross_tools
     _, cpu = ARM_BUILDS[build]
@@ -221,7 +223,7 @@ def test_the_aarch64_build_computes_the_harness_builds_logits_and_gguf_products(
     print(f"{build}: max |ARM - x86| / max |logit| = {worst:.3g} over {len(logits)} steps")
     # The GGUF block products (the torch-free runtime's): NEON has no 16-row layout; its row layout mirrors AVX2's
     # lanes but sums them in another order (measured 3e-7 of the largest output)
-    avx2 = linux_run("avx2", harness_builds).products
+    avx2 = linux_run("avx2", x86_harness, x86_kernel_builds).products
     assert all(products[key] is None and avx2[key] is not None for key in avx2 if key[2] == "x16")
     worst = within_bound(products, {key: v for key, v in avx2.items() if key[2] == "row"}, f"{build}, GGUF type")
     print(f"{build}: GGUF products, max |ARM - AVX2| / max |output| = {worst:.3g}")
@@ -244,11 +246,7 @@ def test_the_harness_packs_weights_exactly_as_native_py_does(x86_harness: Path) 
     assert interleave_rows(q).flatten().tolist() == [int(v) for v in fields["head_records"]]
 
 
-# Each build's flags and binary: the x86_harness fixture compiles them side by side, the tests find them made
-def x86_harness_build(build: str, directory: Path) -> tuple[list[str], Path]:
-    return X86_BUILDS[build][0], directory / f"harness-x86_64-{build}"
-
-
+# Each cross build's flags and binary: the x86_harness fixture compiles them side by side, the tests find them made
 def arm_harness_build(build: str, directory: Path) -> tuple[list[str], Path]:
     # static: libc and libgomp travel inside the binary, so qemu needs no arm64 prefix
     return [f"-march={ARM_BUILDS[build][0]}", "-static"], directory / f"harness-aarch64-{build}"
@@ -272,22 +270,20 @@ def skip_unless_this_cpu_runs(needs: set[str], build: str) -> None:
         pytest.skip(f"this CPU lacks {', '.join(sorted(missing))} for the {build} build")
 
 
-def x86_build(build: str, directory: Path) -> Path:
-    """The harness built with X86_BUILDS[build]'s flags, or a skip where this CPU can't run that build."""
+def x86_library(build: str, x86_kernel_builds: dict[str, Path]) -> Path:
+    """The kernel library built with X86_BUILDS[build]'s flags, or a skip where this CPU can't run that build."""
     skip_unless_this_cpu_runs(X86_BUILDS[build][1], build)
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    assert compiler is not None  # the x86_harness fixture found one
-    return built_once(compiler, *x86_harness_build(build, directory))
+    return x86_kernel_builds[build]
 
 
 _linux_runs: dict[tuple[str, Path], HarnessRun] = {}
 
 
-def linux_run(build: str, directory: Path) -> HarnessRun:
-    """The Linux x86-64 harness built with X86_BUILDS[build]'s flags, run once per module."""
-    if (build, directory) not in _linux_runs:
-        _linux_runs[(build, directory)] = run_harness([str(x86_build(build, directory))])
-    return _linux_runs[(build, directory)]
+def linux_run(build: str, harness: Path, x86_kernel_builds: dict[str, Path]) -> HarnessRun:
+    """The Linux x86-64 harness on the kernel built with X86_BUILDS[build]'s flags, run once per module."""
+    if (build, harness) not in _linux_runs:
+        _linux_runs[(build, harness)] = run_harness([str(harness)], x86_library(build, x86_kernel_builds))
+    return _linux_runs[(build, harness)]
 
 
 def arm_build(build: str, compiler: str, directory: Path) -> Path:
@@ -302,12 +298,12 @@ def harness_builds(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("build", list(X86_BUILDS))
 def test_each_x86_build_this_cpu_runs_computes_the_native_builds_logits(
-    build: str, x86_logits: Logits, harness_builds: Path
+    build: str, x86_logits: Logits, x86_harness: Path, x86_kernel_builds: dict[str, Path]
 ) -> None:
     """AVX-512 VNNI, AVX2 and the scalar loops on the same inputs: the Q4_1 kernels accumulate each row in its own
     lane in one order, so the SIMD builds agree bit for bit; the scalar build's int8 paths sum in another order
     (measured 3e-7), inside the same bound as ARM."""
-    flags, logits, _ = run_harness([str(x86_build(build, harness_builds))])
+    flags, logits, _ = linux_run(build, x86_harness, x86_kernel_builds)
     assert flags["q4"] == X86_BUILDS[build][2] and flags["simd"] == int(build != "scalar")
     assert logits.keys() == x86_logits.keys()
     for step, reference in x86_logits.items():
@@ -318,9 +314,11 @@ def test_each_x86_build_this_cpu_runs_computes_the_native_builds_logits(
         assert difference <= RELATIVE_BOUND * scale, f"{build}, step (variant, pos, token) {step}: {difference / scale}"
 
 
-def run_prefill(command: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def run_prefill(command: list[str], library: Path | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`harness prefill`: (weight [rows, cols], x [n, cols], hearth_q4_prefill's y [n, rows])."""
-    result = subprocess.run([*command, "prefill"], capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [*command, "prefill"], capture_output=True, text=True, timeout=120, check=False, env=library_env(library)
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     fields = {name: values for name, *values in (line.split() for line in result.stdout.splitlines())}
     rows, cols, n = (int(v) for v in fields["shape"])
@@ -333,9 +331,9 @@ def run_prefill(command: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 
 @pytest.fixture(scope="module")
-def native_prefill(x86_harness: Path) -> torch.Tensor:
-    """The native build's hearth_q4_prefill output, checked against the exact product (15-bit activations: 1e-4)."""
-    weight, x, y = run_prefill([str(x86_harness)])
+def native_prefill(x86_harness: Path, run_library: Path) -> torch.Tensor:
+    """The run's library's hearth_q4_prefill output, checked against the exact product (15-bit activations: 1e-4)."""
+    weight, x, y = run_prefill([str(x86_harness)], run_library)
     dense = dequantize_q4(interleave_q4(*quantize_q4_blocks(weight.float())), weight.shape[1]).double()
     exact = x @ dense.t()
     assert float((y - exact).abs().max() / exact.abs().max()) < 1e-4
@@ -344,11 +342,11 @@ def native_prefill(x86_harness: Path) -> torch.Tensor:
 
 @pytest.mark.parametrize("build", list(X86_BUILDS))
 def test_each_x86_build_prefills_from_the_records_as_the_native_build(
-    build: str, native_prefill: torch.Tensor, harness_builds: Path
+    build: str, native_prefill: torch.Tensor, x86_harness: Path, x86_kernel_builds: dict[str, Path]
 ) -> None:
     """hearth_q4_prefill: the AVX-512 and AVX2 tiles sum a block's two int8 halves exactly in int32 and round alike
     (bit for bit the same); the scalar loops run group_block once per half, within float rounding of them."""
-    _, _, y = run_prefill([str(x86_build(build, harness_builds))])
+    _, _, y = run_prefill([str(x86_harness)], x86_library(build, x86_kernel_builds))
     if build != "scalar":
         assert torch.equal(y, native_prefill)
     assert float((y - native_prefill).abs().max()) <= RELATIVE_BOUND * float(native_prefill.abs().max())
@@ -393,7 +391,12 @@ def windows_tools(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[s
 
 @pytest.mark.parametrize("build", list(WINDOWS_BUILDS))
 def test_the_windows_build_computes_the_harness_builds_logits_and_gguf_products(
-    build: str, x86_logits: Logits, windows_tools: tuple[str, list[str]], harness_builds: Path
+    build: str,
+    x86_logits: Logits,
+    windows_tools: tuple[str, list[str]],
+    harness_builds: Path,
+    x86_harness: Path,
+    x86_kernel_builds: dict[str, Path],
 ) -> None:
     """Windows' libm rounds some expf/sinf results another way than glibc's (measured: 1e-7 of the largest
     logit), so the bound is ARM's, not bit equality."""
@@ -404,7 +407,7 @@ def test_the_windows_build_computes_the_harness_builds_logits_and_gguf_products(
     worst = within_bound(logits, x86_logits, f"Windows {build}, step")
     print(f"Windows {build}: max |Windows - Linux| / max |logit| = {worst:.3g} over {len(logits)} steps")
     # no libm in a block product: every GGUF type, both layouts, the Linux build's bits
-    assert products == linux_run(build, harness_builds).products
+    assert products == linux_run(build, x86_harness, x86_kernel_builds).products
 
 
 LOADER = r"""

@@ -18,6 +18,36 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef HARNESS_LIBRARY
+/* The kernel from the shared library named by HEARTH_HARNESS_LIBRARY (dlopen): the library a run loaded, or a build
+ * the tests made, is run as it is, not compiled again into every harness. The kernel source above is then read for
+ * its constants; its own functions, compiled for a plain x86-64, go unused. */
+#include <dlfcn.h>
+#define KERNEL_FUNCTIONS(X)                                                                                            \
+    X(hearth_scratch_floats) X(hearth_step) X(hearth_q4_prefill) X(hearth_gg_geometry) X(hearth_gg_x16_bytes)           \
+    X(hearth_gg_repack_x16) X(hearth_gg_matmul) X(hearth_simd) X(hearth_openmp) X(hearth_q4_kernel)
+#define KERNEL_POINTER(f) static __typeof__(f) *kernel_##f;
+KERNEL_FUNCTIONS(KERNEL_POINTER)
+#define K(f) kernel_##f
+static void load_kernel(void) {
+    const char *path = getenv("HEARTH_HARNESS_LIBRARY");
+    void *library = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (!library) {
+        fprintf(stderr, "no kernel library: %s\n", path ? dlerror() : "HEARTH_HARNESS_LIBRARY is not set");
+        exit(2);
+    }
+#define KERNEL_LOOKUP(f)                                                                                              \
+    if (!(*(void **)&kernel_##f = dlsym(library, #f))) {                                                               \
+        fprintf(stderr, "the kernel library lacks %s\n", #f);                                                          \
+        exit(2);                                                                                                       \
+    }
+    KERNEL_FUNCTIONS(KERNEL_LOOKUP)
+}
+#else
+#define K(f) f
+static void load_kernel(void) {}
+#endif
+
 static uint64_t rng; /* splitmix64: the same sequence on every architecture */
 
 static uint64_t next_u64(void) {
@@ -230,11 +260,11 @@ static void run(int index, const variant *v) {
         }
     }
 
-    float *scratch = alloc((size_t)hearth_scratch_floats(cfg, CAPACITY) * sizeof(float));
+    float *scratch = alloc((size_t)K(hearth_scratch_floats)(cfg, CAPACITY) * sizeof(float));
     float *logits = alloc((size_t)v->vocab * sizeof(float));
     for (size_t s = 0; s < sizeof POSITIONS / sizeof POSITIONS[0]; s++) {
         const int64_t token = (int64_t)(next_u64() % (uint64_t)v->vocab);
-        const int code = hearth_step(cfg, cfgf, glob, (void *const *)layers, token, POSITIONS[s], CAPACITY, logits,
+        const int code = K(hearth_step)(cfg, cfgf, glob, (void *const *)layers, token, POSITIONS[s], CAPACITY, logits,
                                      scratch);
         if (code != 0) {
             fprintf(stderr, "variant %d: hearth_step refused position %lld (code %d)\n", index,
@@ -304,7 +334,7 @@ static void print_prefill(void) {
     pack_q4(w, ROWS, COLS, nibbles, pairs);
     interleave_q4(nibbles, pairs, ROWS, COLS, records);
     float y[N * ROWS];
-    const int code = hearth_q4_prefill(records, ROWS, COLS, x, 0, N, y, 0, 2);
+    const int code = K(hearth_q4_prefill)(records, ROWS, COLS, x, 0, N, y, 0, 2);
     printf("shape %d %d %d\ncode %d\nweights", ROWS, COLS, N, code);
     for (int i = 0; i < ROWS * COLS; i++) printf(" %a", w[i]);
     printf("\nx");
@@ -329,7 +359,7 @@ static void print_gguf(void) {
     for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++) {
         const int type = types[t];
         int64_t geometry[2];
-        hearth_gg_geometry(type, geometry);
+        K(hearth_gg_geometry)(type, geometry);
         const int64_t blocks = (int64_t)ROWS * (COLS / geometry[0]), bytes = blocks * geometry[1];
         uint8_t *w = alloc((size_t)bytes);
         for (int64_t i = 0; i < bytes; i++) w[i] = (uint8_t)(next_u64() >> 56);
@@ -343,9 +373,9 @@ static void print_gguf(void) {
                 if (type == GG_Q4_1 || type == GG_Q5_1 || type == GG_Q4_K || type == GG_Q5_K) memcpy(blk + 2, &m, 2);
             }
         }
-        const int64_t x16_bytes = hearth_gg_x16_bytes(type, ROWS, COLS);
+        const int64_t x16_bytes = K(hearth_gg_x16_bytes)(type, ROWS, COLS);
         uint8_t *x16 = x16_bytes > 0 ? alloc((size_t)x16_bytes) : NULL;
-        const int x16_type = x16 ? hearth_gg_repack_x16(type, w, ROWS, COLS, x16, 2) : -1;
+        const int x16_type = x16 ? K(hearth_gg_repack_x16)(type, w, ROWS, COLS, x16, 2) : -1;
         float y[N * ROWS];
         for (int precise = 0; precise < 2; precise++)
             for (int layout = 0; layout < 2; layout++) {
@@ -354,8 +384,8 @@ static void print_gguf(void) {
                     printf(" none\n");
                     continue;
                 }
-                const int code = hearth_gg_matmul(layout ? x16_type : type, layout ? (const void *)x16 : w, ROWS, COLS,
-                                                  x, N, y, NULL, 2, precise);
+                const int code = K(hearth_gg_matmul)(layout ? x16_type : type, layout ? (const void *)x16 : w, ROWS,
+                                                     COLS, x, N, y, NULL, 2, precise);
                 if (code != 0) {
                     printf(" error %d\n", code);
                     continue;
@@ -374,11 +404,12 @@ int main(int argc, char **argv) {
         print_packings();
         return 0;
     }
+    load_kernel(); /* "pack" needs none: it prints the harness's own packings */
     if (argc > 1 && strcmp(argv[1], "prefill") == 0) {
         print_prefill();
         return 0;
     }
-    printf("simd %d openmp %d dotprod %d q4 %d\n", hearth_simd(), hearth_openmp(), HEARTH_DOTPROD, hearth_q4_kernel());
+    printf("simd %d openmp %d dotprod %d q4 %d\n", K(hearth_simd)(), K(hearth_openmp)(), HEARTH_DOTPROD, K(hearth_q4_kernel)());
     for (int i = 0; i < (int)(sizeof VARIANTS / sizeof VARIANTS[0]); i++) run(i, &VARIANTS[i]);
     print_gguf(); /* in the same run: one start of an emulator (qemu, Wine) for both */
     return 0;
