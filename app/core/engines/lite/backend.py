@@ -45,13 +45,12 @@ from app.core.engines.kv_pool import (
     tokens_each,
 )
 from app.core.engines.lite.engine import LiteEngine, LiteKV, eos_ids, load_tokenizer
-from app.core.engines.lite.gguf_model import (
-    GGUFModel,
+from app.core.engines.lite.gguf_model import GGUFModel, open_gguf_model
+from app.core.engines.lite.gguf_plan import (
     file_type_label,
     forward_scratch_bytes,
     gguf_config,
     gguf_support,
-    open_gguf_model,
     parameter_counts,
     resident_weight_bytes,
     runtime_bytes,

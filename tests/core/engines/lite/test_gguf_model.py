@@ -26,15 +26,8 @@ from app.core.engines.backend import LoadRequest
 from app.core.engines.kv_pool import MAX_POOLED
 from app.core.engines.lite import gguf_model
 from app.core.engines.lite.backend import LiteBackend, lite_candidate, lite_plan
-from app.core.engines.lite.gguf_model import (
-    PRECISE_ALL,
-    PRECISE_INPUTS,
-    GGUFModel,
-    file_type_label,
-    gguf_support,
-    open_gguf_model,
-    resident_weight_bytes,
-)
+from app.core.engines.lite.gguf_model import PRECISE_ALL, PRECISE_INPUTS, GGUFModel, open_gguf_model
+from app.core.engines.lite.gguf_plan import file_type_label, gguf_support, resident_weight_bytes
 from app.core.engines.lite.runtime import LiteUnavailable
 from app.core.fastpath import blocks, prefetch
 from app.core.fastpath.huge_pages import arena_bytes, arena_on_huge_pages
@@ -356,7 +349,7 @@ def test_a_hostile_header_is_refused_before_anything_is_sized_from_it(
     path = write_with(tmp_path, "hostile.gguf")
     header = read_gguf_header(path)
     forged = type(header)({**header.metadata, f"llama.{key}": value}, header.tensor_names, header.tensors, 0)
-    from app.core.engines.lite.gguf_model import gguf_config
+    from app.core.engines.lite.gguf_plan import gguf_config
 
     with pytest.raises(LiteUnavailable, match=message):
         gguf_config(forged)
@@ -565,7 +558,7 @@ def test_prompt_chunks_and_decode_tokens_in_one_forward_give_each_sequence_its_o
 
 @pytest.mark.parametrize(("tokens", "capacity"), [(1, 512), (7, 512), (8, 512), (9, 512), (256, 8192), (64, 1 << 20)])
 def test_the_plan_counts_the_forward_s_scratch_exactly(tokens: int, capacity: int, tmp_path: Path) -> None:
-    from app.core.engines.lite.gguf_model import forward_scratch_bytes
+    from app.core.engines.lite.gguf_plan import forward_scratch_bytes
 
     model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q8_0))
     try:
