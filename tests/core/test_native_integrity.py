@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,6 +35,7 @@ from app.core.fastpath import cpu, integrity, kernel
 from app.core.fastpath import select as fastpath
 from tests.helpers.build_kernels import load_build_kernels
 from tests.helpers.damage import flipped, random_bytes, truncated
+from tests.helpers.x86_builds import X86_BUILDS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=6)
@@ -139,12 +141,32 @@ def compiles_by_copy(monkeypatch: pytest.MonkeyPatch, compiled_once: Path) -> li
 
 
 @pytest.fixture(scope="module")
-def prebuilt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def prebuilt_dir(tmp_path_factory: pytest.TempPathFactory, x86_kernel_builds: dict[str, Path]) -> Path:
+    """packaging/build_kernels.py's folder for three x86 targets. These tests are about the manifest, the checks and
+    the choice of a target; a compile whose target the run already built (tests/helpers/x86_builds.py: the same
+    -march flags, OpenMP, -O1) is a copy of that build (two of the three here: ~25 s of compiling), the rest compile."""
     if not (IS_X86 and HAS_CC):
         pytest.skip("needs an x86-64 machine with a C compiler")
     out = tmp_path_factory.mktemp("prebuilt")
     targets = ["x86-64-avx512", "x86-64-avxvnni", "x86-64-avx2"]
-    manifest = load_build_kernels().build(out, targets)
+    build_kernels = load_build_kernels()
+    compile_command = build_kernels.subprocess.run
+
+    def compile_or_copy(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        march = [flag for flag in command if flag.startswith("-m")]
+        for name, (flags, _, _) in X86_BUILDS.items():
+            if (
+                name in x86_kernel_builds
+                and march == flags
+                and "-fopenmp" in command
+                and "-DHEARTH_NO_AMX" not in command
+            ):
+                shutil.copy(x86_kernel_builds[name], command[command.index("-o") + 1])
+                return subprocess.CompletedProcess(command, 0, "", "")
+        return compile_command(command, **kwargs)
+
+    build_kernels.subprocess = SimpleNamespace(run=compile_or_copy)
+    manifest = build_kernels.build(out, targets)
     assert [entry["target"] for entry in manifest["libraries"]] == targets
     return out
 
