@@ -116,13 +116,15 @@ def quiet_libraries(verbose: bool) -> None:
 
 def sweep_leftovers() -> None:
     """Remove what killed runs left in the cache (storage.staging), saying so when it was worth a line."""
-    from app.core.storage import staging
+    from app.core.storage import paths, staging
     from app.core.storage.space import format_size
 
     removed = staging.sweep_at_start()
     if removed:
         freed = sum(leftover.size_bytes for leftover in removed)
-        print(f"hearth: note: removed {len(removed)} leftover(s) of interrupted runs from the cache "
+        cache = paths.cache_dir()
+        where = "the cache" if all(leftover.path.is_relative_to(cache) for leftover in removed) else "Hearth's folders"
+        print(f"hearth: note: removed {len(removed)} leftover(s) of interrupted runs from {where} "
               f"({format_size(freed)}).", file=sys.stderr)  # fmt: skip
 
 

@@ -8,8 +8,8 @@ is named for its owner, the process id and its start time (a pid alone is reused
     NAME.<pid>-<start>.partial          a file being written (partial_path, writing)
     .staging-<label>-<pid>-<start>/     a folder being filled (staging_folder)
 
-`find_leftovers` lists those whose owner is gone, `sweep` removes them (every command-line start does, see
-`sweep_at_start`; `hearth models --cache` shows and reclaims them). Older names are understood too:
+`find_leftovers` lists those whose owner is gone, `sweep` removes them (every start does, in the cache and settings
+folders, see `sweep_at_start`; `hearth models --cache` shows and reclaims them). Older names are understood too:
 `NAME.<pid>.partial` (owner gone when the pid is; when a live process has the pid, gone only once the file is an hour
 untouched) and the GGUF conversion's `.convert-XXXX/` folders (no owner recorded: gone once an hour untouched).
 """
@@ -218,12 +218,15 @@ def sweep(root: Path | None = None) -> list[Leftover]:
 
 
 def sweep_at_start() -> list[Leftover]:
-    """`sweep` once per process, never raising (a start must not fail over a leftover it could not remove)."""
+    """`sweep` once per process, the cache folder and the settings folder (a settings or engines file being written
+    when its process was killed), never raising (a start must not fail over a leftover it could not remove)."""
     if _swept.is_set():
         return []
     _swept.set()
-    try:
-        return sweep()
-    except Exception:
-        log.exception("sweeping the cache for leftovers failed")
-        return []
+    removed: list[Leftover] = []
+    for folder in (paths.cache_dir, paths.config_dir):
+        try:
+            removed += sweep(folder())
+        except Exception:
+            log.exception("sweeping %s for leftovers failed", folder.__name__)
+    return removed

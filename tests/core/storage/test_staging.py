@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.core.storage import staging
+from app.core.storage import paths, staging
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -111,6 +111,47 @@ def test_the_command_line_sweeps_at_start(isolated_cache: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "hearth: note: removed 2 leftover(s) of interrupted runs from the cache (3.0 MB)." in result.stderr
     assert not folder.exists() and not partial.exists()
+
+
+SETTINGS_WRITER = textwrap.dedent(
+    """
+    import os, time
+    from app.core.storage import paths
+    from app.core.storage.schema import write_json_file
+    def stall(descriptor):  # the new settings written, not yet synced or renamed: where kill -9 finds them
+        print(*sorted(paths.config_dir().glob("*.partial")), flush=True)
+        time.sleep(600)
+    os.fsync = stall
+    write_json_file(paths.config_dir() / "settings.json", {"system_prompt": "new"})
+    """
+)
+
+
+def test_a_settings_file_a_killed_process_was_writing_is_swept_and_the_old_one_kept(
+    hearth_home: Path, isolated_cache: Path
+) -> None:
+    """Settings and engines files are written as cache files are (staging.write_atomically): what a process killed
+    mid-write left in the settings folder goes at the next start, the settings it was replacing stay whole, and the
+    note names the folders, not the cache."""
+    settings = paths.config_dir() / "settings.json"
+    settings.write_text('{"system_prompt": "old"}')
+    writer = subprocess.Popen(
+        [sys.executable, "-c", SETTINGS_WRITER], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert writer.stdout is not None
+    (partial,) = writer.stdout.readline().split()
+    writer.kill()
+    writer.wait(30)
+    assert Path(partial).is_file()
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "models", "--no-verdict"], cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "hearth: note: removed 1 leftover(s) of interrupted runs from Hearth's folders (" in result.stderr
+    assert not Path(partial).exists()
+    assert settings.read_text() == '{"system_prompt": "old"}'
 
 
 def test_a_failed_block_removes_its_partial_and_folder(tmp_path: Path) -> None:
