@@ -191,6 +191,16 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="session")
+def run_library() -> kernel.NativeLibrary:
+    """The kernel library this test run loaded (compiled here at -O3 -march=native, or prebuilt); a skip where there
+    is none."""
+    library = kernel.load_library()
+    if isinstance(library, str):
+        pytest.skip(f"no kernel library here: {library}")
+    return library
+
+
+@pytest.fixture(scope="session")
 def x86_kernel_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The kernel as each shipped x86-64 target this CPU runs, at -O1, compiled once for the run
     (tests/helpers/x86_builds.py); a skip on a machine that is not x86-64 or has no gcc."""

@@ -46,11 +46,8 @@ def reference(kind: int, data: np.ndarray, rows: int, cols: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def lib() -> Any:
-    library = kernel.load_library()
-    if isinstance(library, str):
-        pytest.skip(f"no kernel library here: {library}")
-    return library.lib
+def lib(run_library: kernel.NativeLibrary) -> Any:
+    return run_library.lib
 
 
 @pytest.fixture(scope="module")

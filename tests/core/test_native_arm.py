@@ -163,17 +163,9 @@ def x86_harness(tmp_path_factory: pytest.TempPathFactory, harness_builds: Path) 
 
 
 @pytest.fixture(scope="module")
-def run_library() -> Path:
-    """The kernel library this test run loaded (compiled here at -O3 -march=native, or prebuilt): the reference."""
-    library = kernel.load_library()
-    if isinstance(library, str):
-        pytest.skip(f"no kernel library here: {library}")
-    return library.path
-
-
-@pytest.fixture(scope="module")
-def x86_logits(x86_harness: Path, run_library: Path) -> Logits:
-    flags, logits, _ = run_harness([str(x86_harness)], run_library)
+def x86_logits(x86_harness: Path, run_library: kernel.NativeLibrary) -> Logits:
+    """The reference: the harness on the library this test run loaded."""
+    flags, logits, _ = run_harness([str(x86_harness)], run_library.path)
     if not flags["simd"]:
         pytest.skip("this CPU lacks AVX2+FMA, so the x86-64 reference would run the scalar loops")
     assert len(logits) == VARIANTS * STEPS
@@ -331,9 +323,9 @@ def run_prefill(command: list[str], library: Path | None = None) -> tuple[torch.
 
 
 @pytest.fixture(scope="module")
-def native_prefill(x86_harness: Path, run_library: Path) -> torch.Tensor:
+def native_prefill(x86_harness: Path, run_library: kernel.NativeLibrary) -> torch.Tensor:
     """The run's library's hearth_q4_prefill output, checked against the exact product (15-bit activations: 1e-4)."""
-    weight, x, y = run_prefill([str(x86_harness)], run_library)
+    weight, x, y = run_prefill([str(x86_harness)], run_library.path)
     dense = dequantize_q4(interleave_q4(*quantize_q4_blocks(weight.float())), weight.shape[1]).double()
     exact = x @ dense.t()
     assert float((y - exact).abs().max() / exact.abs().max()) < 1e-4

@@ -4,7 +4,6 @@ next start (and by `hearth models --cache`), while what a live process writes is
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -15,8 +14,7 @@ import pytest
 
 from app.cli import main
 from app.core.storage import paths, staging
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.helpers.killed_process import REPO, killed_mid_write
 
 WRITER = textwrap.dedent(
     """
@@ -39,15 +37,16 @@ WRITER = textwrap.dedent(
 
 def killed_writer(cache: Path) -> tuple[Path, Path]:
     """A real process that stages a folder and a partial file, killed with SIGKILL mid-write."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(cache)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE, text=True,
+    folder, partial = killed_mid_write(WRITER, str(cache))
+    return folder, partial
+
+
+def next_hearth_start() -> subprocess.CompletedProcess[str]:
+    """The next `hearth` command (here `hearth models`), in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "app", "models", "--no-verdict"], cwd=REPO, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300,
     )  # fmt: skip
-    assert process.stdout is not None
-    folder, partial = process.stdout.readline().split()
-    process.send_signal(signal.SIGKILL)
-    process.wait(30)
-    return Path(folder), Path(partial)
 
 
 def test_what_a_killed_process_was_writing_is_swept(isolated_cache: Path) -> None:
@@ -104,10 +103,7 @@ def test_models_cache_shows_and_reclaims(isolated_cache: Path, capsys: pytest.Ca
 def test_the_command_line_sweeps_at_start(isolated_cache: Path) -> None:
     """The next `hearth` command (here `hearth models`) removes them, and says so in one note."""
     folder, partial = killed_writer(isolated_cache)
-    result = subprocess.run(
-        [sys.executable, "-m", "app", "models", "--no-verdict"], cwd=REPO, capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300,
-    )  # fmt: skip
+    result = next_hearth_start()
     assert result.returncode == 0, result.stderr
     assert "hearth: note: removed 2 leftover(s) of interrupted runs from the cache (3.0 MB)." in result.stderr
     assert not folder.exists() and not partial.exists()
@@ -135,22 +131,12 @@ def test_a_settings_file_a_killed_process_was_writing_is_swept_and_the_old_one_k
     note names the folders, not the cache."""
     settings = paths.config_dir() / "settings.json"
     settings.write_text('{"system_prompt": "old"}')
-    writer = subprocess.Popen(
-        [sys.executable, "-c", SETTINGS_WRITER], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert writer.stdout is not None
-    (partial,) = writer.stdout.readline().split()
-    writer.kill()
-    writer.wait(30)
-    assert Path(partial).is_file()
-    result = subprocess.run(
-        [sys.executable, "-m", "app", "models", "--no-verdict"], cwd=REPO, capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300,
-    )  # fmt: skip
+    (partial,) = killed_mid_write(SETTINGS_WRITER)
+    assert partial.is_file()
+    result = next_hearth_start()
     assert result.returncode == 0, result.stderr
     assert "hearth: note: removed 1 leftover(s) of interrupted runs from Hearth's folders (" in result.stderr
-    assert not Path(partial).exists()
+    assert not partial.exists()
     assert settings.read_text() == '{"system_prompt": "old"}'
 
 

@@ -31,8 +31,7 @@ from app.core.stats_text import reply_stats_text
 from app.core.storage import staging
 from tests.core.engines.lite.test_gguf_model import tiny_gguf
 from tests.helpers.kernel_cache import seed_kernel
-
-REPO = Path(__file__).resolve().parents[4]
+from tests.helpers.killed_process import killed_mid_write
 
 IDS = [int(i) for i in np.random.default_rng(3).integers(3, 400, size=512)]  # the tiny model's whole context
 
@@ -190,17 +189,10 @@ def test_a_block_a_killed_process_was_writing_is_swept_at_the_next_start(isolate
     folder.mkdir(parents=True)
     kept = folder / "whole.kvb"
     kept.write_bytes(b"a block written in full")
-    writer = subprocess.Popen(
-        [sys.executable, "-c", KILLED_WRITER, str(folder)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert writer.stdout is not None
-    (partial,) = writer.stdout.readline().split()
-    writer.kill()
-    writer.wait(30)
-    assert Path(partial).stat().st_size > 5 << 20  # kill -9: nothing of its own cleaned up
+    (partial,) = killed_mid_write(KILLED_WRITER, str(folder))
+    assert partial.stat().st_size > 5 << 20  # kill -9: nothing of its own cleaned up
     (leftover,) = staging.find_leftovers()
-    assert leftover.path == Path(partial) and "has ended" in leftover.why
+    assert leftover.path == partial and "has ended" in leftover.why
     assert staging.sweep() == [leftover]
     assert sorted(path.name for path in folder.iterdir()) == ["whole.kvb"]
 
