@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.core.storage import staging
+
 log = logging.getLogger(__name__)
 
 SIDECAR_SUFFIX = ".sha256"
@@ -154,10 +156,8 @@ def verify(path: Path) -> Verified | str:
 def write_sidecar(path: Path, digest: str, size: int) -> None:
     """Atomic, and done before the file itself is moved into place (a crash in between leaves a mismatch, which is
     rebuilt, never a file that looks verified)."""
-    target = sidecar(path)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps({"sha256": digest, "bytes": size, "scheme": SCHEME}), encoding="utf-8")
-    os.replace(partial, target)
+    record = json.dumps({"sha256": digest, "bytes": size, "scheme": SCHEME}).encode()
+    staging.write_atomically(sidecar(path), record)
 
 
 def publish(partial: Path, final: Path) -> str:

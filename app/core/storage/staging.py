@@ -82,16 +82,12 @@ def write_atomically(final: Path, data: bytes) -> None:
     """`data` into `final` whole or not at all: written under a partial name of this process (NAME.<random>.<pid>-
     <start>.partial: the random part for two threads writing one file), fsynced, renamed into place; removed on any
     failure, and swept at a later start if the process is killed mid-write."""
-    partial = partial_path(final.with_name(f"{final.name}.{secrets.token_hex(4)}"))
-    try:
+    with writing(final.with_name(f"{final.name}.{secrets.token_hex(4)}")) as partial:
         with open(partial, "xb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(partial, final)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
 
 
 @contextmanager
