@@ -47,6 +47,8 @@ _.pure  # PyInstaller spec objects (tests/packaging/test_packaging_files.py)
 _.raiseExceptions  # logging module flag (app/cli/__init__.py): a failed log write prints no traceback
 _.encode_special_tokens  # tokenizers.Tokenizer: special-token text in user text stays text
 _.eof_received  # asyncio.Protocol callback (app/core/server/connection.py)
+_.tags  # jinja2.ext.Extension: the block tags it parses (app/core/chat/chat_template.py)
+_._body  # called from the compiled template through Extension.call_method (app/core/chat/chat_template.py)
 _.scripts
 
 # pytest fixtures asked for by name for their side effect.

@@ -237,11 +237,11 @@ def default_loaded_fp32() -> Iterator[object]:
 def default_tokenizer_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default model's tokenizer (tokenizer.json, tokenizer_config.json, chat template), written once per run from
     its GGUF: the tokenizer of the tiny models."""
-    from app.core.models.gguf_tokenizer import load_gguf_tokenizer
+    from app.core.models.gguf_tokenizer import build_with_transformers
     from app.core.models.model_source import default_model_gguf
 
     folder = tmp_path_factory.mktemp("default-tokenizer")
-    load_gguf_tokenizer(default_model_gguf()).save_pretrained(folder)
+    build_with_transformers(default_model_gguf()).save_pretrained(folder)
     return folder
 
 

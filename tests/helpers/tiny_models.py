@@ -83,11 +83,11 @@ def write_default_model_folder(folder: Path) -> Path:
     import torch
 
     from app.core.engines.gguf_torch import gguf_config, load_gguf_model
-    from app.core.models.gguf_tokenizer import load_gguf_tokenizer
+    from app.core.models.gguf_tokenizer import build_with_transformers
     from app.core.models.model_source import default_model_gguf
 
     gguf = default_model_gguf()
     model = load_gguf_model(gguf, gguf_config(gguf), device_map={"": "cpu"}, dtype=torch.float32)
     model.save_pretrained(folder)
-    load_gguf_tokenizer(gguf).save_pretrained(folder)
+    build_with_transformers(gguf).save_pretrained(folder)
     return folder

@@ -6,7 +6,10 @@ byte-level BPE tokenizers; an unfinished UTF-8 sequence decodes to U+FFFD, so we
 
 from __future__ import annotations
 
+import sys
 from typing import Any
+
+from app.core.chat.standalone_tokenizer import StandaloneTokenizer
 
 _REPLACEMENT = "\ufffd"
 
@@ -48,9 +51,13 @@ class IncrementalDetokenizer:
 
 
 def _rust_backend(tokenizer: Any) -> Any:
-    """The `tokenizers.Tokenizer` a transformers fast tokenizer wraps, where its decode without clean-up is exactly
-    the backend's (its class does not override `_decode`): called twice a token, the wrapper's argument handling cost
-    ~33 µs a call against ~10 µs (SmolLM2)."""
+    """The `tokenizers.Tokenizer` behind the tokenizer, where its decode without clean-up is exactly the backend's
+    (a StandaloneTokenizer; a transformers fast tokenizer whose class does not override `_decode`): called twice a
+    token, transformers' argument handling cost ~33 µs a call against ~10 µs (SmolLM2)."""
+    if isinstance(tokenizer, StandaloneTokenizer):
+        return tokenizer.backend_tokenizer
+    if "transformers" not in sys.modules:  # then no transformers tokenizer exists here: not imported for nothing
+        return None
     try:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
     except ImportError:

@@ -5,7 +5,7 @@ A model's chat template is code from whoever made the file (tokenizer_config.jso
 SecurityError. But a template that does so fails every reply with that error (a traceback in `hearth chat`, a 500 for
 every request to `hearth serve`). Such a template is not a model's honest layout, so it is refused once, by name:
 statically where its source reaches for an underscore attribute (what every known escape needs), and by one trial
-rendering in transformers' own sandbox for what only shows when it runs.
+rendering in the sandbox (transformers', app.core.chat.chat_template) for what only shows when it runs.
 """
 
 from __future__ import annotations
@@ -53,15 +53,13 @@ def template_problem(template: str) -> str:
 
 
 def trial_problem(template: str) -> str:
-    """Why rendering the template once, in transformers' sandbox, is refused by the sandbox; "" otherwise."""
+    """Why rendering the template once, in the sandbox replies render it in, is refused by the sandbox; "" otherwise."""
+    from jinja2.exceptions import SecurityError
+
+    from app.core.chat.chat_template import compile_template
+
     try:
-        from jinja2.exceptions import SecurityError
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-    except ImportError:  # no transformers here (the torch-free runtime's tests): the static check stands alone
-        return ""
-    try:
-        compiled = _compile_jinja_template(template)
-        compiled.render(
+        compile_template(template).render(
             messages=_TRIAL_MESSAGES, add_generation_prompt=True, bos_token="<s>", eos_token="</s>", tools=None
         )
     except SecurityError as exc:

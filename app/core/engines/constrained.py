@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.core.chat.standalone_tokenizer import StandaloneTokenizer
 from app.core.engines.backend import ResponseFormat
 from app.core.engines.tool_prompt import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from app.core.errors import HearthError
@@ -437,14 +438,20 @@ class GrammarCompiler:
         with self._lock:
             if self._llg_tokenizer is None:
                 import llguidance
+
+                eos = sorted(self.eos_ids) or None
+                slices = llguidance.LLTokenizer.json_slices()
+                if isinstance(self.tokenizer, StandaloneTokenizer):  # what llguidance.hf does, without transformers
+                    backend_json = self.tokenizer.backend_tokenizer.to_str()
+                    self._llg_tokenizer = llguidance.LLTokenizer(
+                        backend_json, n_vocab=self.vocab_size, eos_token=eos, slices=slices
+                    )
+                    return self._llg_tokenizer
                 import llguidance.hf
 
                 try:
                     self._llg_tokenizer = llguidance.hf.from_tokenizer(
-                        self.tokenizer,
-                        n_vocab=self.vocab_size,
-                        eos_token=self.eos_ids or None,
-                        slices=llguidance.LLTokenizer.json_slices(),
+                        self.tokenizer, n_vocab=self.vocab_size, eos_token=eos, slices=slices
                     )
                 except ValueError as exc:  # "Only fast tokenizers are supported"
                     raise SchemaError(f"This model's tokenizer cannot drive a grammar: {exc}") from None

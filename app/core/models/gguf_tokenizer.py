@@ -4,14 +4,14 @@
 for the default model on the 2-core CI box, most of it importing torch; older transformers turned every string into
 Python objects for 40-90 s). Here the one header reader (app.core.models.gguf_meta) reads the vocabulary, merges and
 token types (0.2 s at 49k tokens), and transformers' own GGUF tokenizer builders (integrations.gguf.
-gguf_tokenizer_mapping, torch-free) turn them into the same `tokenizers` object, wrapped in the class AutoTokenizer
+gguf_tokenizer_mapping, torch-free) turn them into the same `tokenizers` object, adjusted by the class AutoTokenizer
 gives these files (TokenizersBackend). The tests hold ids, special tokens, chat template and decoding equal to
 AutoTokenizer's on the default model and on tiny GGUFs written in the test run.
 
-A file's first load keeps what it built in the cache (gguf_tokenizer_file's tokenizer.json and the config beside it,
-each named by its sha256): later loads read those two (0.1-0.2 s) instead of the header's vocabulary and transformers'
-builders, whose module alone imports every model family transformers has (~0.4 s). The same JSON and config make the
-same tokenizer, byte for byte (tested).
+A file's first load keeps what it built in the cache (gguf_tokenizer_file's tokenizer.json and the settings
+TokenizersBackend resolved, each named by its sha256). Every load then serves the tokenizer from those two through
+app.core.chat.standalone_tokenizer: later loads read them (0.1-0.2 s) and never import transformers (~0.45 s: its
+import scans every model family it has). The same JSON and settings make the same tokenizer, byte for byte (tested).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from app.core.chat.standalone_tokenizer import StandaloneTokenizer, settings_of, settings_problem
 from app.core.errors import CorruptModelError, UnsupportedModelError
 from app.core.models.gguf_meta import SkippedArray, read_gguf_arrays, read_gguf_header
 from app.core.storage import staging
@@ -77,56 +78,65 @@ def gguf_tokenizer_parts(path: Path) -> tuple[str, dict[str, Any], dict[str, Any
     return header.architecture, tokenizer, config
 
 
-def load_gguf_tokenizer(path: Path, notices: list[str] | None = None) -> Any:
-    """The GGUF's tokenizer as a transformers TokenizersBackend (what AutoTokenizer gives for these files), without
-    importing torch: from the cache's copies where a load before made them, else built from the header (and the
-    copies made). UnsupportedModelError for a tokenizer type transformers cannot build, CorruptModelError for a
-    header that does not hold together. A damaged copy is moved aside (a line in `notices`) and built again."""
-    from transformers import TokenizersBackend
-
+def load_gguf_tokenizer(path: Path, notices: list[str] | None = None) -> StandaloneTokenizer:
+    """The GGUF's tokenizer (the tokenizer AutoTokenizer gives for these files, served without transformers), without
+    importing torch: from the cache's copies where a load before made them, else built from the header through
+    transformers (and the copies made). UnsupportedModelError for a tokenizer type transformers cannot build,
+    CorruptModelError for a header that does not hold together. A damaged copy is moved aside (a line in `notices`)
+    and built again."""
     cached = _cached_tokenizer(path, notices)
     if cached is not None:
-        backend, config = cached
-    else:
-        from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+        backend, settings = cached
+        return StandaloneTokenizer(backend, settings, name_or_path=str(path.parent))
+    built = build_with_transformers(path)
+    settings = settings_of(built)
+    _keep_copies(path, built, settings, notices)
+    return StandaloneTokenizer(built.backend_tokenizer, settings, name_or_path=str(path.parent))
 
-        architecture, tokenizer_dict, config = gguf_tokenizer_parts(path)
-        try:
-            backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
-        except ValueError as exc:
-            raise UnsupportedModelError(f"{path.name}: its tokenizer cannot be built ({exc}) File: {path}") from exc
-        except Exception as exc:  # the tokenizers library raises plain Exceptions for a vocabulary it cannot take
-            raise CorruptModelError(
-                f"{path.name}: its tokenizer could not be built from the header ({type(exc).__name__}: {exc}); the "
-                f"file may be damaged. File: {path}"
-            ) from exc
-        config = {**config, **extra}
+
+def build_with_transformers(path: Path) -> Any:
+    """The header's tokenizer as transformers' TokenizersBackend, built by its GGUF converters (imports transformers:
+    ~0.45 s)."""
+    from transformers import TokenizersBackend
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+    architecture, tokenizer_dict, config = gguf_tokenizer_parts(path)
+    try:
+        backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
+    except ValueError as exc:
+        raise UnsupportedModelError(f"{path.name}: its tokenizer cannot be built ({exc}) File: {path}") from exc
+    except Exception as exc:  # the tokenizers library raises plain Exceptions for a vocabulary it cannot take
+        raise CorruptModelError(
+            f"{path.name}: its tokenizer could not be built from the header ({type(exc).__name__}: {exc}); the "
+            f"file may be damaged. File: {path}"
+        ) from exc
     # tokenizer_object= would deep-copy the backend (1.1 s at 128k tokens); __init__ keeps one already set instead.
     tokenizer = TokenizersBackend.__new__(TokenizersBackend)
     tokenizer._tokenizer = backend
-    tokenizer.__init__(name_or_path=str(path.parent), **config)
-    if cached is None:
-        _keep_copies(path, tokenizer, config, notices)
+    tokenizer.__init__(name_or_path=str(path.parent), **{**config, **extra})
     return tokenizer
 
 
-def _keep_copies(path: Path, tokenizer: Any, config: dict[str, Any], notices: list[str] | None) -> None:
-    """The tokenizer.json and config of a tokenizer just built, for the next load; best effort (a full or read-only
-    cache, a config value JSON cannot hold: the next load builds it again)."""
+def _keep_copies(path: Path, tokenizer: Any, settings: dict[str, Any], notices: list[str] | None) -> None:
+    """The tokenizer.json and settings of a tokenizer just built, for the next load; best effort (a full or read-only
+    cache, a setting JSON cannot hold: the next load builds it again)."""
     try:
-        data = json.dumps(config, sort_keys=True).encode()
+        data = json.dumps(settings, sort_keys=True).encode()
     except (TypeError, ValueError) as exc:
-        log.info("tokenizer config of %s not kept: %s", path, exc)
+        log.info("tokenizer settings of %s not kept: %s", path, exc)
         return
     try:
         gguf_tokenizer_file(path, tokenizer, notices)
         folder, prefix = _copies(path)
-        _write_verified(folder, prefix, data, CONFIG_SUFFIX)
+        _write_verified(folder, prefix, data, SETTINGS_SUFFIX)
+        for older in folder.glob(f"{prefix}*{OLDER_SUFFIX}"):
+            older.unlink(missing_ok=True)
     except OSError as exc:
         log.info("tokenizer copies of %s not kept: %s", path, exc)
 
 
-CONFIG_SUFFIX = ".config"  # the tokenizer config beside the tokenizer.json ("*.json" is the tokenizer's alone)
+SETTINGS_SUFFIX = ".settings"  # the tokenizer's settings beside its tokenizer.json ("*.json" is the tokenizer's alone)
+OLDER_SUFFIX = ".config"  # what Hearth kept before 2026-12-07 (transformers' kwargs): removed once settings are kept
 
 
 def _copies(path: Path) -> tuple[Path, str]:
@@ -136,6 +146,15 @@ def _copies(path: Path) -> tuple[Path, str]:
     stat = path.stat()
     identity = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     return cache_dir() / "gguf-tokenizers", f"{path.stem[:60]}-{identity}-"
+
+
+def tokenizer_kept(path: Path) -> bool:
+    """Whether a load before kept this file version's tokenizer copies: a load then never imports transformers."""
+    try:
+        folder, prefix = _copies(path)
+        return any(folder.glob(f"{prefix}*{SETTINGS_SUFFIX}")) and any(folder.glob(f"{prefix}*.json"))
+    except OSError:
+        return False
 
 
 def _find_verified(folder: Path, prefix: str, suffix: str, notices: list[str] | None) -> Path | None:
@@ -165,23 +184,27 @@ def _write_verified(folder: Path, prefix: str, data: bytes, suffix: str) -> Path
 
 
 def _cached_tokenizer(path: Path, notices: list[str] | None) -> tuple[Any, dict[str, Any]] | None:
-    """(the tokenizers backend, its config) from the cache's verified copies of this file version, or None."""
+    """(the tokenizers backend, its settings) from the cache's verified copies of this file version, or None. Settings
+    of another format (another Hearth's) are removed: the tokenizer is built again and kept anew."""
     from tokenizers import Tokenizer
 
     try:
         folder, prefix = _copies(path)
-        config_file = _find_verified(folder, prefix, CONFIG_SUFFIX, notices)
+        settings_file = _find_verified(folder, prefix, SETTINGS_SUFFIX, notices)
         tokenizer_file = _find_verified(folder, prefix, ".json", notices)
-        if config_file is None or tokenizer_file is None:
+        if settings_file is None or tokenizer_file is None:
             return None
-        config = json.loads(config_file.read_bytes())
+        settings = json.loads(settings_file.read_bytes())
+        problem = settings_problem(settings)
+        if problem:
+            log.info("tokenizer settings %s not used (%s); building them again", settings_file, problem)
+            settings_file.unlink()
+            return None
         backend = Tokenizer.from_file(str(tokenizer_file))
     except Exception as exc:  # OSError, bad JSON, or tokenizers' plain Exception: build from the header instead
         log.info("tokenizer copies of %s not used: %s", path, exc)
         return None
-    if not isinstance(config, dict) or not all(isinstance(key, str) for key in config):
-        return None
-    return backend, config
+    return backend, settings
 
 
 def gguf_eos_ids(path: Path) -> set[int]:

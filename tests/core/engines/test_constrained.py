@@ -22,6 +22,8 @@ from app.core.engines.constrained import (
     grammar_for_tool_calls,
 )
 from app.core.engines.lite.engine import load_tokenizer
+from app.core.models.gguf_tokenizer import load_gguf_tokenizer
+from app.core.models.model_source import default_model_gguf
 
 REPO = Path(__file__).resolve().parents[3]
 VOCAB = 49152
@@ -36,8 +38,12 @@ WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "paramet
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def tokenizer(default_tokenizer_folder: Path) -> Any:
+@pytest.fixture(scope="module", params=["transformers", "standalone"])
+def tokenizer(request: pytest.FixtureRequest, default_tokenizer_folder: Path) -> Any:
+    """The default model's tokenizer as a folder gives it (transformers') and as its GGUF does (Hearth's own, which
+    hands llguidance its backend's JSON without transformers)."""
+    if request.param == "standalone":
+        return load_gguf_tokenizer(default_model_gguf())
     return load_tokenizer(default_tokenizer_folder)
 
 

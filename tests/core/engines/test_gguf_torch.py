@@ -121,11 +121,11 @@ def test_a_gguf_load_writes_no_converted_copy_and_names_the_file(isolated_cache:
     written = [p for p in isolated_cache.rglob("*") if p.is_file()] if isolated_cache.exists() else []
     # no converted folder, no copy of the weights: only the tokenizer's two copies for the next load (a few MB)
     assert sorted((p.parent.name, p.suffix) for p in written) == [
-        ("gguf-tokenizers", ".config"),
         ("gguf-tokenizers", ".json"),
+        ("gguf-tokenizers", ".settings"),
     ], written
     assert sorted(p.name for p in tmp_path.iterdir() if p != isolated_cache) == before  # nothing beside the file
-    assert type(loaded.tokenizer).__name__ == "TokenizersBackend"
+    assert type(loaded.tokenizer).__name__ == "StandaloneTokenizer"
 
 
 @pytest.mark.parametrize("quantization", ["bf16", "nf4"])
@@ -184,7 +184,7 @@ def test_progress_is_reported_per_tensor_and_cancel_stops_the_load(tmp_path: Pat
 
 def test_the_default_model_loads_from_its_gguf(default_loaded: Any) -> None:
     assert default_loaded.folder == default_model_gguf()
-    assert type(default_loaded.tokenizer).__name__ == "TokenizersBackend"
+    assert type(default_loaded.tokenizer).__name__ == "StandaloneTokenizer"
     assert default_loaded.model.generation_config.eos_token_id == 2
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 from pathlib import Path
@@ -171,23 +170,25 @@ def test_a_folder_whose_only_weights_are_a_gguf_loads_that_file(tmp_path: Path) 
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.Q8_0.gguf"]  # nothing written
 
 
-@pytest.mark.parametrize("through", ["rust backend", "wrapper"])
+@pytest.mark.parametrize("through", ["standalone", "transformers", "wrapper"])
 def test_streamed_text_never_splits_a_multibyte_character(default_loaded: Any, through: str) -> None:
+    """Hearth's own tokenizer and transformers' are decoded through their backend; a transformers tokenizer class with
+    its own _decode is asked through it."""
     from app.core.chat.detok import IncrementalDetokenizer
+    from app.core.models.gguf_tokenizer import build_with_transformers
 
-    tokenizer = default_loaded.tokenizer
-    if through == "wrapper":  # a tokenizer class with its own _decode is asked through it, not its backend
+    tokenizer = default_loaded.tokenizer if through == "standalone" else build_with_transformers(default_model_gguf())
+    if through == "wrapper":
 
         class OwnDecode(type(tokenizer)):  # type: ignore[misc]
             def _decode(self, *args: Any, **kwargs: Any) -> str:
                 return str(super()._decode(*args, **kwargs))
 
-        tokenizer = copy.copy(tokenizer)
         tokenizer.__class__ = OwnDecode
     text = "Café 🐉 dragons — naïve 日本語 ok"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     detok = IncrementalDetokenizer(tokenizer)
-    assert (detok._backend is not None) == (through == "rust backend")
+    assert (detok._backend is not None) == (through != "wrapper")
     pieces = [detok.add(i) for i in ids]
     pieces.append(detok.flush())
     assert "".join(pieces) == tokenizer.decode(ids)

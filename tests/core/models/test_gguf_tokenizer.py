@@ -3,6 +3,7 @@ AutoTokenizer.from_pretrained(folder, gguf_file=name), without torch."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from app.core.chat.standalone_tokenizer import SPECIAL_TOKEN_NAMES, StandaloneTokenizer, settings_of, settings_problem
 from app.core.errors import CorruptModelError, UnsupportedModelError
 from app.core.models.gguf_tokenizer import gguf_eos_ids, gguf_tokenizer_file, load_gguf_tokenizer
 from app.core.models.model_source import default_model_gguf
@@ -103,7 +105,7 @@ def test_the_default_models_ids_are_the_ones_auto_tokenizer_gives(default_tokeni
 
 def test_the_default_models_special_tokens_and_chat_template(default_tokenizer: Any) -> None:
     tokenizer = default_tokenizer
-    assert type(tokenizer).__name__ == "TokenizersBackend"
+    assert isinstance(tokenizer, StandaloneTokenizer)
     assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token, tokenizer.unk_token) == (
         "<|im_start|>",
         "<|im_end|>",
@@ -154,6 +156,18 @@ def test_tiny_tokenizers_match_auto_tokenizer(kind: str, tiny_ggufs: dict[str, P
     assert_same_tokenizer(load_gguf_tokenizer(path), AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
 
 
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city — «today»",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+
+
 def assert_same_tokenizer(ours: Any, theirs: Any) -> None:
     """The backend's JSON, special and added tokens, ids, decoding and chat template all equal."""
     assert json.loads(ours.backend_tokenizer.to_str()) == json.loads(theirs.backend_tokenizer.to_str())
@@ -162,7 +176,12 @@ def assert_same_tokenizer(ours: Any, theirs: Any) -> None:
         "eos_token",
         "unk_token",
         "pad_token",
-        "all_special_ids",
+        "bos_token_id",
+        "eos_token_id",
+        "unk_token_id",
+        "pad_token_id",
+        "all_special_tokens",
+        "special_tokens_map",
         "add_bos_token",
         "chat_template",
     ):
@@ -170,12 +189,26 @@ def assert_same_tokenizer(ours: Any, theirs: Any) -> None:
     assert {i: repr(t) for i, t in ours.added_tokens_decoder.items()} == {
         i: repr(t) for i, t in theirs.added_tokens_decoder.items()
     }
+    assert len(ours) == len(theirs) and ours.get_vocab() == theirs.get_vocab()
+    specials = [str(t) for t in theirs.added_tokens_decoder.values()]
+    assert ours.convert_tokens_to_ids(specials) == theirs.convert_tokens_to_ids(specials)
+    assert ours.convert_tokens_to_ids("no-such-token") == theirs.convert_tokens_to_ids("no-such-token")
     for prompt in [*PROMPTS, SAMPLE_TEXT]:
         ids = ours(prompt)["input_ids"]
         assert ids == theirs(prompt)["input_ids"], prompt
+        for options in ({"add_special_tokens": False}, {"add_special_tokens": False, "split_special_tokens": True}):
+            assert ours(prompt, **options)["input_ids"] == theirs(prompt, **options)["input_ids"], (prompt, options)
         assert ours.decode(ids) == theirs.decode(ids)
         assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(ids, skip_special_tokens=True)
-    assert ours.apply_chat_template(CHAT, tokenize=False) == theirs.apply_chat_template(CHAT, tokenize=False)
+        assert ours.decode(ids, clean_up_tokenization_spaces=True) == theirs.decode(
+            ids, clean_up_tokenization_spaces=True
+        )
+    assert ours(PROMPTS[3])["input_ids"] == theirs(PROMPTS[3])["input_ids"]  # split_special_tokens did not stick
+    if theirs.chat_template:
+        for options in ({}, {"add_generation_prompt": True}, {"add_generation_prompt": True, "tools": TOOLS}):
+            rendered = ours.apply_chat_template(CHAT, tokenize=False, **options)
+            assert rendered == theirs.apply_chat_template(CHAT, tokenize=False, **options), options
+        assert ours.apply_chat_template(CHAT) == theirs.apply_chat_template(CHAT, return_dict=False)
 
 
 def test_the_end_of_reply_ids_include_end_of_turn(tiny_ggufs: dict[str, Path]) -> None:
@@ -206,7 +239,7 @@ def test_a_second_load_reads_the_cache_s_copies_and_gives_the_same_tokenizer(
     path = default_model_gguf() if kind == "default" else tiny_ggufs[kind]
     built = load_gguf_tokenizer(path)
     copies = sorted(p.name for p in (isolated_cache / "gguf-tokenizers").iterdir())
-    assert sorted(name.rsplit(".", 1)[1] for name in copies) == ["config", "json"], copies
+    assert sorted(name.rsplit(".", 1)[1] for name in copies) == ["json", "settings"], copies
 
     def refuse(*args: object) -> None:
         raise AssertionError("the second load built the tokenizer from the header again")
@@ -217,10 +250,77 @@ def test_a_second_load_reads_the_cache_s_copies_and_gives_the_same_tokenizer(
     assert_same_tokenizer(again, built)
 
 
+def test_a_second_load_never_imports_transformers(isolated_cache: Path) -> None:
+    load_gguf_tokenizer(default_model_gguf())  # the first load builds it through transformers, and keeps copies
+    code = (
+        "import sys\n"
+        "from app.core.models.gguf_tokenizer import load_gguf_tokenizer\n"
+        "from app.core.models.model_source import default_model_gguf\n"
+        "from app.core.chat.chat_format import format_prompt\n"
+        "from app.core.chat.detok import IncrementalDetokenizer\n"
+        "from app.core.chat.events import ChatMessage\n"
+        "tokenizer = load_gguf_tokenizer(default_model_gguf())\n"
+        "ids = format_prompt(tokenizer, [ChatMessage('user', 'Paris?')]).ids\n"
+        "detok = IncrementalDetokenizer(tokenizer)\n"
+        "text = ''.join(detok.add(i) for i in tokenizer('Paris is nice')['input_ids'])\n"
+        "print(len(ids) > 5, repr(text), 'transformers' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True 'Paris is nice' False"
+
+
+def test_the_default_model_s_tokenizer_is_transformers_own(default_tokenizer: Any) -> None:
+    from app.core.models.gguf_tokenizer import build_with_transformers
+
+    assert_same_tokenizer(default_tokenizer, build_with_transformers(default_model_gguf()))
+
+
+def test_an_older_hearth_s_copies_are_replaced(isolated_cache: Path) -> None:
+    path = default_model_gguf()
+    load_gguf_tokenizer(path)
+    folder = isolated_cache / "gguf-tokenizers"
+    [settings] = folder.glob("*.settings")
+    prefix = settings.name.rsplit("-", 1)[0]
+    # before 2026-12-07: transformers' kwargs as NAME.config; and settings of a format this Hearth does not know
+    older = json.dumps({"add_bos_token": False, "bos_token": "<|im_start|>"}, sort_keys=True).encode()
+    other = json.dumps({"format": 99}).encode()
+    settings.unlink()
+    for data, suffix in ((older, ".config"), (other, ".settings")):
+        (folder / f"{prefix}-{hashlib.sha256(data).hexdigest()[:16]}{suffix}").write_bytes(data)
+    notices: list[str] = []
+    again = load_gguf_tokenizer(path, notices)
+    assert notices == []  # not damage: rebuilt quietly
+    assert sorted(p.name for p in folder.iterdir() if not p.name.endswith(".json")) == [settings.name]
+    assert again("What is the capital of France?")["input_ids"] == DEFAULT_MODEL_IDS["What is the capital of France?"]
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"format": 0}, "not tokenizer settings of format 1"),
+        ({"special_tokens": {"bos_token": "<s>"}}, "its special tokens are not the four named ones"),
+        ({"special_tokens": dict.fromkeys(SPECIAL_TOKEN_NAMES, 7)}, "a special token is not a string"),
+        ({"all_special_tokens": "<s>"}, "its list of special tokens is not a list of strings"),
+        ({"add_bos_token": "true"}, "add_bos_token is not true or false"),
+        ({"chat_template": ["x"]}, "its chat template is not text"),
+    ],
+)
+def test_settings_that_cannot_make_a_tokenizer_are_named(
+    default_tokenizer: Any, change: dict[str, Any], problem: str
+) -> None:
+    from app.core.models.gguf_tokenizer import build_with_transformers
+
+    settings = {**settings_of(build_with_transformers(default_model_gguf())), **change}
+    assert settings_problem(settings) == problem
+    with pytest.raises(ValueError, match=f"tokenizer settings: {problem}"):
+        StandaloneTokenizer(default_tokenizer.backend_tokenizer, settings)
+
+
 def test_a_damaged_config_copy_is_moved_aside_and_the_tokenizer_built_again(isolated_cache: Path) -> None:
     path = default_model_gguf()
     built = load_gguf_tokenizer(path)
-    [config] = (isolated_cache / "gguf-tokenizers").glob("*.config")
+    [config] = (isolated_cache / "gguf-tokenizers").glob("*.settings")
     whole = config.read_bytes()
     config.write_bytes(whole.replace(b'"add_bos_token": false', b'"add_bos_token": true '))  # a hand edit
     notices: list[str] = []

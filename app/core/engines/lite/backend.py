@@ -79,7 +79,7 @@ from app.core.fastpath.packed_cache import torch_version
 from app.core.memory.fit import window_that_fits
 from app.core.memory.types import DeviceMemory, MemoryPlan, format_bytes
 from app.core.models.gguf_meta import read_gguf_header
-from app.core.models.gguf_tokenizer import gguf_eos_ids, gguf_tokenizer_file, load_gguf_tokenizer
+from app.core.models.gguf_tokenizer import gguf_eos_ids, gguf_tokenizer_file, load_gguf_tokenizer, tokenizer_kept
 from app.core.models.model_source import (
     ModelSource,
     check_folder_weights,
@@ -95,7 +95,8 @@ log = logging.getLogger(__name__)
 RUNTIME_ENV = "HEARTH_RUNTIME"  # "auto" (torch-free where it can run), "torch" (never), "lite" (refuse otherwise)
 RUNTIME_CHOICES = ("auto", "torch", "lite")
 RUNTIME_FLOOR_BYTES = 64 << 20  # the interpreter, numpy and the tokenizer before any weight (~45 MiB measured)
-IMPORTS_BYTES = 68 << 20  # the interpreter, numpy, tokenizers and the load path imported (measured: 68-69 MiB)
+IMPORTS_BYTES = 49 << 20  # the interpreter, numpy, tokenizers and the load path imported (measured: 48.8 MiB)
+TOKENIZER_BUILD_BYTES = 21 << 20  # transformers, imported by a file's first load to build its tokenizer (21.0 MiB)
 
 
 GGUF_DECLINED = "this GGUF file: "  # begins the reason when the runtime would take the load but not this file
@@ -193,14 +194,18 @@ def lite_plan(request: LoadRequest, free_bytes: int | None = None, replies: int 
             weights = resident_weight_bytes(header, library.lib if isinstance(library, NativeLibrary) else None)
             label = file_type_label(header)
             counts = parameter_counts(header)
+            first_load = not tokenizer_kept(candidate.gguf)
         else:
             assert candidate.folder is not None and candidate.packed is not None
             config = LiteConfig.read(candidate.folder)
             weights, label, counts = config.weight_bytes(candidate.packed.stat().st_size), "", (0, 0)
+            first_load = False
     except (LiteUnavailable, HearthError, OSError) as exc:
         return str(exc)
     window = min(config.context_window, request.context_length or config.context_window)
-    return memory_plan(candidate.source.display_name, config, weights, window, label, free_bytes, counts, replies)
+    return memory_plan(
+        candidate.source.display_name, config, weights, window, label, free_bytes, counts, replies, first_load
+    )
 
 
 def memory_plan(
@@ -212,11 +217,14 @@ def memory_plan(
     free_bytes: int | None = None,
     parameters: tuple[int, int] = (0, 0),
     replies: int = 1,
+    builds_tokenizer: bool = False,
 ) -> MemoryPlan:
     """The planner's plan for this runtime's own figures: the weights as mapped (a GGUF file's tensors to the byte,
     or the packed copy and norms), a bf16 KV cache per reply, one prefill chunk's activations (a batched step's rows
     take less) and the runtime's floor, against the memory available now. `gguf_type`: the GGUF file's type (e.g.
-    Q4_K_M), "" for a packed copy, which has no batched step: its replies decode one at a time, in one cache."""
+    Q4_K_M), "" for a packed copy, which has no batched step: its replies decode one at a time, in one cache.
+    `builds_tokenizer`: a GGUF's first load, which imports transformers to build the tokenizer (later loads read the
+    copies it keeps)."""
     free = int(psutil.virtual_memory().available) if free_bytes is None else free_bytes
     replies = replies if gguf_type else 1
     per_token = config.kv_bytes_per_token
@@ -224,7 +232,7 @@ def memory_plan(
         # prompt cache's block being read back and the one being copied out
         activations = forward_scratch_bytes(config, default_threads(), min(PREFILL_CHUNK, window), window)
         activations += 2 * CacheShape(config.layers, config.kv_heads, config.head_dim).block_bytes
-        runtime = IMPORTS_BYTES + runtime_bytes(config.vocab)
+        runtime = IMPORTS_BYTES + runtime_bytes(config.vocab) + (TOKENIZER_BUILD_BYTES if builds_tokenizer else 0)
     else:
         activations = PREFILL_CHUNK * (2 * config.inter + 3 * config.hidden + config.heads * config.head_dim) * 4 * 3
         runtime = RUNTIME_FLOOR_BYTES
@@ -299,6 +307,7 @@ def open_lite_backend(
         progress(f"Opening {source.display_name} (torch-free runtime)…", 0.1)
     recovered: list[str] = []
     model: DecoderRuntime
+    first_load = candidate.gguf is not None and not tokenizer_kept(candidate.gguf)
     try:
         if candidate.gguf is not None:
             gguf_model = open_gguf_model(candidate.gguf)
@@ -331,7 +340,9 @@ def open_lite_backend(
     if request.context_length:
         window = min(window, request.context_length)
     if not request.ignore_fit:
-        plan = memory_plan(source.display_name, model.config, model.weight_bytes, window, label)
+        plan = memory_plan(
+            source.display_name, model.config, model.weight_bytes, window, label, builds_tokenizer=first_load
+        )
         try:
             window = window_that_fits(plan, request.context_length is not None, notices) or window
         except HearthError:

@@ -124,12 +124,12 @@ def test_the_plan_before_loading_is_the_runtime_s_own(packed_default: str, monke
 
 
 def test_a_damaged_tokenizer_copy_is_told_in_the_load_s_notes(isolated_cache: Path) -> None:
-    """The default model on its GGUF: the cached tokenizer's config hand-edited between two loads."""
+    """The default model on its GGUF: the cached tokenizer's settings hand-edited between two loads."""
     request = LoadRequest(None, device="cpu", response_cache=False)
     first = open_lite_backend(request)
     assert isinstance(first, LiteBackend)
     first.close()
-    [config] = (isolated_cache / "gguf-tokenizers").glob("*.config")
+    [config] = (isolated_cache / "gguf-tokenizers").glob("*.settings")
     config.write_bytes(config.read_bytes() + b" ")
     again = open_lite_backend(request)
     assert isinstance(again, LiteBackend)
