@@ -11,6 +11,7 @@ TokenizersBackend does; the tests hold the two equal on the default model and on
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from app.core.chat.chat_template import render_chat
@@ -73,6 +74,7 @@ class StandaloneTokenizer:
         backend.no_truncation()  # as transformers encodes: never cut a prompt, never pad it
         backend.no_padding()
         self._tokenizer = backend
+        self._encoding = threading.Lock()
         self.name_or_path = name_or_path
         self.chat_template: str | dict[str, str] | None = settings["chat_template"]
         special: dict[str, str | None] = settings["special_tokens"]
@@ -136,9 +138,10 @@ class StandaloneTokenizer:
     # -- text to ids and back
     def encode(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False) -> list[int]:
         """`text`'s ids; `split_special_tokens`: a special token's text is encoded as text, not as the token."""
-        if self._tokenizer.encode_special_tokens != split_special_tokens:
-            self._tokenizer.encode_special_tokens = split_special_tokens
-        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        with self._encoding:  # the switch is the backend's: another thread's encode must not see this one's
+            if self._tokenizer.encode_special_tokens != split_special_tokens:
+                self._tokenizer.encode_special_tokens = split_special_tokens
+            return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def __call__(
         self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False

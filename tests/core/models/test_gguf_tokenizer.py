@@ -7,6 +7,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -364,3 +365,41 @@ def test_a_special_token_id_outside_the_vocabulary_is_corrupt(tmp_path: Path) ->
     path = write_gguf(tmp_path / "bad-eos.gguf", _spec(eos=len(spec.tokens) + 5))
     with pytest.raises(CorruptModelError, match=r"bad-eos\.gguf: its tokenizer's eos_token id \d+ is not one of its"):
         load_gguf_tokenizer(path)
+
+
+class SlowSwitch:
+    """A tokenizers backend whose special-token switch takes a moment to set (the GIL is let go meanwhile), so that
+    another thread runs between one thread's switch and its encode."""
+
+    def __init__(self, backend: Any) -> None:
+        object.__setattr__(self, "backend", backend)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.backend, name, value)
+        time.sleep(0.001)
+
+
+def test_threads_encoding_at_once_each_get_their_own_special_token_handling(default_tokenizer: Any) -> None:
+    """split_special_tokens is a switch on the shared backend: one thread's must never leak into another's encode."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.core.models.gguf_tokenizer import build_with_transformers
+
+    settings = settings_of(build_with_transformers(default_model_gguf()))
+    tokenizer = StandaloneTokenizer(SlowSwitch(default_tokenizer.backend_tokenizer), settings)
+    text = "<|im_start|>user\nHi<|im_end|>"
+    as_tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+    as_text = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert as_tokens != as_text
+
+    def encode(index: int) -> bool:
+        split = index % 2 == 1
+        return tokenizer(text, add_special_tokens=False, split_special_tokens=split)["input_ids"] == (
+            as_text if split else as_tokens
+        )
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(encode, range(200)))
