@@ -41,6 +41,7 @@ def _verdict(verdict: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from app.core.engines.verdicts import library_verdict
     from app.core.memory.verdict import Verdict, model_verdict
     from app.core.models import library
 
@@ -59,12 +60,17 @@ def run(args: argparse.Namespace) -> int:
             return Verdict("unknown", note="not planned (--no-verdict)")
         return model_verdict(source, quantization=quant, device=device)
 
+    def verdict_on_disk(model: library.LibraryModel) -> Verdict:
+        if args.no_verdict:
+            return Verdict("unknown", note="not planned (--no-verdict)")
+        return library_verdict(model, quantization=quant, device=device)
+
     if args.recommended:
         return _print_recommended(args, verdict_for)
     models = library.list_models()
     rows = []
     for model in models:
-        verdict = verdict_for(model.config if model.config is not None else None)
+        verdict = verdict_on_disk(model)
         rows.append((model, verdict))
     if args.json:
         for model, verdict in rows:

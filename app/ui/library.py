@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.engines.verdicts import library_verdict
 from app.core.errors import HearthError
 from app.core.memory import verdict as fit
 from app.core.memory.verdict import VERDICT_CONTEXT
@@ -215,14 +216,16 @@ class LibraryWindow(QDialog):
 
     def _plan_verdicts(self, generation: int) -> None:
         quant, device = self.quantization, self.device
-        local = [(i, m.config) for i, m in enumerate(self.models)]
+        local = list(enumerate(self.models))
         recommended = [(i, r.config) for i, r in enumerate(self.recommended)]
 
         def verdicts() -> tuple[int, list[tuple[str, int, fit.Verdict]]]:
-            results: list[tuple[str, int, fit.Verdict]] = []
-            for table, rows in (("local", local), ("recommended", recommended)):
-                for row, config in rows:
-                    results.append((table, row, fit.model_verdict(config, quantization=quant, device=device)))
+            # a model on disk: the plan of the runtime its load would take (a GGUF's plans without torch)
+            results: list[tuple[str, int, fit.Verdict]] = [
+                ("local", row, library_verdict(model, quantization=quant, device=device)) for row, model in local
+            ]
+            for row, config in recommended:
+                results.append(("recommended", row, fit.model_verdict(config, quantization=quant, device=device)))
             return generation, results
 
         self.status_label.setText("Planning memory for each model…")

@@ -1,10 +1,12 @@
-"""The one GGUF header reader: the library and the planner read the same config from a file, and damaged files
-are named as such."""
+"""The one GGUF header reader: the library shows the type and context the planner reads from a file, and damaged
+files are named as such."""
 
 from __future__ import annotations
 
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,14 +24,25 @@ def _key(name: str) -> bytes:
     return struct.pack("<Q", len(name)) + name.encode()
 
 
-def test_the_library_lists_the_config_the_planner_reads() -> None:
+def test_the_library_shows_the_type_and_context_the_planner_reads() -> None:
     gguf = default_model_gguf()
     config, parameters = gguf_summary(gguf)
-    assert config == config_dict_from_gguf(gguf)
-    assert config["model_type"] == "llama" and config["num_key_value_heads"] == 3
+    planned = config_dict_from_gguf(gguf)
+    assert config == {key: planned[key] for key in ("model_type", "max_position_embeddings")}
+    assert config == {"model_type": "llama", "max_position_embeddings": 8192}
+    assert planned["num_key_value_heads"] == 3
     # Keys the library's old hand-written table of 8 left out, so its plans differed from the planner's.
-    assert config["rms_norm_eps"] == pytest.approx(1e-5) and config["rope_theta"] == 100000.0
+    assert planned["rms_norm_eps"] == pytest.approx(1e-5) and planned["rope_theta"] == 100000.0
     assert parameters == 134_515_008 == read_gguf_header(gguf).parameters
+    code = (
+        "import sys\n"
+        "from app.core.models.gguf_meta import gguf_summary\n"
+        "from app.core.models.model_source import default_model_gguf\n"
+        "gguf_summary(default_model_gguf())\n"
+        "print('transformers' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
 
 
 def test_a_whole_file_is_complete_and_a_cut_one_is_named_incomplete(tmp_path: Path) -> None:
