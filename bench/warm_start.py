@@ -4,8 +4,8 @@ against another revision (or alone), interleaved.
     python bench/warm_start.py [--model FILE.gguf] [--runs 8] [--against REV]
 
 Each side runs `hearth chat --model FILE -t 0 --max-tokens 1 --no-response-cache Hello` from its own tree, with its
-own cache folder (HEARTH_CACHE_DIR, seeded with this cache's compiled kernels) and its own bytecode folder. One run
-per side warms them (the tokenizer's copies, the saved prefetch choice, the bytecode) and is not counted. Then the
+own cache folder (HEARTH_CACHE_DIR, seeded with this cache's compiled kernels). One run per side warms it (the
+tokenizer's copies, the saved prefetch choice, and the bytecode where it is missing) and is not counted. Then the
 sides alternate, run by run; each run is timed from before its process starts to the first byte of the reply on
 stdout (the command prints each token as it comes), and to its exit. Prints each side's median and range, and the
 median of the paired ratios (REV ÷ this tree), with the machine named. Issue 29's goal: ≤ 2 s to the first token
@@ -40,13 +40,14 @@ def chat_command(model: Path) -> list[str]:
 
 
 def side_environment(tree: Path, folder: Path) -> dict[str, str]:
-    """The side's own cache (seeded with the kernels compiled here) and bytecode folders."""
+    """The side's own cache folder (seeded with the kernels compiled here); its bytecode is written beside its sources
+    by the warming run where it is missing."""
     cache = folder / "cache"
     kernels = cache_dir() / "native"
     if kernels.is_dir() and not (cache / "native").exists():
         shutil.copytree(kernels, cache / "native")
     env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
-    env.update(PYTHONPATH=str(tree), HEARTH_CACHE_DIR=str(cache), PYTHONPYCACHEPREFIX=str(folder / "bytecode"))
+    env.update(PYTHONPATH=str(tree), HEARTH_CACHE_DIR=str(cache))
     return env
 
 

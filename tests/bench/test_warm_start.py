@@ -20,8 +20,6 @@ def test_it_times_fresh_processes_to_the_first_token(capsys: pytest.CaptureFixtu
 
 
 def test_a_failing_command_is_said_with_its_error(tmp_path: Path) -> None:
-    not_a_model = tmp_path / "not-a-model.gguf"
-    not_a_model.write_bytes(b"not a GGUF file")
     env = warm_start.side_environment(warm_start.ROOT, tmp_path / "side")
-    with pytest.raises(SystemExit, match=r"hearth chat failed in .* \(exit \d+\): .*not-a-model\.gguf"):
-        warm_start.timed_run(warm_start.ROOT, not_a_model, env)
+    with pytest.raises(SystemExit, match=r"hearth chat failed in .* \(exit 2\): hearth: No model at .*gone\.gguf"):
+        warm_start.timed_run(warm_start.ROOT, tmp_path / "gone.gguf", env)

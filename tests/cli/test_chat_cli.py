@@ -131,3 +131,16 @@ def test_pickle_folder_refused_on_the_command_line(tmp_path: Path, capsys: pytes
 def test_empty_prompt_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["chat", "--quant", "bf16", "   "]) == 2
     assert "The prompt is empty" in capsys.readouterr().err
+
+
+def test_a_model_that_is_not_there_is_said_before_torch_is_imported() -> None:
+    """The torch-free runtime declines a path it can't find; the load must not import torch (~3 s) to say so."""
+    code = (
+        "import sys\n"
+        "from app.cli import main\n"
+        "code = main(['chat', '--model', '/definitely/not/here.gguf', 'hi'])\n"
+        "print(code, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "2 False", done.stderr
+    assert done.stderr.strip() == "hearth: No model at /definitely/not/here.gguf: the path does not exist."

@@ -17,6 +17,7 @@ from dataclasses import replace
 from app.core.engines.backend import ChatBackend, LoadRequest, ProgressCallback
 from app.core.engines.lite.backend import GGUF_DECLINED, LiteRefused, open_lite_backend, runtime_choice
 from app.core.memory.types import MemoryPlan
+from app.core.models.model_source import resolve_model
 
 log = logging.getLogger(__name__)
 ONE_AT_A_TIME_NOTE = (
@@ -38,6 +39,7 @@ def open_backend(
         from app.core.engines.remote.session import open_remote_backend
 
         return open_remote_backend(request)
+    resolve_model(request.model)  # a model that is not there is said now, not after importing torch (~3 s)
     choice = runtime or runtime_choice()
     declined = ""  # why the torch-free runtime did not take the load
     if choice != "torch":
@@ -75,7 +77,7 @@ def plan_load(
         if plan.replies < replies:
             plan = replace(plan, notes=(*plan.notes, ONE_AT_A_TIME_NOTE))
         return plan
-    from app.core.models.model_source import read_config, resolve_model
+    from app.core.models.model_source import read_config
 
     source = resolve_model(request.model) if request.model is None or not request.model.endswith(".json") else None
     if source is not None and source.kind != "gguf" and (source.path / "config.json").is_file():
