@@ -32,14 +32,6 @@ def _count(parameters: int | None) -> str:
     return f"{parameters / 1e9:.1f}B" if parameters >= 1e9 else f"{parameters / 1e6:.0f}M"
 
 
-def _verdict(verdict: object) -> str:
-    from app.core.memory.verdict import Verdict
-    from app.core.models.hub_repo import format_bytes
-
-    assert isinstance(verdict, Verdict)
-    return f"{verdict.label} ({format_bytes(verdict.total_bytes)})" if verdict.total_bytes else verdict.label
-
-
 def run(args: argparse.Namespace) -> int:
     from app.core.engines.verdicts import library_verdict
     from app.core.memory.verdict import Verdict, model_verdict
@@ -103,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         f"FITS ({quant}, {device})"
     )
     for model, verdict in rows:
-        label = _verdict(verdict) if model.complete else "incomplete download"
+        label = verdict.summary if model.complete else "incomplete download"
         print(
             f"{model.name:<{width}}  {model.kind:<9}  {model.size_bytes / 1e9:>6.2f}GB  "
             f"{model.architecture or '?':<12} "
@@ -146,7 +138,7 @@ def _print_recommended(args: argparse.Namespace, verdict_for: object) -> int:
         verdict = verdict_for(entry.config)
         print(
             f"{entry.repo_id:<{width}}  {_count(entry.parameters):>6}  {entry.licence:<38} "
-            f"{'yes' if entry.gated else 'no':<5}  {_verdict(verdict)}"
+            f"{'yes' if entry.gated else 'no':<5}  {verdict.summary}"
         )
     print("\nDownload one with `hearth pull REPO`; gated models need `hearth token set` first.")
     return 0

@@ -23,15 +23,6 @@ from app.ui.tasks import TaskRunner
 log = logging.getLogger(__name__)
 
 
-def verdict_text(verdict: fit.Verdict) -> str:
-    if verdict.fits == "unknown":
-        return "unknown"
-    text = verdict.label
-    if verdict.total_bytes:
-        text += f" ({hub_repo.format_bytes(verdict.total_bytes)})"
-    return text
-
-
 def error_text(exc: BaseException) -> str:
     if isinstance(exc, HearthError):
         return str(exc)
@@ -198,9 +189,7 @@ class DownloadDialog(QDialog):
                 f"{plan.label}: {len(plan.files)} files, {hub_repo.format_bytes(plan.total_bytes)} "
                 f"({gated}{licence}safetensors/GGUF only){already}."
             )
-            self.verdict_label.setText(
-                f"Memory at {self.quantization} on {self.device}: {verdict_text(result.verdict)}"
-            )
+            self.verdict_label.setText(f"Memory at {self.quantization} on {self.device}: {result.verdict.summary}")
             if plan.gguf_files and len(plan.gguf_files) > 1:
                 self._fill_choices(plan.gguf_files, plan.choice)
             if plan.present_bytes and plan.total_bytes:

@@ -39,7 +39,7 @@ from app.core.memory.verdict import VERDICT_CONTEXT
 from app.core.models import hub, hub_repo, library
 from app.core.models.quant import QUANTIZATIONS, auto_summary
 from app.ui.dialogs import fit_to_screen
-from app.ui.download_dialog import DownloadDialog, error_text, verdict_text
+from app.ui.download_dialog import DownloadDialog, error_text
 from app.ui.tasks import TaskRunner
 
 log = logging.getLogger(__name__)
@@ -256,8 +256,8 @@ class LibraryWindow(QDialog):
         self.status_label.setText(error_text(exc))
 
     def _set_verdict(self, table: QTableWidget, row: int, verdict: fit.Verdict) -> None:
-        item = QTableWidgetItem(verdict_text(verdict))
-        tooltip = f"{verdict_text(verdict)}. {verdict.note}".strip()
+        item = QTableWidgetItem(verdict.summary)
+        tooltip = f"{verdict.summary}. {verdict.note}".strip()
         if verdict.max_context:
             tooltip = f"Largest context that fits: {verdict.max_context:,} tokens. {tooltip}".strip()
         item.setToolTip(tooltip)

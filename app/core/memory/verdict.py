@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.core.errors import HearthError
+from app.core.memory.types import format_bytes
 from app.core.models.library import describe_config, read_config
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,13 @@ class Verdict:
     @property
     def label(self) -> str:
         return FIT_LABELS[self.fits]
+
+    @property
+    def summary(self) -> str:
+        """The label with the memory it needs where known, in the plan's units: "fits (367.1 MiB)"."""
+        if self.fits == "unknown" or not self.total_bytes:
+            return self.label
+        return f"{self.label} ({format_bytes(self.total_bytes)})"
 
 
 def model_verdict(

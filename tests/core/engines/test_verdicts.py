@@ -61,3 +61,11 @@ def test_listing_a_gguf_library_never_imports_torch() -> None:
     assert done.returncode == 0, done.stderr
     assert "SmolLM2-135M-Instruct (default)" in done.stdout and "fits (" in done.stdout
     assert done.stderr.strip().splitlines()[-1] == "False False"
+
+
+def test_the_summary_gives_the_plan_s_units() -> None:
+    """One wording for `hearth models` and the library window: the memory in the units `hearth plan` prints."""
+    assert fit.Verdict("yes", total_bytes=384_951_552).summary == "fits (367.1 MiB)"
+    assert fit.Verdict("no", total_bytes=5 * 2**30).summary == "too large (5.00 GiB)"
+    assert fit.Verdict("unknown", total_bytes=2**20, note="no config").summary == "unknown"
+    assert fit.Verdict("offload").summary == "fits with offload"
