@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
+from tests.helpers.fresh_process import run_fresh
 
 
 def hearth(*args: str, stdin: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -135,12 +136,6 @@ def test_empty_prompt_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_a_model_that_is_not_there_is_said_before_torch_is_imported() -> None:
     """The torch-free runtime declines a path it can't find; the load must not import torch (~3 s) to say so."""
-    code = (
-        "import sys\n"
-        "from app.cli import main\n"
-        "code = main(['chat', '--model', '/definitely/not/here.gguf', 'hi'])\n"
-        "print(code, 'torch' in sys.modules)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.stdout.strip() == "2 False", done.stderr
-    assert done.stderr.strip() == "hearth: No model at /definitely/not/here.gguf: the path does not exist."
+    done = run_fresh("from app.cli import main\nprint(main(['chat', '--model', '/definitely/not/here.gguf', 'hi']))\n")
+    assert done.out == "2" and "torch" not in done.imported
+    assert done.err == "hearth: No model at /definitely/not/here.gguf: the path does not exist."

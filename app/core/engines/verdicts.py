@@ -37,10 +37,4 @@ def library_verdict(
     except Exception as exc:  # a file the plan cannot read must not break the list
         log.warning("memory plan failed on %s: %s", model.path, exc)
         return Verdict("unknown", note=f"the planner could not read this model ({type(exc).__name__})")
-    return Verdict(
-        fits=plan.fits,
-        total_bytes=plan.total_bytes,
-        parameters=plan.parameters,
-        max_context=plan.max_context,
-        note="; ".join(plan.notes),
-    )
+    return Verdict.of_plan(plan)

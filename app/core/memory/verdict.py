@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.core.errors import HearthError
-from app.core.memory.types import format_bytes
+from app.core.memory.types import MemoryPlan, format_bytes
 from app.core.models.library import describe_config, read_config
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,11 @@ class Verdict:
     parameters: int | None = None
     max_context: int | None = None
     note: str = ""
+
+    @classmethod
+    def of_plan(cls, plan: MemoryPlan) -> Verdict:
+        """What a memory plan says of the model (its notes joined into one)."""
+        return cls(plan.fits, plan.total_bytes, plan.parameters, plan.max_context, "; ".join(plan.notes))
 
     @property
     def label(self) -> str:
@@ -73,10 +78,4 @@ def model_verdict(
     except Exception as exc:  # a config the planner does not understand must not break the list
         log.warning("memory planner failed on %s: %s", source if isinstance(source, Path) else "config", exc)
         return Verdict("unknown", note=f"the planner could not read this model ({type(exc).__name__})")
-    return Verdict(
-        fits=plan.fits,
-        total_bytes=plan.total_bytes,
-        parameters=plan.parameters,
-        max_context=plan.max_context,
-        note="; ".join(getattr(plan, "notes", ()) or ()),
-    )
+    return Verdict.of_plan(plan)

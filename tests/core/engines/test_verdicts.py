@@ -3,8 +3,6 @@ plan (what `hearth plan` prints), without importing torch; a folder's from the m
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from app.core.engines.backend import LoadRequest
@@ -13,6 +11,7 @@ from app.core.engines.verdicts import library_verdict
 from app.core.memory import verdict as fit
 from app.core.models import library
 from app.core.models.library import LibraryModel
+from tests.helpers.fresh_process import run_fresh
 
 FREE = 16 * 2**30
 
@@ -51,16 +50,9 @@ def test_a_gguf_that_cannot_be_read_is_unknown_with_the_reason(tmp_path: Path) -
 
 
 def test_listing_a_gguf_library_never_imports_torch() -> None:
-    code = (
-        "import sys\n"
-        "from app.cli import main\n"
-        "assert main(['models']) == 0\n"
-        "print('torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "SmolLM2-135M-Instruct (default)" in done.stdout and "fits (" in done.stdout
-    assert done.stderr.strip().splitlines()[-1] == "False False"
+    done = run_fresh("from app.cli import main\nassert main(['models']) == 0\n")
+    assert "SmolLM2-135M-Instruct (default)" in done.out and "fits (" in done.out
+    assert done.imported == set()
 
 
 def test_the_summary_gives_the_plan_s_units() -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from app.core.errors import CorruptModelError
 from app.core.models.gguf_meta import check_gguf_complete, config_dict_from_gguf, gguf_summary, read_gguf_header
 from app.core.models.model_source import default_model_gguf
+from tests.helpers.fresh_process import run_fresh
 
 
 def _header(*entries: bytes, kv_count: int) -> bytes:
@@ -34,15 +33,12 @@ def test_the_library_shows_the_type_and_context_the_planner_reads() -> None:
     # Keys the library's old hand-written table of 8 left out, so its plans differed from the planner's.
     assert planned["rms_norm_eps"] == pytest.approx(1e-5) and planned["rope_theta"] == 100000.0
     assert parameters == 134_515_008 == read_gguf_header(gguf).parameters
-    code = (
-        "import sys\n"
+    done = run_fresh(
         "from app.core.models.gguf_meta import gguf_summary\n"
         "from app.core.models.model_source import default_model_gguf\n"
-        "gguf_summary(default_model_gguf())\n"
-        "print('transformers' in sys.modules)\n"
+        "print(gguf_summary(default_model_gguf()))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+    assert done.out.endswith("134515008)") and done.imported == set()
 
 
 def test_a_whole_file_is_complete_and_a_cut_one_is_named_incomplete(tmp_path: Path) -> None:
