@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from app.core.engines.verdicts import library_verdict
     from app.core.memory.verdict import Verdict, model_verdict
     from app.core.models import library
+    from app.core.models.hub_repo import format_bytes
 
     if args.cache:
         return show_cache(as_json=args.json)
@@ -91,15 +92,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     width = max(len(m.name) for m in models)
     print(
-        f"{'NAME':<{width}}  {'KIND':<9}  {'SIZE':>8}  {'ARCH':<12} {'PARAMS':>6}  {'CONTEXT':>7}  "
+        f"{'NAME':<{width}}  {'KIND':<9}  {'SIZE':>9}  {'ARCH':<12} {'PARAMS':>6}  {'CONTEXT':>7}  "
         f"FITS ({quant}, {device})"
     )
     for model, verdict in rows:
         label = verdict.summary if model.complete else "incomplete download"
         print(
-            f"{model.name:<{width}}  {model.kind:<9}  {model.size_bytes / 1e9:>6.2f}GB  "
+            f"{model.name:<{width}}  {model.kind:<9}  {format_bytes(model.size_bytes):>9}  "
             f"{model.architecture or '?':<12} "
-            f"{_count(model.parameters or verdict.parameters):>6}  {model.context_length or 0:>7}  {label}"
+            f"{_count(model.parameters or verdict.parameters):>6}  {model.context_length or 0:>7,}  {label}"
         )
     from app.core.models.hub import pending_downloads
 

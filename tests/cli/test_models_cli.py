@@ -42,6 +42,7 @@ def test_models_lists_the_default(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("NAME")
     assert "SmolLM2-135M-Instruct (default)" in out and "llama" in out and "135M" in out
+    assert " 98.4 MB " in out.splitlines()[1]  # the file's size as the library window shows it
 
 
 def test_models_json_has_a_verdict(capsys: pytest.CaptureFixture[str]) -> None:
