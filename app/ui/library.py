@@ -192,6 +192,9 @@ class LibraryWindow(QDialog):
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         header.setMinimumSectionSize(60)
+        # One line a row: with word wrap Qt broke "org/model" at the slash and cut the second line, so three
+        # HuggingFaceTB/… rows could not be told apart; unwrapped, the table's elide mode decides what shows.
+        table.setWordWrap(False)
         return table
 
     @property

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from keyring.backends import fail
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
@@ -85,6 +85,10 @@ def test_window_lists_models_and_recommendations_with_verdicts(qtbot: QtBot) -> 
     llama_row = next(i for i, e in enumerate(recommended) if e.repo_id == "meta-llama/Llama-3.1-8B-Instruct")
     assert cell(window, llama_row, 5, "recommended") == "yes: needs a token"
     assert cell(window, llama_row, 6, "recommended") not in ("", "planning…")
+    # one line a row, elided where the name says most: a wrapped "HuggingFaceTB/" hid which model a row was
+    for table in (window.local_table, window.recommended_table):
+        assert not table.wordWrap()
+    assert window.recommended_table.textElideMode() == Qt.TextElideMode.ElideLeft
     window.wait_for_workers()
 
 
