@@ -16,17 +16,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.core.models.gguf_meta import BLOCK_SIZES
+
 # ggml's type numbers (gguf.constants.GGMLQuantizationType) of the formats the kernel computes on.
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
 TYPE_NAMES = {
     F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q4_K: "Q4_K",
     Q5_K: "Q5_K", Q6_K: "Q6_K", BF16: "BF16",
 }  # fmt: skip
-# (values, bytes) per block, as hearth_gg_geometry reports them (checked against it when the library loads)
-GEOMETRY = {
-    F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24),
-    Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
-}  # fmt: skip
+# (values, bytes) per block of the types above: the file format's, as hearth_gg_geometry reports them too (checked
+# against it when the library loads)
+GEOMETRY = {kind: BLOCK_SIZES[kind] for kind in TYPE_NAMES}
 # A type's 16-row layout (hearth_gg_repack_x16): its code is the file type's plus X16; (values, bytes) per block,
 # the file's except Q4_K's and Q5_K's 12 packed bytes of scales and mins, which it keeps as 16 (checked at load).
 X16 = 100

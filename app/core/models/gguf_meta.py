@@ -252,14 +252,26 @@ def read_gguf_arrays(path: Path, keys: Collection[str]) -> dict[str, Any]:
     return {key: metadata[key] for key in keys if key in metadata}
 
 
+# (values, bytes) per block of the ggml types the kernel computes on and the other K-quants: gguf-py's
+# GGML_QUANT_SIZES for them (the tests hold the two equal). Another type's size comes from the gguf package, whose
+# import costs ~30 ms at every load (it reads its writer, vocabulary and YAML modules too).
+BLOCK_SIZES = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 10: (256, 84),
+    11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 30: (1, 2),
+}  # fmt: skip
+
+
 def tensor_bytes(kind: int, count: int) -> int:
     """Bytes of one tensor's data; 0 for a type this gguf package does not know (never a false 'incomplete')."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    sizes = BLOCK_SIZES.get(kind)
+    if sizes is None:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    try:
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-    except (ValueError, KeyError):
-        return 0
+        try:
+            sizes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            return 0
+    block, size = sizes
     return count // block * size
 
 

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from app.core.errors import CorruptModelError
-from app.core.models.gguf_meta import check_gguf_complete, config_dict_from_gguf, gguf_summary, read_gguf_header
+from app.core.models.gguf_meta import (
+    BLOCK_SIZES,
+    check_gguf_complete,
+    config_dict_from_gguf,
+    gguf_summary,
+    read_gguf_header,
+    tensor_bytes,
+)
 from app.core.models.model_source import default_model_gguf
 from tests.helpers.fresh_process import run_fresh
 
@@ -102,3 +109,15 @@ def test_the_config_carries_the_tokenizers_special_ids() -> None:
         2,
         0,
     )
+
+
+def test_the_block_sizes_are_gguf_s_own() -> None:
+    """The sizes that spare every load importing the gguf package, against that package's table."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    assert {kind: GGML_QUANT_SIZES[GGMLQuantizationType(kind)] for kind in BLOCK_SIZES} == BLOCK_SIZES
+    iq4_nl = int(GGMLQuantizationType.IQ4_NL)  # a type outside the table: its size still comes from gguf's
+    assert (
+        iq4_nl not in BLOCK_SIZES and tensor_bytes(iq4_nl, 64) == 2 * GGML_QUANT_SIZES[GGMLQuantizationType.IQ4_NL][1]
+    )
+    assert tensor_bytes(9999, 64) == 0  # a type gguf does not know either: never a false "incomplete"

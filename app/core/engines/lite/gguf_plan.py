@@ -158,16 +158,23 @@ def resident_weight_bytes(header: GGUFHeader, library: Any = None) -> int:
     return total
 
 
+# llama.cpp's file types (general.file_type, gguf-py's LlamaFileType without its MOSTLY_/ALL_ prefixes). A table
+# here: importing the gguf package for its enum also reads its writer, vocabulary and YAML modules (~30 ms at every
+# load). The tests hold it equal to the installed gguf's enum.
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M",
+    13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS",
+    21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S",
+    29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4",
+    40: "Q1_0", 1024: "GUESSED",
+}  # fmt: skip
+
+
 def file_type_label(header: GGUFHeader) -> str:
     """The file's type as llama.cpp names it (Q4_K_M, Q8_0, ...), from general.file_type; else its main tensor type."""
     kind = header.metadata.get("general.file_type")
-    if isinstance(kind, int) and not isinstance(kind, bool):
-        try:
-            from gguf.constants import LlamaFileType
-
-            return LlamaFileType(kind).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-        except (ImportError, ValueError):
-            pass
+    if isinstance(kind, int) and not isinstance(kind, bool) and kind in FILE_TYPES:
+        return FILE_TYPES[kind]
     counts: dict[int, int] = {}
     for tensor in header.tensors:
         if len(tensor.dims) == 2:

@@ -35,6 +35,7 @@ from app.core.fastpath.huge_pages import arena_bytes, arena_on_huge_pages
 from app.core.models.gguf_meta import read_gguf_header
 from app.core.models.model_source import default_model_gguf
 from app.core.storage.paths import cache_dir
+from tests.helpers.fresh_process import run_fresh
 from tests.helpers.gguf_files import LLAMA_SHAPE, byte_level_bpe, llama_permute, random_blocks, write_gguf
 from tests.helpers.gguf_reference import ReferenceModel
 
@@ -742,3 +743,22 @@ def test_the_prefetch_is_measured_named_and_never_changes_a_bit(
     monkeypatch.setenv("HEARTH_PREFETCH", "sometimes")
     with pytest.raises(LiteUnavailable, match="HEARTH_PREFETCH='sometimes' is not one of on, off"):
         open_gguf_model(path)
+
+
+def test_the_file_type_names_are_gguf_s_own() -> None:
+    """The table that spares every load importing the gguf package, against that package's enum."""
+    from gguf.constants import LlamaFileType
+
+    from app.core.engines.lite.gguf_plan import FILE_TYPES
+
+    names = {member.value: member.name.removeprefix("MOSTLY_").removeprefix("ALL_") for member in LlamaFileType}
+    assert names == FILE_TYPES
+    assert file_type_label(read_gguf_header(default_model_gguf())) == "Q4_1"
+    done = run_fresh(
+        "import sys\n"
+        "from app.core.engines.lite.gguf_plan import file_type_label\n"
+        "from app.core.models.gguf_meta import read_gguf_header\n"
+        "from app.core.models.model_source import default_model_gguf\n"
+        "print(file_type_label(read_gguf_header(default_model_gguf())), 'gguf' in sys.modules)\n"
+    )
+    assert done.out == "Q4_1 False"
