@@ -48,15 +48,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"Added {added.name} ({added.path}); load it with --model {added.spec}")
         return 0
 
+    not_planned = Verdict("unknown", note="not planned (--no-verdict)")
+
     def verdict_for(source: Path | dict[str, object] | None) -> Verdict:
-        if args.no_verdict:
-            return Verdict("unknown", note="not planned (--no-verdict)")
-        return model_verdict(source, quantization=quant, device=device)
+        return not_planned if args.no_verdict else model_verdict(source, quantization=quant, device=device)
 
     def verdict_on_disk(model: library.LibraryModel) -> Verdict:
-        if args.no_verdict:
-            return Verdict("unknown", note="not planned (--no-verdict)")
-        return library_verdict(model, quantization=quant, device=device)
+        return not_planned if args.no_verdict else library_verdict(model, quantization=quant, device=device)
 
     if args.recommended:
         return _print_recommended(args, verdict_for)

@@ -8,17 +8,13 @@ declines, is planned by the memory planner as before (app.core.memory.verdict).
 
 from __future__ import annotations
 
-import logging
 from typing import cast
 
 from app.core.engines.backend import LoadRequest
 from app.core.engines.opening import plan_load
-from app.core.errors import HearthError
-from app.core.memory.verdict import VERDICT_CONTEXT, Verdict, model_verdict
+from app.core.memory.verdict import VERDICT_CONTEXT, Verdict, model_verdict, planned_verdict
 from app.core.models.library import LibraryModel
 from app.core.models.quant import Quantization
-
-log = logging.getLogger(__name__)
 
 
 def library_verdict(
@@ -30,11 +26,4 @@ def library_verdict(
     request = LoadRequest(
         model.spec, quantization=cast(Quantization, quantization), device=device, context_length=VERDICT_CONTEXT
     )
-    try:
-        plan = plan_load(request, free_bytes)
-    except HearthError as exc:
-        return Verdict("unknown", note=str(exc))
-    except Exception as exc:  # a file the plan cannot read must not break the list
-        log.warning("memory plan failed on %s: %s", model.path, exc)
-        return Verdict("unknown", note=f"the planner could not read this model ({type(exc).__name__})")
-    return Verdict.of_plan(plan)
+    return planned_verdict(lambda: plan_load(request, free_bytes), model.path)

@@ -6,6 +6,7 @@ Imports the planner (and so torch) only when a verdict is asked for: call it off
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -71,11 +72,19 @@ def model_verdict(
         from app.core.memory.planner import plan_memory  # torch: only when a verdict is asked for
     except ImportError:
         return Verdict("unknown", note="the memory planner is not available")
+    return planned_verdict(
+        lambda: plan_memory(source, quantization=quantization, context=context, device=device, free_bytes=free_bytes),
+        source if isinstance(source, Path) else "config",
+    )
+
+
+def planned_verdict(plan: Callable[[], MemoryPlan], what: object) -> Verdict:
+    """The verdict of the plan `plan` makes of `what`, or `unknown` with why: the user's error as it says, any other
+    failure as the planner's, logged (a config or file the planner does not understand must not break a list)."""
     try:
-        plan = plan_memory(source, quantization=quantization, context=context, device=device, free_bytes=free_bytes)
+        return Verdict.of_plan(plan())
     except HearthError as exc:
         return Verdict("unknown", note=str(exc))
-    except Exception as exc:  # a config the planner does not understand must not break the list
-        log.warning("memory planner failed on %s: %s", source if isinstance(source, Path) else "config", exc)
+    except Exception as exc:
+        log.warning("memory planner failed on %s: %s", what, exc)
         return Verdict("unknown", note=f"the planner could not read this model ({type(exc).__name__})")
-    return Verdict.of_plan(plan)
