@@ -84,14 +84,22 @@ def load_gguf_tokenizer(path: Path, notices: list[str] | None = None) -> Standal
     transformers (and the copies made). UnsupportedModelError for a tokenizer type transformers cannot build,
     CorruptModelError for a header that does not hold together. A damaged copy is moved aside (a line in `notices`)
     and built again."""
+    return load_gguf_tokenizer_and_file(path, notices)[0]
+
+
+def load_gguf_tokenizer_and_file(
+    path: Path, notices: list[str] | None = None
+) -> tuple[StandaloneTokenizer, Path | None]:
+    """load_gguf_tokenizer, and the cache's tokenizer.json it was read from or kept in (None where the cache could
+    not keep it): what gguf_tokenizer_file would find, without reading and hashing it a second time."""
     cached = _cached_tokenizer(path, notices)
     if cached is not None:
-        backend, settings = cached
-        return StandaloneTokenizer(backend, settings, name_or_path=str(path.parent))
+        backend, settings, read_from = cached
+        return StandaloneTokenizer(backend, settings, name_or_path=str(path.parent)), read_from
     built = build_with_transformers(path)
     settings = settings_of(built)
-    _keep_copies(path, built, settings, notices)
-    return StandaloneTokenizer(built.backend_tokenizer, settings, name_or_path=str(path.parent))
+    kept_in = _keep_copies(path, built, settings, notices)
+    return StandaloneTokenizer(built.backend_tokenizer, settings, name_or_path=str(path.parent)), kept_in
 
 
 def build_with_transformers(path: Path) -> Any:
@@ -117,22 +125,24 @@ def build_with_transformers(path: Path) -> Any:
     return tokenizer
 
 
-def _keep_copies(path: Path, tokenizer: Any, settings: dict[str, Any], notices: list[str] | None) -> None:
-    """The tokenizer.json and settings of a tokenizer just built, for the next load; best effort (a full or read-only
-    cache, a setting JSON cannot hold: the next load builds it again)."""
+def _keep_copies(path: Path, tokenizer: Any, settings: dict[str, Any], notices: list[str] | None) -> Path | None:
+    """The tokenizer.json and settings of a tokenizer just built, for the next load; the tokenizer.json's path.
+    Best effort (a full or read-only cache, a setting JSON cannot hold: the next load builds it again)."""
     try:
         data = json.dumps(settings, sort_keys=True).encode()
     except (TypeError, ValueError) as exc:
         log.info("tokenizer settings of %s not kept: %s", path, exc)
-        return
+        return None
     try:
-        gguf_tokenizer_file(path, tokenizer, notices)
+        json_file = gguf_tokenizer_file(path, tokenizer, notices)
         folder, prefix = _copies(path)
         _write_verified(folder, prefix, data, SETTINGS_SUFFIX)
         for older in folder.glob(f"{prefix}*{OLDER_SUFFIX}"):
             older.unlink(missing_ok=True)
     except OSError as exc:
         log.info("tokenizer copies of %s not kept: %s", path, exc)
+        return None
+    return json_file
 
 
 SETTINGS_SUFFIX = ".settings"  # the tokenizer's settings beside its tokenizer.json ("*.json" is the tokenizer's alone)
@@ -183,16 +193,19 @@ def _write_verified(folder: Path, prefix: str, data: bytes, suffix: str) -> Path
     return target
 
 
-def _cached_tokenizer(path: Path, notices: list[str] | None) -> tuple[Any, dict[str, Any]] | None:
-    """(the tokenizers backend, its settings) from the cache's verified copies of this file version, or None. Settings
-    of another format (another Hearth's) are removed: the tokenizer is built again and kept anew."""
+def _cached_tokenizer(path: Path, notices: list[str] | None) -> tuple[Any, dict[str, Any], Path] | None:
+    """(the tokenizers backend, its settings, the tokenizer.json) from the cache's verified copies of this file
+    version, or None. Settings of another format (another Hearth's) are removed: the tokenizer is built again and
+    kept anew."""
     from tokenizers import Tokenizer
 
     try:
         folder, prefix = _copies(path)
         settings_file = _find_verified(folder, prefix, SETTINGS_SUFFIX, notices)
+        if settings_file is None:  # built again: its tokenizer.json is checked once, where the copies are kept
+            return None
         tokenizer_file = _find_verified(folder, prefix, ".json", notices)
-        if settings_file is None or tokenizer_file is None:
+        if tokenizer_file is None:
             return None
         settings = json.loads(settings_file.read_bytes())
         problem = settings_problem(settings)
@@ -204,7 +217,7 @@ def _cached_tokenizer(path: Path, notices: list[str] | None) -> tuple[Any, dict[
     except Exception as exc:  # OSError, bad JSON, or tokenizers' plain Exception: build from the header instead
         log.info("tokenizer copies of %s not used: %s", path, exc)
         return None
-    return backend, settings
+    return backend, settings, tokenizer_file
 
 
 def gguf_eos_ids(path: Path) -> set[int]:

@@ -79,7 +79,12 @@ from app.core.fastpath.packed_cache import torch_version
 from app.core.memory.fit import window_that_fits
 from app.core.memory.types import DeviceMemory, MemoryPlan, format_bytes
 from app.core.models.gguf_meta import read_gguf_header
-from app.core.models.gguf_tokenizer import gguf_eos_ids, gguf_tokenizer_file, load_gguf_tokenizer, tokenizer_kept
+from app.core.models.gguf_tokenizer import (
+    gguf_eos_ids,
+    gguf_tokenizer_file,
+    load_gguf_tokenizer_and_file,
+    tokenizer_kept,
+)
 from app.core.models.model_source import (
     ModelSource,
     check_folder_weights,
@@ -312,10 +317,11 @@ def open_lite_backend(
         if candidate.gguf is not None:
             gguf_model = open_gguf_model(candidate.gguf)
             model = gguf_model
-            tokenizer = load_gguf_tokenizer(candidate.gguf, recovered)  # a damaged cached copy: said, not lost
+            # a damaged cached copy: said, not lost; the tokenizer.json it came from serves the window's token counts
+            tokenizer, tokenizer_file = load_gguf_tokenizer_and_file(candidate.gguf, recovered)
             eos = gguf_eos_ids(candidate.gguf) | token_ids([getattr(tokenizer, "eos_token_id", None)])
             fingerprint, label = file_fingerprint(candidate.gguf), file_type_label(gguf_model.header)
-            tokenizer_file: Path | None = gguf_tokenizer_file(candidate.gguf, tokenizer, recovered)
+            tokenizer_file = tokenizer_file or gguf_tokenizer_file(candidate.gguf, tokenizer, recovered)
         else:
             assert candidate.folder is not None
             folder = candidate.folder

@@ -123,6 +123,37 @@ def test_the_plan_before_loading_is_the_runtime_s_own(packed_default: str, monke
     assert lite_plan(LoadRequest(packed_default, device="cpu")) == "HEARTH_RUNTIME=torch"
 
 
+@pytest.mark.parametrize("load", ["first", "warm"])
+def test_a_load_reads_and_hashes_the_tokenizer_copy_once(
+    load: str, isolated_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenizer.json a load builds the tokenizer from, or keeps, is the one the window counts tokens with: it is
+    not looked up and hashed again."""
+    from app.core.models import gguf_tokenizer
+
+    request = LoadRequest(None, device="cpu", response_cache=False)
+    if load == "warm":
+        first = open_lite_backend(request)
+        assert isinstance(first, LiteBackend)
+        first.close()
+    looked_up: list[str] = []
+    find_verified = gguf_tokenizer._find_verified
+
+    def counting(folder: Path, prefix: str, suffix: str, notices: list[str] | None) -> Path | None:
+        looked_up.append(suffix)
+        return find_verified(folder, prefix, suffix, notices)
+
+    monkeypatch.setattr(gguf_tokenizer, "_find_verified", counting)
+    backend = open_lite_backend(request)
+    assert isinstance(backend, LiteBackend)
+    try:
+        assert looked_up.count(".json") == 1, looked_up
+        [kept] = (isolated_cache / "gguf-tokenizers").glob("*.json")
+        assert backend.info.tokenizer_file == str(kept)
+    finally:
+        backend.close()
+
+
 def test_a_damaged_tokenizer_copy_is_told_in_the_load_s_notes(isolated_cache: Path) -> None:
     """The default model on its GGUF: the cached tokenizer's settings hand-edited between two loads."""
     request = LoadRequest(None, device="cpu", response_cache=False)
