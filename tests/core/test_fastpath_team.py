@@ -54,6 +54,44 @@ def test_a_try_far_slower_than_the_best_ends_after_its_first_call() -> None:
     assert used[14:17] == [2, 2, 2]
 
 
+def run_measured(chooser: TeamChooser, seconds_per_token: dict[int, float], cores_had: float, calls: int) -> list[int]:
+    """As run, each call with the process's CPU time: `cores_had` of the team's threads on a core the whole call."""
+    used = []
+    for _ in range(calls):
+        size = chooser.size
+        used.append(size)
+        seconds = seconds_per_token[size]
+        chooser.record(size, seconds, 1, cpu_seconds=seconds * min(size, cores_had))
+    return used
+
+
+def test_a_team_that_had_its_cores_is_never_tried_smaller_and_one_short_of_them_is() -> None:
+    chooser = TeamChooser(2, explore_every=10, explore_calls=2)
+    quiet = run_measured(chooser, {2: 0.02, 1: 0.04}, cores_had=2, calls=300)
+    assert quiet == [2] * 300  # no try of one thread: it could only be slower
+    busy = run_measured(chooser, {2: 0.2, 1: 0.05}, cores_had=1.1, calls=10)  # another program took a core
+    assert busy[1] == 1 and busy[-5:] == [1] * 5  # the time moved and the CPU time says why: one tried and kept
+    later = run_measured(chooser, {2: 0.02, 1: 0.05}, cores_had=2, calls=100)
+    assert later[-20:] == [2] * 20  # two tried again on one's schedule, found faster, and kept untried since
+
+
+def test_the_timed_calls_give_the_chooser_the_process_s_cpu_time() -> None:
+    wall, cpu = [0.0], [0.0]
+    chooser = TeamChooser(2, explore_every=10, clock=lambda: wall[0], cpu_clock=lambda: cpu[0])
+    for _ in range(50):
+        with chooser.timed(1) as threads:
+            assert threads == 2
+            wall[0] += 0.01
+            cpu[0] += 0.019  # 1.9 cores' time: the team had both
+    starved = []
+    for _ in range(FIRST_TRY + 12):
+        with chooser.timed(1) as threads:
+            starved.append(threads)
+            wall[0] += 0.03 if threads == 2 else 0.012
+            cpu[0] += 0.03 if threads == 2 else 0.012  # one core's time for two threads: another program has one
+    assert 1 in starved
+
+
 def test_sizes_tried_are_halvings_down_to_one() -> None:
     assert TeamChooser(8).candidates() == [8, 4, 2, 1]
     assert TeamChooser(1).candidates() == [1]

@@ -14,6 +14,13 @@ quiet machine the tries of one thread cost 7 % of a 4-reply batch's rate), a try
 as the best ends there (beside one busy process a two-thread decode step took 7x one thread's time: three such calls
 cost more than the forty-odd fast ones between tries), and any clear change in the chosen size's own time per token
 (a load that came or went) brings the next try forward.
+A try only starts when the largest team's recent calls show it short of cores: the process's CPU time over them (a
+moving average) below HAD_CORES of team size x wall time. A team that had its cores cannot run faster on fewer, and
+on a quiet machine a try of one thread is pure loss: the first long prompt of a process ran chunks 2 and 3 of 6 on
+one thread (1B Q6_K, 1,519 tokens: 12.3 s against 9.4 on two threads throughout; 2-core Zen 4, 2026-12-07).
+Measured there: a two-thread prefill call used 1.96 cores' time per second of wall time and decode steps 1.78-2.11
+(median 1.99); beside one busy process 1.15 and 0.93-1.22. A team already smaller than the largest still tries
+larger sizes on the schedule (its own time cannot say whether cores came free).
 Decode steps and prefill chunks each have their own chooser (their times per token differ a hundredfold). The
 kernel's results do not depend on the team size (row-invariant products, attention in fixed chunks), so switching
 never changes a reply.
@@ -34,6 +41,7 @@ SLOWER = 1.25  # a tried size this much slower per token than the best is tried 
 ABANDON = 2.0  # a try whose first call is this much slower than the best ends after that call
 MAX_BACKOFF = 8  # explore_every intervals at most between tries
 LOAD_CHANGE = 1.3  # the best size's time per token moved this far (either way) since the last try: try again now
+HAD_CORES = 0.8  # CPU time over team size x wall time from which the team had its cores (no try of a smaller one)
 
 
 @dataclass
@@ -44,6 +52,7 @@ class TeamChooser:
     explore_every: int = EXPLORE_EVERY  # 0: never try another size (a team size asked for outright)
     explore_calls: int = EXPLORE_CALLS
     clock: Callable[[], float] = time.perf_counter
+    cpu_clock: Callable[[], float] = time.process_time  # this process's CPU time, every thread's
     average: dict[int, float] = field(default_factory=dict)  # team size -> seconds per token
     _calls: int = 0
     _trying: int = 0  # the size under trial, 0 when none
@@ -51,6 +60,9 @@ class TeamChooser:
     _next: int = FIRST_TRY  # the call count at which the next try starts
     _interval: int = 0  # calls between tries now (explore_every, doubled while the tries measure clearly slower)
     _baseline: float | None = None  # the best size's time per token when the last try ended
+    _cpu: float = 0.0  # moving average of the largest team's calls' CPU seconds ...
+    _wall: float = 0.0  # ... and of their wall seconds times the team size
+    _unmeasured: bool = False  # the last such call came without its CPU time
 
     def __post_init__(self) -> None:
         self.largest = max(1, self.largest)
@@ -84,9 +96,15 @@ class TeamChooser:
     def size(self) -> int:
         return self._trying or self.best
 
-    def record(self, size: int, seconds: float, tokens: int) -> None:
-        """One call's wall time on `size` threads for `tokens` tokens; starts or ends a trial of another size."""
+    def record(self, size: int, seconds: float, tokens: int, cpu_seconds: float | None = None) -> None:
+        """One call's wall time on `size` threads for `tokens` tokens (and the process's CPU time over it, None where
+        unknown); starts or ends a trial of another size."""
         per_token = seconds / max(1, tokens)
+        if size == self.largest:
+            self._unmeasured = cpu_seconds is None
+            if cpu_seconds is not None:
+                self._cpu = (1 - SMOOTHING) * self._cpu + SMOOTHING * cpu_seconds
+                self._wall = (1 - SMOOTHING) * self._wall + SMOOTHING * seconds * size
         previous = self.average.get(size)
         if previous is None or (self._trying == size and self._tried == 0):  # a try's first call: old news gone
             self.average[size] = per_token
@@ -111,6 +129,8 @@ class TeamChooser:
         now = self.average.get(self.best)
         if self._baseline and now and not 1 / LOAD_CHANGE < now / self._baseline < LOAD_CHANGE:
             self._next, self._interval, self._baseline = self._calls, self.explore_every, None  # conditions changed
+        if self._calls >= self._next and self.best == self.largest and self._had_cores():
+            self._next = self._calls + self._interval  # the team had its cores: nothing to try
         if self._calls >= self._next:
             others = [candidate for candidate in self.candidates() if candidate != self.best]
             untried = [candidate for candidate in others if candidate not in self.average]
@@ -118,9 +138,14 @@ class TeamChooser:
             self._trying = (untried or others)[(self._calls // self.explore_every) % len(untried or others)]
             self._tried = 0
 
+    def _had_cores(self) -> bool:
+        """Whether the largest team's recent calls ran with every thread on a core of its own (their CPU time), and
+        so no smaller team is worth a try."""
+        return not self._unmeasured and self._wall > 0 and self._cpu >= HAD_CORES * self._wall
+
     @contextmanager
     def timed(self, tokens: int) -> Iterator[int]:
         """`with chooser.timed(tokens) as threads:` run the call on `threads`; its time is recorded."""
-        size, started = self.size, self.clock()
+        size, started, cpu_started = self.size, self.clock(), self.cpu_clock()
         yield size
-        self.record(size, self.clock() - started, tokens)
+        self.record(size, self.clock() - started, tokens, self.cpu_clock() - cpu_started)
