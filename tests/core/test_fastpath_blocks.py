@@ -178,7 +178,9 @@ def test_the_16_row_layout_computes_what_the_file_s_rows_do(kind: int, precise: 
     product within the activation bound, the row layout's result to float rounding, every row's result the same bits
     alone, in any tile and on any threads, and the same bits in every build (their integer sums are exact and their
     float operations the same); the scalar build has no layout (None) and the load keeps the file's rows. 11 inputs:
-    AVX-512 takes K-quants 8 at a time, then 3; 8 of them (x[3:]) make one such tile."""
+    AVX-512 takes K-quants 8 at a time, then 3; 8 of them (x[3:]) make one such tile. Tiles of 8 (AVX2: 4) inputs
+    are read from the copy that lays them side by side (gtile_put), the rest from each input's own buffers: the
+    same bits either way."""
     rows, cols, n = 96, 768, 11
     data = weights_of(kind, rows, cols).reshape(-1)
     x = np.random.default_rng(6).standard_normal((n, cols)).astype(np.float32)
@@ -194,13 +196,17 @@ def test_the_16_row_layout_computes_what_the_file_s_rows_do(kind: int, precise: 
         assert layout is not None, name
         code, packed = layout
         assert code == blocks.X16 + kind and packed.nbytes == rows * blocks.row_bytes(code, cols)
+        before = library.hearth_tiled_calls()
         together = blocks.matmul(library, code, packed, rows, x, threads=2, bias=bias, precise=precise)
+        assert library.hearth_tiled_calls() > before, name  # the inputs' tiles were read
         assert np.abs(together - exact).max() / np.abs(exact).max() < (PRECISE_BOUND if precise else PRODUCT_BOUND)
         by_rows = blocks.matmul(library, kind, data, rows, x, threads=2, bias=bias, precise=precise)
         assert np.abs(together - by_rows).max() <= 1e-5 * np.abs(by_rows).max()
+        before = library.hearth_tiled_calls()
         for k in range(n):
             alone = blocks.matmul(library, code, packed, rows, x[k : k + 1], threads=1, bias=bias, precise=precise)
             assert np.array_equal(alone[0], together[k]), f"input {k}"
+        assert library.hearth_tiled_calls() == before, name  # one input: no tile
         assert np.array_equal(blocks.matmul(library, code, packed, rows, x[3:], 2, bias, precise), together[3:])
         results[name] = together
     if len(results) < 1:

@@ -135,6 +135,8 @@ int hearth_layout(int which) {
 static int amx_on = 0;
 static int64_t amx_calls = 0;
 int64_t hearth_amx_calls(void) { return __atomic_load_n(&amx_calls, __ATOMIC_RELAXED); }
+static int64_t tiled_calls = 0; /* runs of 16-row groups that read their inputs from tiles (gtile_put) */
+int64_t hearth_tiled_calls(void) { return __atomic_load_n(&tiled_calls, __ATOMIC_RELAXED); }
 int hearth_amx(int want) {
 #if HEARTH_AMX_BUILT
     if (want >= 0) {
@@ -1724,6 +1726,13 @@ int hearth_gg_dequant(int type, const void *src, int64_t n, float *out) {
 /* One matrix input: the fp32 values (float weights read them) and their quantization per 32 values: int8 values q
  * (or, precise, the high halves h) and `l` the low halves (NULL for int8), the scale per 32, d * sum per 32, and the
  * integer sum per 16 (Q6_K's -32 offset). */
+#define TILE_SLOTS 8 /* inputs side by side in a tile (gtile_put): AVX-512's wide tile; AVX2 reads a tile 4 at a time */
+typedef struct {
+    int8_t *q, *l; /* [chunk][step (8 of 4 values)][slot][4 bytes] */
+    float *d, *s;  /* [chunk][slot] */
+    int32_t *n16;  /* [half chunk][slot] */
+} gtile;
+
 typedef struct {
     const float *f;
     const int8_t *q;
@@ -1731,6 +1740,8 @@ typedef struct {
     const float *d;
     const float *s;
     const int32_t *n16;
+    gtile tile; /* a copy of the above in slot `slot` of a tile (tile.q NULL: none) */
+    int slot;
 } gvec;
 
 #if HEARTH_AVX2
@@ -2416,6 +2427,14 @@ static inline void x16_store(const float *out, float *target, const float *bias,
     }
 }
 
+/* Input k's step i (4 values) of chunk j (f: q or l), its d or s of chunk j (f), its n16 of half chunk h, for the
+ * 16-row kernels' inputs x[0..count): from their tile when `tiled` (slots x[0].slot + k of x[0]'s tile), else from
+ * each input's own buffers. The same numbers either way. */
+#define XQL(f, k, j, i)                                                                                                \
+    (tiled ? x[0].tile.f + (((int64_t)(j) * 8 + (i)) * TILE_SLOTS + x[0].slot + (k)) * 4 : x[k].f + 32 * (int64_t)(j) + 4 * (i))
+#define XDS(f, k, j) (tiled ? x[0].tile.f[(int64_t)(j) * TILE_SLOTS + x[0].slot + (k)] : x[k].f[j])
+#define XN16(k, h) (tiled ? x[0].tile.n16[(int64_t)(h) * TILE_SLOTS + x[0].slot + (k)] : x[k].n16[h])
+
 #if HEARTH_AVX512
 /* acc + the dot products of w's bytes with the 4 bytes at p in every lane: vpdpbusd with p's broadcast folded in
  * (its {1to16} form) and acc updated in place; as intrinsics gcc loads the broadcast apart and copies acc around
@@ -2482,7 +2501,7 @@ static inline __attribute__((always_inline)) __m512i x16_q6_values(__m512i ql0, 
 /* The 16 rows of one group of a 16-row layout (`blocks` blocks of its type) against `count` inputs:
  * result[k] lane r = row r . input k. Always inlined with constant type, count and precise. */
 static inline __attribute__((always_inline)) void x16_group(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
-                                                            const gvec *x, int count, int precise, __m512 *result) {
+                                                            const gvec *x, int count, int precise, int tiled, __m512 *result) {
     __m512 acc[X16_TILE], off[X16_TILE];
     const int prefetch = __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED);
     for (int k = 0; k < count; k++) acc[k] = off[k] = _mm512_setzero_ps();
@@ -2501,11 +2520,11 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                 __m512i lo, hi;
                 x16_small_step(type, qs, qh, i, &lo, &hi);
                 for (int k = 0; k < count; k++) {
-                    ia[k] = dpbusd_bcast(ia[k], lo, x[k].q + 32 * b + 4 * i);
-                    ia[k] = dpbusd_bcast(ia[k], hi, x[k].q + 32 * b + 16 + 4 * i);
+                    ia[k] = dpbusd_bcast(ia[k], lo, XQL(q, k, b, i));
+                    ia[k] = dpbusd_bcast(ia[k], hi, XQL(q, k, b, 4 + i));
                     if (precise) {
-                        la[k] = dpbusd_bcast(la[k], lo, x[k].l + 32 * b + 4 * i);
-                        la[k] = dpbusd_bcast(la[k], hi, x[k].l + 32 * b + 16 + 4 * i);
+                        la[k] = dpbusd_bcast(la[k], lo, XQL(l, k, b, i));
+                        la[k] = dpbusd_bcast(la[k], hi, XQL(l, k, b, 4 + i));
                     }
                 }
             }
@@ -2513,9 +2532,9 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
             const int zero_point = x16_with_min(type) ? 0 : x16_five(type) ? 16 : 8;
             for (int k = 0; k < count; k++) {
                 __m512i dot = precise ? _mm512_add_epi32(_mm512_slli_epi32(ia[k], 8), la[k]) : ia[k];
-                if (zero_point) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(zero_point * (x[k].n16[2 * b] + x[k].n16[2 * b + 1])));
-                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(x[k].d[b])), acc[k]);
-                if (x16_with_min(type)) off[k] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[k].s[b]), off[k]);
+                if (zero_point) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(zero_point * (XN16(k, 2 * b) + XN16(k, 2 * b + 1))));
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(XDS(d, k, b))), acc[k]);
+                if (x16_with_min(type)) off[k] = _mm512_fmadd_ps(m, _mm512_set1_ps(XDS(s, k, b)), off[k]);
             }
         } else if (type == GG_Q8_0_X16) { /* signed bytes as q + 128, and 128 times the input's sum taken off (exact) */
             __m512i ia[X16_TILE], la[X16_TILE];
@@ -2523,14 +2542,14 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
             for (int i = 0; i < 8; i++) {
                 const __m512i w = _mm512_xor_si512(_mm512_loadu_si512((const void *)(blk + 32 + 64 * i)), _mm512_set1_epi8((char)0x80));
                 for (int k = 0; k < count; k++) {
-                    ia[k] = dpbusd_bcast(ia[k], w, x[k].q + 32 * b + 4 * i);
-                    if (precise) la[k] = dpbusd_bcast(la[k], w, x[k].l + 32 * b + 4 * i);
+                    ia[k] = dpbusd_bcast(ia[k], w, XQL(q, k, b, i));
+                    if (precise) la[k] = dpbusd_bcast(la[k], w, XQL(l, k, b, i));
                 }
             }
             for (int k = 0; k < count; k++) {
                 __m512i dot = precise ? _mm512_add_epi32(_mm512_slli_epi32(ia[k], 8), la[k]) : ia[k];
-                dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * (x[k].n16[2 * b] + x[k].n16[2 * b + 1])));
-                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(x[k].d[b])), acc[k]);
+                dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * (XN16(k, 2 * b) + XN16(k, 2 * b + 1))));
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(XDS(d, k, b))), acc[k]);
             }
         } else if (type != GG_Q6_K_X16 && count > GG_TILE) {
             /* A wide tile: one sub-block at a time, and the mins' terms in a pass of their own after the blocks, so
@@ -2544,14 +2563,14 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                     if (prefetch && j8 % 2 == 0) x16_prefetch_step(blk, block_bytes, 4 * j8 + i, 32);
                     const __m512i w = x16_k_values(type, blk, j8, i);
                     for (int k = 0; k < count; k++) {
-                        ia[k] = dpbusd_bcast(ia[k], w, x[k].q + 32 * j + 4 * i);
-                        if (precise) la[k] = dpbusd_bcast(la[k], w, x[k].l + 32 * j + 4 * i);
+                        ia[k] = dpbusd_bcast(ia[k], w, XQL(q, k, j, i));
+                        if (precise) la[k] = dpbusd_bcast(la[k], w, XQL(l, k, j, i));
                     }
                 }
                 const __m512 a = _mm512_mul_ps(d, scales16(blk + 64 + 16 * j8, 0));
                 for (int k = 0; k < count; k++) {
                     if (precise) ia[k] = _mm512_add_epi32(_mm512_slli_epi32(ia[k], 8), la[k]);
-                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[k]), _mm512_mul_ps(a, _mm512_set1_ps(x[k].d[j])), acc[k]);
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[k]), _mm512_mul_ps(a, _mm512_set1_ps(XDS(d, k, j))), acc[k]);
                 }
             }
         } else if (type != GG_Q6_K_X16) {
@@ -2565,11 +2584,11 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                     __m512i wa, wb;
                     x16_k_step(type, blk, c, i, &wa, &wb);
                     for (int k = 0; k < count; k++) {
-                        ia[k] = dpbusd_bcast(ia[k], wa, x[k].q + 32 * ja + 4 * i);
-                        ib[k] = dpbusd_bcast(ib[k], wb, x[k].q + 32 * jb + 4 * i);
+                        ia[k] = dpbusd_bcast(ia[k], wa, XQL(q, k, ja, i));
+                        ib[k] = dpbusd_bcast(ib[k], wb, XQL(q, k, jb, i));
                         if (precise) {
-                            la[k] = dpbusd_bcast(la[k], wa, x[k].l + 32 * ja + 4 * i);
-                            lb[k] = dpbusd_bcast(lb[k], wb, x[k].l + 32 * jb + 4 * i);
+                            la[k] = dpbusd_bcast(la[k], wa, XQL(l, k, ja, i));
+                            lb[k] = dpbusd_bcast(lb[k], wb, XQL(l, k, jb, i));
                         }
                     }
                 }
@@ -2582,10 +2601,10 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                         ia[k] = _mm512_add_epi32(_mm512_slli_epi32(ia[k], 8), la[k]);
                         ib[k] = _mm512_add_epi32(_mm512_slli_epi32(ib[k], 8), lb[k]);
                     }
-                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[k]), _mm512_mul_ps(a0, _mm512_set1_ps(x[k].d[ja])), acc[k]);
-                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[k]), _mm512_mul_ps(a1, _mm512_set1_ps(x[k].d[jb])), acc[k]);
-                    off[k] = _mm512_fnmadd_ps(m0, _mm512_set1_ps(x[k].s[ja]), off[k]);
-                    off[k] = _mm512_fnmadd_ps(m1, _mm512_set1_ps(x[k].s[jb]), off[k]);
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[k]), _mm512_mul_ps(a0, _mm512_set1_ps(XDS(d, k, ja))), acc[k]);
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[k]), _mm512_mul_ps(a1, _mm512_set1_ps(XDS(d, k, jb))), acc[k]);
+                    off[k] = _mm512_fnmadd_ps(m0, _mm512_set1_ps(XDS(s, k, ja)), off[k]);
+                    off[k] = _mm512_fnmadd_ps(m1, _mm512_set1_ps(XDS(s, k, jb)), off[k]);
                 }
             }
         } else { /* Q6_K: a scale per 16 values; the -32 offset folded into the integer sum (exact). A step's four
@@ -2598,9 +2617,13 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                 for (int s = 0; s < 2; s++)
                     _Pragma("GCC unroll 4") for (int t0 = 0; t0 < 4; t0 += together) {
                         __m512i ia[X16_TILE][4], la[X16_TILE][4];
-                        for (int k = 0; k < count; k++)
-                            for (int tt = 0; tt < together; tt++) ia[k][tt] = la[k][tt] = _mm512_setzero_si512();
-                        for (int i = 4 * s; i < 4 * s + 4; i++) {
+                        for (int k = 0; k < count; k++) /* the -32 offset's sum first (the same integer sum) */
+                            for (int tt = 0; tt < together; tt++) {
+                                const __m512i offset = _mm512_set1_epi32(-32 * XN16(k, 2 * (b * 8 + 4 * h + t0 + tt) + s));
+                                ia[k][tt] = precise ? _mm512_setzero_si512() : offset;
+                                la[k][tt] = precise ? offset : _mm512_setzero_si512();
+                            }
+                        _Pragma("GCC unroll 4") for (int i = 4 * s; i < 4 * s + 4; i++) {
                             const uint8_t *v = qv + 192 * (8 * h + i);
                             if (t0 == 0 && prefetch) /* once per step */
                                 x16_prefetch_step(blk, block_bytes, 8 * h + i, 16);
@@ -2611,9 +2634,9 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                                 const int t = t0 + tt, j = b * 8 + 4 * h + t;
                                 const __m512i w = x16_q6_values(ql0, ql1, qh, t);
                                 for (int k = 0; k < count; k++) {
-                                    ia[k][tt] = dpbusd_bcast(ia[k][tt], w, x[k].q + 32 * j + 4 * i);
+                                    ia[k][tt] = dpbusd_bcast(ia[k][tt], w, XQL(q, k, j, i));
                                     if (precise)
-                                        la[k][tt] = dpbusd_bcast(la[k][tt], w, x[k].l + 32 * j + 4 * i);
+                                        la[k][tt] = dpbusd_bcast(la[k][tt], w, XQL(l, k, j, i));
                                 }
                             }
                         }
@@ -2621,9 +2644,8 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                             const int t = t0 + tt, j = b * 8 + 4 * h + t;
                             const __m512 a = _mm512_mul_ps(d, scales16(blk + 32 + 16 * (8 * h + 2 * t + s), 1));
                             for (int k = 0; k < count; k++) {
-                                __m512i dot = precise ? _mm512_add_epi32(_mm512_slli_epi32(ia[k][tt], 8), la[k][tt]) : ia[k][tt];
-                                dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(32 * x[k].n16[2 * j + s]));
-                                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a, _mm512_set1_ps(x[k].d[j])), acc[k]);
+                                const __m512i dot = precise ? _mm512_add_epi32(_mm512_slli_epi32(ia[k][tt], 8), la[k][tt]) : ia[k][tt];
+                                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a, _mm512_set1_ps(XDS(d, k, j))), acc[k]);
                             }
                         }
                     }
@@ -2635,7 +2657,7 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
             const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
             for (int j8 = 0; j8 < 8; j8++) {
                 const __m512 m = _mm512_mul_ps(dmin, scales16(blk + 192 + 16 * j8, 0));
-                for (int k = 0; k < count; k++) off[k] = _mm512_fnmadd_ps(m, _mm512_set1_ps(x[k].s[b * 8 + j8]), off[k]);
+                for (int k = 0; k < count; k++) off[k] = _mm512_fnmadd_ps(m, _mm512_set1_ps(XDS(s, k, b * 8 + j8)), off[k]);
             }
         }
     for (int k = 0; k < count; k++) result[k] = _mm512_add_ps(acc[k], off[k]);
@@ -2643,10 +2665,10 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
 
 /* One group's 16 rows against `count` inputs, into out[k][row]. */
 static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
-                                                                const gvec *x, int count, int precise,
+                                                                const gvec *x, int count, int precise, int tiled,
                                                                 float out[X16_TILE][X16_ROWS]) {
     __m512 res[X16_TILE];
-    x16_group(type, grp, blocks, block_bytes, x, count, precise, res);
+    x16_group(type, grp, blocks, block_bytes, x, count, precise, tiled, res);
     for (int k = 0; k < count; k++) _mm512_storeu_ps(out[k], res[k]);
 }
 #elif HEARTH_AVX2
@@ -2683,7 +2705,7 @@ static inline __m256i x16_close(__m256i total, __m256i run) { return _mm256_add_
 #endif
 
 static inline __attribute__((always_inline)) void x16_half(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
-                                                           int half, const gvec *x, int count, int precise,
+                                                           int half, const gvec *x, int count, int precise, int tiled,
                                                            __m256 *result) {
     __m256 acc[GG_TILE], off[GG_TILE];
     const int prefetch = __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED);
@@ -2714,11 +2736,11 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                     hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(high_bits, bits), sixteen));
                 }
                 for (int k = 0; k < count; k++) {
-                    s16[k] = x16_add(s16[k], lo, bcast4_256(x[k].q + 32 * b + 4 * i));
-                    s16[k] = x16_add(s16[k], hi, bcast4_256(x[k].q + 32 * b + 16 + 4 * i));
+                    s16[k] = x16_add(s16[k], lo, bcast4_256(XQL(q, k, b, i)));
+                    s16[k] = x16_add(s16[k], hi, bcast4_256(XQL(q, k, b, 4 + i)));
                     if (precise) {
-                        l16[k] = x16_add(l16[k], lo, bcast4_256(x[k].l + 32 * b + 4 * i));
-                        l16[k] = x16_add(l16[k], hi, bcast4_256(x[k].l + 32 * b + 16 + 4 * i));
+                        l16[k] = x16_add(l16[k], lo, bcast4_256(XQL(l, k, b, i)));
+                        l16[k] = x16_add(l16[k], hi, bcast4_256(XQL(l, k, b, 4 + i)));
                     }
                     if (x16_five(type) && (i & 1)) { /* 5-bit values: widened every two steps */
                         s32[k] = x16_close(s32[k], s16[k]), s16[k] = x16_open(s32[k]);
@@ -2731,9 +2753,9 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
             for (int k = 0; k < count; k++) {
                 __m256i dot = x16_close(s32[k], s16[k]);
                 if (precise) dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 8), x16_close(l32[k], l16[k]));
-                if (zero_point) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(zero_point * (x[k].n16[2 * b] + x[k].n16[2 * b + 1])));
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(x[k].d[b])), acc[k]);
-                if (x16_with_min(type)) off[k] = _mm256_fmadd_ps(m, _mm256_set1_ps(x[k].s[b]), off[k]);
+                if (zero_point) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(zero_point * (XN16(k, 2 * b) + XN16(k, 2 * b + 1))));
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(XDS(d, k, b))), acc[k]);
+                if (x16_with_min(type)) off[k] = _mm256_fmadd_ps(m, _mm256_set1_ps(XDS(s, k, b)), off[k]);
             }
         } else if (type == GG_Q8_0_X16) { /* signed bytes: |w| times x with w's sign, widened every step (exact) */
             __m256i ia[GG_TILE], la[GG_TILE];
@@ -2742,14 +2764,14 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                 const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * i + 32 * half));
                 const __m256i abs_w = _mm256_sign_epi8(w, w);
                 for (int k = 0; k < count; k++) {
-                    ia[k] = dp4_add(ia[k], abs_w, _mm256_sign_epi8(bcast4_256(x[k].q + 32 * b + 4 * i), w));
+                    ia[k] = dp4_add(ia[k], abs_w, _mm256_sign_epi8(bcast4_256(XQL(q, k, b, i)), w));
                     if (precise)
-                        la[k] = dp4_add(la[k], abs_w, _mm256_sign_epi8(bcast4_256(x[k].l + 32 * b + 4 * i), w));
+                        la[k] = dp4_add(la[k], abs_w, _mm256_sign_epi8(bcast4_256(XQL(l, k, b, i)), w));
                 }
             }
             for (int k = 0; k < count; k++) {
                 const __m256i dot = precise ? _mm256_add_epi32(_mm256_slli_epi32(ia[k], 8), la[k]) : ia[k];
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(x[k].d[b])), acc[k]);
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(XDS(d, k, b))), acc[k]);
             }
         } else if (type != GG_Q6_K_X16) {
             const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * half)));
@@ -2768,9 +2790,9 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                                                                 _mm256_set1_epi8(16)));
                     }
                     for (int k = 0; k < count; k++) {
-                        s16[k] = x16_add(s16[k], w, bcast4_256(x[k].q + 32 * j + 4 * i));
+                        s16[k] = x16_add(s16[k], w, bcast4_256(XQL(q, k, j, i)));
                         if (precise)
-                            l16[k] = x16_add(l16[k], w, bcast4_256(x[k].l + 32 * j + 4 * i));
+                            l16[k] = x16_add(l16[k], w, bcast4_256(XQL(l, k, j, i)));
                     }
                 }
                 const __m256 a = _mm256_mul_ps(d, scales8(blk + 64 + 16 * j8 + 8 * half, 0));
@@ -2778,8 +2800,8 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                 for (int k = 0; k < count; k++) {
                     __m256i dot = x16_wide(s16[k]);
                     if (precise) dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 8), x16_wide(l16[k]));
-                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a, _mm256_set1_ps(x[k].d[j])), acc[k]);
-                    off[k] = _mm256_fnmadd_ps(m, _mm256_set1_ps(x[k].s[j]), off[k]);
+                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a, _mm256_set1_ps(XDS(d, k, j))), acc[k]);
+                    off[k] = _mm256_fnmadd_ps(m, _mm256_set1_ps(XDS(s, k, j)), off[k]);
                 }
             }
         } else { /* as the AVX-512 loop: four chunks at once for one input, one at a time for a tile */
@@ -2789,8 +2811,12 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                 for (int s = 0; s < 2; s++)
                     _Pragma("GCC unroll 4") for (int t0 = 0; t0 < 4; t0 += together) {
                         __m256i ia[GG_TILE][4], la[GG_TILE][4];
-                        for (int k = 0; k < count; k++)
-                            for (int tt = 0; tt < together; tt++) ia[k][tt] = la[k][tt] = _mm256_setzero_si256();
+                        for (int k = 0; k < count; k++) /* the -32 offset's sum first (the same integer sum) */
+                            for (int tt = 0; tt < together; tt++) {
+                                const __m256i offset = _mm256_set1_epi32(-32 * XN16(k, 2 * (b * 8 + 4 * h + t0 + tt) + s));
+                                ia[k][tt] = precise ? _mm256_setzero_si256() : offset;
+                                la[k][tt] = precise ? offset : _mm256_setzero_si256();
+                            }
                         for (int i = 4 * s; i < 4 * s + 4; i += 2) { /* runs of two steps (int16 on AVX2) */
                             __m256i s16[GG_TILE][4], l16[GG_TILE][4];
                             for (int k = 0; k < count; k++)
@@ -2814,9 +2840,9 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                                                                          bits45);
                                     const __m256i w = _mm256_or_si256(low, hi2);
                                     for (int k = 0; k < count; k++) {
-                                        s16[k][tt] = x16_add(s16[k][tt], w, bcast4_256(x[k].q + 32 * j + 4 * step));
+                                        s16[k][tt] = x16_add(s16[k][tt], w, bcast4_256(XQL(q, k, j, step)));
                                         if (precise)
-                                            l16[k][tt] = x16_add(l16[k][tt], w, bcast4_256(x[k].l + 32 * j + 4 * step));
+                                            l16[k][tt] = x16_add(l16[k][tt], w, bcast4_256(XQL(l, k, j, step)));
                                     }
                                 }
                             }
@@ -2830,9 +2856,8 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                             const int t = t0 + tt, j = b * 8 + 4 * h + t;
                             const __m256 a = _mm256_mul_ps(d, scales8(blk + 32 + 16 * (8 * h + 2 * t + s) + 8 * half, 1));
                             for (int k = 0; k < count; k++) {
-                                __m256i dot = precise ? _mm256_add_epi32(_mm256_slli_epi32(ia[k][tt], 8), la[k][tt]) : ia[k][tt];
-                                dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(32 * x[k].n16[2 * j + s]));
-                                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a, _mm256_set1_ps(x[k].d[j])), acc[k]);
+                                const __m256i dot = precise ? _mm256_add_epi32(_mm256_slli_epi32(ia[k][tt], 8), la[k][tt]) : ia[k][tt];
+                                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a, _mm256_set1_ps(XDS(d, k, j))), acc[k]);
                             }
                         }
                     }
@@ -2843,11 +2868,11 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
 
 /* One group's 16 rows against `count` inputs, into out[k][row]: its two halves of 8 in turn. */
 static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
-                                                                const gvec *x, int count, int precise,
+                                                                const gvec *x, int count, int precise, int tiled,
                                                                 float out[X16_TILE][X16_ROWS]) {
     __m256 res[GG_TILE];
     for (int half = 0; half < 2; half++) {
-        x16_half(type, grp, blocks, block_bytes, half, x, count, precise, res);
+        x16_half(type, grp, blocks, block_bytes, half, x, count, precise, tiled, res);
         for (int k = 0; k < count; k++) _mm256_storeu_ps(out[k] + 8 * half, res[k]);
     }
 }
@@ -3120,22 +3145,34 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
     if (block_groups < 1) block_groups = 1;
     const int g0 = r0 / X16_ROWS, g1 = r1 / X16_ROWS;
     float out[X16_TILE][X16_ROWS];
+    int any_tiled = 0;
     for (int gb = g0; gb < g1; gb += block_groups) {
         const int ge = g1 - gb < block_groups ? g1 : gb + block_groups;
         for (int k0 = 0; k0 < count;) {
             const int tile = count - k0 >= X16_TILE && x16_wide_tile(type) ? X16_TILE : count - k0 >= GG_TILE ? GG_TILE : count - k0;
+            /* the inputs' tile where they fill slots of one side by side (gtile_put) */
+            const int tiled = (tile == X16_TILE || tile == GG_TILE) && x[k0].tile.q &&
+                              x[k0 + tile - 1].tile.q == x[k0].tile.q && x[k0 + tile - 1].slot == x[k0].slot + tile - 1 &&
+                              !(precise && !x[k0].tile.l);
+            any_tiled |= tiled;
             for (int g = gb; g < ge; g++) {
                 const uint8_t *grp = w + (int64_t)g * group_bytes;
-                if (X16_TILE > GG_TILE && x16_wide_tile(type) && tile == X16_TILE)
-                    x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, out);
-                else if (tile == 4)
-                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, out);
-                else if (tile == 3)
-                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 3, precise, out);
+                if (X16_TILE > GG_TILE && x16_wide_tile(type) && tile == X16_TILE) {
+                    if (tiled)
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, 1, out);
+                    else
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, 0, out);
+                } else if (tile == 4) {
+                    if (tiled)
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, 1, out);
+                    else
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, 0, out);
+                } else if (tile == 3)
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 3, precise, 0, out);
                 else if (tile == 2)
-                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 2, precise, out);
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 2, precise, 0, out);
                 else
-                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 1, precise, out);
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 1, precise, 0, out);
                 for (int k = 0; k < tile; k++)
                     x16_store(out[k], y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS,
                               bias ? bias + (int64_t)g * X16_ROWS : NULL, accumulate);
@@ -3143,6 +3180,7 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
             k0 += tile;
         }
     }
+    if (any_tiled) __atomic_fetch_add(&tiled_calls, 1, __ATOMIC_RELAXED);
 }
 #endif
 
@@ -3242,10 +3280,46 @@ static gbuf gbuf_at(void *memory, int64_t cols) {
     return b;
 }
 
-/* x quantized into `b` for a matrix of `type` (precise: 15 bits); the gvec that reads it. */
-static gvec gg_input(const float *x, int64_t cols, int type, int precise, gbuf b) {
-    gvec v = {x, b.q, precise ? b.l : NULL, b.d, b.s, b.n16};
-    if (!gg_is_float(type)) gg_quantize(x, (int)cols, precise, b.q, b.l, b.d, b.s, b.n16);
+/* A tile: TILE_SLOTS inputs of the 16-row kernels side by side, so that one pointer and constant offsets reach every
+ * input of a step. As separate buffers, a wide tile's q, l, d and n16 pointers outnumbered the registers, and the
+ * compiler moved them in from vector registers and the stack around every product. A copy of the same numbers, so
+ * the same bits. */
+static int64_t gtile_bytes(int64_t cols) { return 64 * ((TILE_SLOTS * gbuf_bytes(cols) + 63) / 64); }
+static int64_t gtile_count(int64_t n) { return n >= GG_TILE ? (n + TILE_SLOTS - 1) / TILE_SLOTS : 0; } /* for n inputs */
+
+static gtile gtile_at(void *memory, int64_t cols) {
+    gtile t;
+    t.d = (float *)memory;
+    t.s = t.d + TILE_SLOTS * (cols / QBLOCK);
+    t.n16 = (int32_t *)(t.s + TILE_SLOTS * (cols / QBLOCK));
+    t.q = (int8_t *)(t.n16 + TILE_SLOTS * (cols / 16));
+    t.l = t.q + TILE_SLOTS * cols;
+    return t;
+}
+
+/* Input v's quantization into slot `slot` of tile t, which v then names. */
+static void gtile_put(gvec *v, gtile t, int slot, int64_t cols) {
+    for (int64_t j = 0; j < cols / QBLOCK; j++) {
+        for (int i = 0; i < 8; i++) {
+            const int64_t at = ((j * 8 + i) * TILE_SLOTS + slot) * 4;
+            memcpy(t.q + at, v->q + 32 * j + 4 * i, 4);
+            if (v->l) memcpy(t.l + at, v->l + 32 * j + 4 * i, 4);
+        }
+        t.d[j * TILE_SLOTS + slot] = v->d[j], t.s[j * TILE_SLOTS + slot] = v->s[j];
+        t.n16[2 * j * TILE_SLOTS + slot] = v->n16[2 * j], t.n16[(2 * j + 1) * TILE_SLOTS + slot] = v->n16[2 * j + 1];
+    }
+    if (!v->l) t.l = NULL;
+    v->tile = t, v->slot = slot;
+}
+
+/* x quantized into `b` for a matrix of `type` (precise: 15 bits); the gvec that reads it. With `tile` (NULL: none),
+ * also into its slot `slot` where a 16-row kernel reads it. */
+static gvec gg_input(const float *x, int64_t cols, int type, int precise, gbuf b, void *tile, int slot) {
+    gvec v = {x, b.q, precise ? b.l : NULL, b.d, b.s, b.n16, {NULL, NULL, NULL, NULL, NULL}, 0};
+    if (!gg_is_float(type)) {
+        gg_quantize(x, (int)cols, precise, b.q, b.l, b.d, b.s, b.n16);
+        if (tile && gg_is_x16(type)) gtile_put(&v, gtile_at(tile, cols), slot, cols);
+    }
     return v;
 }
 
@@ -3258,18 +3332,21 @@ int hearth_gg_matmul(int type, const void *w, int64_t rows, int64_t cols, const 
     if (row_bytes < 0 || n < 1 || rows < 1 || cols > INT32_MAX || rows > INT32_MAX) return -1;
     if (threads < 1) threads = 1;
     precise = precise && !gg_is_float(type);
-    const int64_t per_input = gbuf_stride(cols);
-    char *memory = malloc((size_t)(n * per_input));
+    const int64_t per_input = gbuf_stride(cols), per_tile = gtile_bytes(cols);
+    const int64_t tiles = gtile_count(n);
+    char *memory = malloc((size_t)(n * per_input + tiles * per_tile));
     gvec *inputs = malloc((size_t)n * sizeof(gvec));
     if (!memory || !inputs) {
         free(memory), free(inputs);
         return -3;
     }
+    char *tile_memory = memory + n * per_input;
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
         for (int64_t k = 0; k < n; k++)
-            inputs[k] = gg_input(x + k * cols, cols, type, precise, gbuf_at(memory + k * per_input, cols));
+            inputs[k] = gg_input(x + k * cols, cols, type, precise, gbuf_at(memory + k * per_input, cols),
+                                 tiles ? tile_memory + k / TILE_SLOTS * per_tile : NULL, (int)(k % TILE_SLOTS));
         int tid, team, lo, hi;
         team_position(&tid, &team);
         split_rows((int)rows, team, tid, X16_ROWS, &lo, &hi);
@@ -3554,12 +3631,12 @@ static int64_t attend_tokens(int64_t group, int64_t chunks, int64_t hd) {
  * prefill's (block of T tokens, kv head) units each run on one thread) or, for one token, shared [heads][chunks][hd + 2]
  * (its (kv head, chunk) units spread over the threads); the chunk scores per thread [threads][T group][SPAN] (one
  * token: [group]); a block's queries per thread [threads][T group][hd] (one token: its group's roped queries); the
- * inputs' quantization buffers [n]. Up to OWN_INPUT_ROWS rows, xn and the quantization buffers are per thread
- * ([threads][n]): each thread prepares every row's input for itself. */
+ * inputs' quantization buffers [n] and their tiles [gtile_count(n)]. Up to OWN_INPUT_ROWS rows, xn, the quantization
+ * buffers and the tiles are per thread ([threads][n]): each thread prepares every row's input for itself. */
 typedef struct {
     float *x, *xn, *qkv, *att, *gate, *up, *cosv, *sinv, *pout, *pmax, *psum, *scores, *qblock;
-    char *quant;
-    int64_t quant_stride, chunks;
+    char *quant, *tiles;
+    int64_t quant_stride, tile_stride, chunks;
 } gg_scratch;
 
 static int64_t gg_layout_scratch(const int64_t *cfg, int64_t n, int64_t capacity, float *base, gg_scratch *out) {
@@ -3591,7 +3668,9 @@ static int64_t gg_layout_scratch(const int64_t *cfg, int64_t n, int64_t capacity
     at = (at + 15) / 16 * 16;
     s.quant = base ? (char *)(base + at) : NULL;
     at += copies * n * quant_stride;
-    s.quant_stride = quant_stride * 4, s.chunks = chunks;
+    s.tiles = base ? (char *)(base + at) : NULL; /* the inputs' tiles (gtile_put), as many copies */
+    at += copies * gtile_count(n) * (gtile_bytes(widest) / 4);
+    s.quant_stride = quant_stride * 4, s.tile_stride = gtile_bytes(widest), s.chunks = chunks;
     if (out) *out = s;
     return at;
 }
@@ -3748,6 +3827,8 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
         float *my_scores = s.scores + (int64_t)tid * group * SPAN;
         float *xn = s.xn + (own ? (int64_t)tid * n * hidden : 0);
         char *quant = s.quant + (own ? (int64_t)tid * n * s.quant_stride : 0);
+        char *tiles = gtile_count(n) ? s.tiles + (own ? (int64_t)tid * gtile_count(n) * s.tile_stride : 0) : NULL;
+#define TILE_OF(i) (tiles ? tiles + (i) / TILE_SLOTS * s.tile_stride : NULL), (int)((i) % TILE_SLOTS)
         gvec *in = inputs + (own ? (int64_t)tid * n : 0);
         for (int l = 0; l < n_layers; l++) {
             void *const *p = layers + (int64_t)l * GL_COUNT;
@@ -3758,7 +3839,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
             const int qkv_type = !gg_is_float((int)t[GT_Q]) ? (int)t[GT_Q] : !gg_is_float((int)t[GT_K]) ? (int)t[GT_K] : (int)t[GT_V];
             EACH_ROW(i, 0, {
                 rmsnorm(s.x + i * hidden, (const float *)p[GL_ATTN_NORM], xn + i * hidden, hidden, eps);
-                in[i] = gg_input(xn + i * hidden, hidden, qkv_type, qkv_precise, gbuf_at(quant + i * s.quant_stride, hidden));
+                in[i] = gg_input(xn + i * hidden, hidden, qkv_type, qkv_precise, gbuf_at(quant + i * s.quant_stride, hidden), TILE_OF(i));
             })
             /* q, k and v as one run of rows (q's, then k's, then v's), claimed in chunks, for every token */
             while (claim_rows(layer_claims + CLAIM_QKV * threads, qkv_span, threads, tid, &lo, &hi))
@@ -3864,7 +3945,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
                 }
             }
             const int o_precise = (precise & PRECISE_O) && !gg_is_float((int)t[GT_O]);
-            EACH_ROW(i, 0, { in[i] = gg_input(s.att + i * qdim, qdim, (int)t[GT_O], o_precise, gbuf_at(quant + i * s.quant_stride, qdim)); })
+            EACH_ROW(i, 0, { in[i] = gg_input(s.att + i * qdim, qdim, (int)t[GT_O], o_precise, gbuf_at(quant + i * s.quant_stride, qdim), TILE_OF(i)); })
             while (claim_rows(layer_claims + CLAIM_O * threads, hidden, threads, tid, &lo, &hi))
                 gg_rows((int)t[GT_O], o_precise, (const uint8_t *)p[GL_O], gg_row_bytes((int)t[GT_O], qdim), qdim, lo,
                         hi, in, (int)n, s.x, hidden, NULL, 1);
@@ -3873,7 +3954,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
             const int gu_type = !gg_is_float((int)t[GT_GATE]) ? (int)t[GT_GATE] : (int)t[GT_UP];
             EACH_ROW(i, 0, {
                 rmsnorm(s.x + i * hidden, (const float *)p[GL_FFN_NORM], xn + i * hidden, hidden, eps);
-                in[i] = gg_input(xn + i * hidden, hidden, gu_type, gu_precise, gbuf_at(quant + i * s.quant_stride, hidden));
+                in[i] = gg_input(xn + i * hidden, hidden, gu_type, gu_precise, gbuf_at(quant + i * s.quant_stride, hidden), TILE_OF(i));
             })
             while (claim_rows(layer_claims + CLAIM_GATE_UP * threads, inter, threads, tid, &lo, &hi)) {
                 gg_rows((int)t[GT_GATE], gu_precise && !gg_is_float((int)t[GT_GATE]), (const uint8_t *)p[GL_GATE],
@@ -3888,7 +3969,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
             }
 #pragma omp barrier
             const int down_precise = (precise & PRECISE_DOWN) && !gg_is_float((int)t[GT_DOWN]);
-            EACH_ROW(i, 0, { in[i] = gg_input(s.gate + i * inter, inter, (int)t[GT_DOWN], down_precise, gbuf_at(quant + i * s.quant_stride, inter)); })
+            EACH_ROW(i, 0, { in[i] = gg_input(s.gate + i * inter, inter, (int)t[GT_DOWN], down_precise, gbuf_at(quant + i * s.quant_stride, inter), TILE_OF(i)); })
             while (claim_rows(layer_claims + CLAIM_DOWN * threads, hidden, threads, tid, &lo, &hi))
                 gg_rows((int)t[GT_DOWN], down_precise, (const uint8_t *)p[GL_DOWN], gg_row_bytes((int)t[GT_DOWN], inter),
                         inter, lo, hi, in, (int)n, s.x, hidden, NULL, 1);
@@ -3899,7 +3980,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
             const int64_t first = n - logit_rows;
             EACH_ROW(i, first, {
                 rmsnorm(s.x + i * hidden, (const float *)glob[GG_FINAL_NORM], xn + i * hidden, hidden, eps);
-                in[i] = gg_input(xn + i * hidden, hidden, head_type, head_precise, gbuf_at(quant + i * s.quant_stride, hidden));
+                in[i] = gg_input(xn + i * hidden, hidden, head_type, head_precise, gbuf_at(quant + i * s.quant_stride, hidden), TILE_OF(i));
             })
             while (claim_rows(claims + (int64_t)n_layers * CLAIM_PHASES * threads, vocab, threads, tid, &lo, &hi))
                 gg_rows(head_type, head_precise, (const uint8_t *)glob[GG_HEAD], head_row, hidden, lo, hi, in + first,
@@ -3907,6 +3988,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
         }
     }
 #undef EACH_ROW
+#undef TILE_OF
     free(inputs);
     free(attended);
     free(claims);
