@@ -75,6 +75,16 @@ def test_a_team_that_had_its_cores_is_never_tried_smaller_and_one_short_of_them_
     assert later[-20:] == [2] * 20  # two tried again on one's schedule, found faster, and kept untried since
 
 
+def test_one_core_short_of_sixteen_is_short_of_cores() -> None:
+    """Counted in cores: a busy program that halves one thread of sixteen shows (a share of 97 % would not)."""
+    chooser = TeamChooser(16, explore_every=10, explore_calls=2)
+    quiet = run_measured(chooser, {16: 0.01, 8: 0.015, 4: 0.03, 2: 0.06, 1: 0.12}, cores_had=16, calls=100)
+    assert quiet == [16] * 100
+    busy = run_measured(chooser, {16: 0.05, 8: 0.016, 4: 0.03, 2: 0.06, 1: 0.12}, cores_had=15.5, calls=12)
+    # a thread descheduled at every barrier: smaller teams are tried at once, and one of them kept
+    assert min(busy[:4]) < 16 and max(busy[-3:]) < 16
+
+
 def test_the_timed_calls_give_the_chooser_the_process_s_cpu_time() -> None:
     wall, cpu = [0.0], [0.0]
     chooser = TeamChooser(2, explore_every=10, clock=lambda: wall[0], cpu_clock=lambda: cpu[0])

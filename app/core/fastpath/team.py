@@ -15,12 +15,13 @@ as the best ends there (beside one busy process a two-thread decode step took 7x
 cost more than the forty-odd fast ones between tries), and any clear change in the chosen size's own time per token
 (a load that came or went) brings the next try forward.
 A try only starts when the largest team's recent calls show it short of cores: the process's CPU time over them (a
-moving average) below HAD_CORES of team size x wall time. A team that had its cores cannot run faster on fewer, and
-on a quiet machine a try of one thread is pure loss: the first long prompt of a process ran chunks 2 and 3 of 6 on
-one thread (1B Q6_K, 1,519 tokens: 12.3 s against 9.4 on two threads throughout; 2-core Zen 4, 2026-12-07).
-Measured there: a two-thread prefill call used 1.96 cores' time per second of wall time and decode steps 1.78-2.11
-(median 1.99); beside one busy process 1.15 and 0.93-1.22. A team already smaller than the largest still tries
-larger sizes on the schedule (its own time cannot say whether cores came free).
+moving average) more than SHORT_OF_CORES cores' worth below team size x wall time (counted in cores, not as a share:
+on a 16-core machine one busy program that takes half of one thread's core shows as clearly as on 2). A team that had
+its cores cannot run faster on fewer, and on a quiet machine a try of one thread is pure loss: the first long prompt
+of a process ran chunks 2 and 3 of 6 on one thread (1B Q6_K, 1,519 tokens: 12.3 s against 9.4 on two threads
+throughout; 2-core Zen 4, 2026-12-07). Measured there: a two-thread prefill call used 1.96 cores' time per second
+of wall time and decode steps 1.78-2.11 (median 1.99); beside one busy process 1.15 and 0.93-1.22. A team already
+smaller than the largest still tries larger sizes on the schedule (its own time cannot say whether cores came free).
 Decode steps and prefill chunks each have their own chooser (their times per token differ a hundredfold). The
 kernel's results do not depend on the team size (row-invariant products, attention in fixed chunks), so switching
 never changes a reply.
@@ -41,7 +42,7 @@ SLOWER = 1.25  # a tried size this much slower per token than the best is tried 
 ABANDON = 2.0  # a try whose first call is this much slower than the best ends after that call
 MAX_BACKOFF = 8  # explore_every intervals at most between tries
 LOAD_CHANGE = 1.3  # the best size's time per token moved this far (either way) since the last try: try again now
-HAD_CORES = 0.8  # CPU time over team size x wall time from which the team had its cores (no try of a smaller one)
+SHORT_OF_CORES = 0.4  # cores' worth of CPU time the team may miss over its calls and still count as having its cores
 
 
 @dataclass
@@ -61,7 +62,7 @@ class TeamChooser:
     _interval: int = 0  # calls between tries now (explore_every, doubled while the tries measure clearly slower)
     _baseline: float | None = None  # the best size's time per token when the last try ended
     _cpu: float = 0.0  # moving average of the largest team's calls' CPU seconds ...
-    _wall: float = 0.0  # ... and of their wall seconds times the team size
+    _wall: float = 0.0  # ... and of their wall seconds
     _unmeasured: bool = False  # the last such call came without its CPU time
 
     def __post_init__(self) -> None:
@@ -104,7 +105,7 @@ class TeamChooser:
             self._unmeasured = cpu_seconds is None
             if cpu_seconds is not None:
                 self._cpu = (1 - SMOOTHING) * self._cpu + SMOOTHING * cpu_seconds
-                self._wall = (1 - SMOOTHING) * self._wall + SMOOTHING * seconds * size
+                self._wall = (1 - SMOOTHING) * self._wall + SMOOTHING * seconds
         previous = self.average.get(size)
         if previous is None or (self._trying == size and self._tried == 0):  # a try's first call: old news gone
             self.average[size] = per_token
@@ -130,7 +131,8 @@ class TeamChooser:
         if self._baseline and now and not 1 / LOAD_CHANGE < now / self._baseline < LOAD_CHANGE:
             self._next, self._interval, self._baseline = self._calls, self.explore_every, None  # conditions changed
         if self._calls >= self._next and self.best == self.largest and self._had_cores():
-            self._next = self._calls + self._interval  # the team had its cores: nothing to try
+            # the team had its cores: nothing to try until the next check, or until its time per token moves
+            self._next, self._baseline = self._calls + self._interval, self.average[self.best]
         if self._calls >= self._next:
             others = [candidate for candidate in self.candidates() if candidate != self.best]
             untried = [candidate for candidate in others if candidate not in self.average]
@@ -141,7 +143,7 @@ class TeamChooser:
     def _had_cores(self) -> bool:
         """Whether the largest team's recent calls ran with every thread on a core of its own (their CPU time), and
         so no smaller team is worth a try."""
-        return not self._unmeasured and self._wall > 0 and self._cpu >= HAD_CORES * self._wall
+        return not self._unmeasured and self._wall > 0 and self._cpu >= (self.largest - SHORT_OF_CORES) * self._wall
 
     @contextmanager
     def timed(self, tokens: int) -> Iterator[int]:
