@@ -348,7 +348,7 @@ static void print_prefill(void) {
 
 /* hearth_gg_matmul on each GGUF block type, in the file's row layout and (where the build has one)
  * the 16-row layout repacked from it, with 8-bit and 15-bit inputs: "gg TYPE PRECISE LAYOUT" and the outputs in %a,
- * or "gg TYPE PRECISE x16 none" where the build has no 16-row layout (NEON, scalar). Random block bytes with a
+ * or "gg TYPE PRECISE x16 none" where the build has no 16-row layout (Armv8.0 NEON, scalar). Random block bytes with a
  * small finite fp16 d (and m/dmin) per block; inputs exact floats with one outlier channel. */
 static void print_gguf(void) {
     enum { ROWS = 32, COLS = 512, N = 5 };

@@ -2216,7 +2216,7 @@ static inline __attribute__((always_inline)) void gg_rows_of(int type, int preci
     }
 }
 
-/* ---- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K rows 16 at a time (AVX-512 and AVX2 builds) ----
+/* ---- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K rows 16 at a time (AVX-512, AVX2 and DotProd builds) ----
  * A matrix whose rows are a multiple of 16 is repacked at load from the file's blocks (the same bits: values, scales
  * and d are copied, nothing is rounded) so that a group of 16 rows keeps, per 256-value block, its rows' scales side
  * by side and its quantized values 4 bytes per row in turn: one 64-byte vector holds 4 consecutive values of each of
@@ -2350,9 +2350,9 @@ static int x16_unpack(int type, const uint8_t *w, int64_t cols, int64_t r, int64
 }
 
 /* Bytes of `type`'s 16-row layout for a rows x cols matrix; -1 where this build does not compute on it (not an
- * AVX2 or AVX-512 build, a type without one, rows not a multiple of 16). */
+ * AVX2, AVX-512 or Armv8.2 DotProd build, a type without one, rows not a multiple of 16). */
 int64_t hearth_gg_x16_bytes(int type, int64_t rows, int64_t cols) {
-    if (!HEARTH_AVX2 || !gg_is_x16(GG_X16 + type) || rows < 1 ||
+    if (!(HEARTH_AVX2 || HEARTH_DOTPROD) || !gg_is_x16(GG_X16 + type) || rows < 1 ||
         rows % X16_ROWS || x16_row_bytes(GG_X16 + type, cols) < 0)
         return -1;
     return rows * x16_row_bytes(GG_X16 + type, cols);
@@ -2876,6 +2876,240 @@ static inline __attribute__((always_inline)) void x16_group_out(int type, const 
         for (int k = 0; k < count; k++) _mm256_storeu_ps(out[k] + 8 * half, res[k]);
     }
 }
+#elif HEARTH_DOTPROD
+/* The same layouts on Armv8.2 DotProd, 8 rows at a time (each 64-byte vector's two halves in turn, as AVX2): sdot by
+ * lane multiplies 4 rows' 4 values by 4 input bytes (one lane of 16 loaded at once: 4 steps) into the rows' int32
+ * lanes. Signed bytes both sides: the values (at most 63) are non-negative, Q8_0's keep their sign. The integer sums
+ * are the x86 loops' exact ones, and the float steps are theirs in their order (a chunk's sum converted, times its
+ * scale times the input's, fused into the row's total; the mins' terms apart and added last), so the bits are the
+ * AVX-512 build's. */
+typedef struct {
+    float32x4_t lo, hi; /* rows 8 half + 0..3 and 4..7 */
+} f32x8h;
+typedef struct {
+    int32x4_t lo, hi;
+} i32x8h;
+
+static inline f32x8h h8_half_floats(const uint8_t *p) { /* 8 fp16 as floats (exact) */
+    const float16x8_t h = vreinterpretq_f16_u16(vld1q_u16((const uint16_t *)p));
+    return (f32x8h){vcvt_f32_f16(vget_low_f16(h)), vcvt_high_f32_f16(h)};
+}
+static inline f32x8h h8_byte_floats(const uint8_t *p, int is_signed) { /* 8 bytes as floats */
+    if (is_signed) {
+        const int16x8_t w = vmovl_s8(vld1_s8((const int8_t *)p));
+        return (f32x8h){vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), vcvtq_f32_s32(vmovl_high_s16(w))};
+    }
+    const uint16x8_t w = vmovl_u8(vld1_u8(p));
+    return (f32x8h){vcvtq_f32_u32(vmovl_u16(vget_low_u16(w))), vcvtq_f32_u32(vmovl_high_u16(w))};
+}
+static inline f32x8h h8_mul(f32x8h a, f32x8h b) { return (f32x8h){vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
+static inline f32x8h h8_scale(f32x8h a, float s) { return (f32x8h){vmulq_n_f32(a.lo, s), vmulq_n_f32(a.hi, s)}; }
+/* acc + cvt(dot) * s, fused (_mm512_fmadd_ps's operands) */
+static inline f32x8h h8_fma(f32x8h acc, i32x8h dot, f32x8h s) {
+    return (f32x8h){vfmaq_f32(acc.lo, vcvtq_f32_s32(dot.lo), s.lo), vfmaq_f32(acc.hi, vcvtq_f32_s32(dot.hi), s.hi)};
+}
+static inline i32x8h i8h_zero(void) { return (i32x8h){vdupq_n_s32(0), vdupq_n_s32(0)}; }
+static inline i32x8h i8h_dup(int32_t v) { return (i32x8h){vdupq_n_s32(v), vdupq_n_s32(v)}; }
+static inline i32x8h i8h_wide(i32x8h hi, i32x8h lo) { /* 256 hi + lo: the 15-bit inputs' two halves (exact) */
+    return (i32x8h){vaddq_s32(vshlq_n_s32(hi.lo, 8), lo.lo), vaddq_s32(vshlq_n_s32(hi.hi, 8), lo.hi)};
+}
+/* acc + rows (w.lo: rows 0..3, w.hi: 4..7, 4 values each) . lane `lane` (0..3) of the 16 input bytes at x */
+#define H8_DOT(acc, w0, w1, xv, lane)                                                                                  \
+    ((acc).lo = vdotq_laneq_s32((acc).lo, (w0), (xv), (lane)), (acc).hi = vdotq_laneq_s32((acc).hi, (w1), (xv), (lane)))
+
+/* The half's 32 bytes of a 64-byte step vector as two vectors of 4 rows' 4 values; Q5_0/Q5_1's fifth bits from the
+ * rows' 32-bit masks (qh, 32 bytes for 8 rows) at value 4i + t (lo) or 16 + 4i + t (hi). */
+static inline void h8_small_step(int type, const uint8_t *v, const uint8_t *qh, int i, int8x16_t *lo0, int8x16_t *lo1,
+                                 int8x16_t *hi0, int8x16_t *hi1) {
+    const uint8x16_t low4 = vdupq_n_u8(15), r0 = vld1q_u8(v), r1 = vld1q_u8(v + 16);
+    uint8x16_t a0 = vandq_u8(r0, low4), a1 = vandq_u8(r1, low4), b0 = vshrq_n_u8(r0, 4), b1 = vshrq_n_u8(r1, 4);
+    if (x16_five(type)) {
+        static const uint8_t rows4[16] = {0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12};
+        static const uint8_t bit_of[16] = {1, 2, 4, 8, 1, 2, 4, 8, 1, 2, 4, 8, 1, 2, 4, 8};
+        const uint8x16_t rows = vld1q_u8(rows4), sixteen = vdupq_n_u8(16);
+        const uint8x16_t bits = vshlq_u8(vld1q_u8(bit_of), vdupq_n_s8((int8_t)(4 * (i & 1))));
+        const uint8x16_t q0 = vld1q_u8(qh), q1 = vld1q_u8(qh + 16);
+        const uint8x16_t lo_at = vaddq_u8(rows, vdupq_n_u8((uint8_t)(i / 2))), hi_at = vaddq_u8(rows, vdupq_n_u8((uint8_t)(2 + i / 2)));
+        a0 = vorrq_u8(a0, vandq_u8(vtstq_u8(vqtbl1q_u8(q0, lo_at), bits), sixteen));
+        a1 = vorrq_u8(a1, vandq_u8(vtstq_u8(vqtbl1q_u8(q1, lo_at), bits), sixteen));
+        b0 = vorrq_u8(b0, vandq_u8(vtstq_u8(vqtbl1q_u8(q0, hi_at), bits), sixteen));
+        b1 = vorrq_u8(b1, vandq_u8(vtstq_u8(vqtbl1q_u8(q1, hi_at), bits), sixteen));
+    }
+    *lo0 = vreinterpretq_s8_u8(a0), *lo1 = vreinterpretq_s8_u8(a1), *hi0 = vreinterpretq_s8_u8(b0), *hi1 = vreinterpretq_s8_u8(b1);
+}
+
+static inline __attribute__((always_inline)) void x16_half(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
+                                                           int half, const gvec *x, int count, int precise, int tiled,
+                                                           f32x8h *result) {
+    (void)tiled; /* the inputs' own buffers: sdot takes 4 steps of one input from one load */
+    f32x8h acc[GG_TILE], off[GG_TILE];
+    const f32x8h zero = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    const int prefetch = half == 0 && __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED); /* as AVX2's: half 1 finds it */
+    for (int k = 0; k < count; k++) acc[k] = off[k] = zero;
+    const uint8x16_t low4 = vdupq_n_u8(15);
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = grp + (int64_t)b * block_bytes;
+        const f32x8h d = h8_half_floats(blk + 16 * half);
+        if (prefetch && (x16_small(type) || type == GG_Q8_0_X16)) prefetch_record(blk, block_bytes);
+        if (x16_small(type)) {
+            const uint8_t *qs = blk + x16_qs(type) + 32 * half;
+            const uint8_t *qh = blk + 32 * (1 + x16_with_min(type)) + 32 * half;
+            i32x8h ia[GG_TILE], la[GG_TILE];
+            for (int k = 0; k < count; k++) ia[k] = la[k] = i8h_zero();
+            int8x16_t lo0[4], lo1[4], hi0[4], hi1[4];
+            for (int i = 0; i < 4; i++) h8_small_step(type, qs + 64 * i, qh, i, &lo0[i], &lo1[i], &hi0[i], &hi1[i]);
+            for (int k = 0; k < count; k++) { /* values 4i.. (lo) and 16 + 4i.. (hi): input bytes 0..15 and 16..31 */
+                const int8x16_t xa = vld1q_s8(x[k].q + 32 * b), xb = vld1q_s8(x[k].q + 32 * b + 16);
+                H8_DOT(ia[k], lo0[0], lo1[0], xa, 0), H8_DOT(ia[k], hi0[0], hi1[0], xb, 0);
+                H8_DOT(ia[k], lo0[1], lo1[1], xa, 1), H8_DOT(ia[k], hi0[1], hi1[1], xb, 1);
+                H8_DOT(ia[k], lo0[2], lo1[2], xa, 2), H8_DOT(ia[k], hi0[2], hi1[2], xb, 2);
+                H8_DOT(ia[k], lo0[3], lo1[3], xa, 3), H8_DOT(ia[k], hi0[3], hi1[3], xb, 3);
+                if (precise) {
+                    const int8x16_t ya = vld1q_s8(x[k].l + 32 * b), yb = vld1q_s8(x[k].l + 32 * b + 16);
+                    H8_DOT(la[k], lo0[0], lo1[0], ya, 0), H8_DOT(la[k], hi0[0], hi1[0], yb, 0);
+                    H8_DOT(la[k], lo0[1], lo1[1], ya, 1), H8_DOT(la[k], hi0[1], hi1[1], yb, 1);
+                    H8_DOT(la[k], lo0[2], lo1[2], ya, 2), H8_DOT(la[k], hi0[2], hi1[2], yb, 2);
+                    H8_DOT(la[k], lo0[3], lo1[3], ya, 3), H8_DOT(la[k], hi0[3], hi1[3], yb, 3);
+                }
+            }
+            const f32x8h m = x16_with_min(type) ? h8_half_floats(blk + 32 + 16 * half) : d;
+            const int zero_point = x16_with_min(type) ? 0 : x16_five(type) ? 16 : 8;
+            for (int k = 0; k < count; k++) {
+                i32x8h dot = precise ? i8h_wide(ia[k], la[k]) : ia[k];
+                if (zero_point) {
+                    const int32_t z = zero_point * (x[k].n16[2 * b] + x[k].n16[2 * b + 1]);
+                    dot.lo = vsubq_s32(dot.lo, vdupq_n_s32(z)), dot.hi = vsubq_s32(dot.hi, vdupq_n_s32(z));
+                }
+                acc[k] = h8_fma(acc[k], dot, h8_scale(d, x[k].d[b]));
+                if (x16_with_min(type)) /* _mm512_fmadd_ps(m, xs, off) */
+                    off[k] = (f32x8h){vfmaq_n_f32(off[k].lo, m.lo, x[k].s[b]), vfmaq_n_f32(off[k].hi, m.hi, x[k].s[b])};
+            }
+        } else if (type == GG_Q8_0_X16) {
+            i32x8h ia[GG_TILE], la[GG_TILE];
+            for (int k = 0; k < count; k++) ia[k] = la[k] = i8h_zero();
+            for (int i0 = 0; i0 < 8; i0 += 4) {
+                int8x16_t w0[4], w1[4];
+                for (int i = 0; i < 4; i++) {
+                    w0[i] = vld1q_s8((const int8_t *)blk + 32 + 64 * (i0 + i) + 32 * half);
+                    w1[i] = vld1q_s8((const int8_t *)blk + 32 + 64 * (i0 + i) + 32 * half + 16);
+                }
+                for (int k = 0; k < count; k++) {
+                    const int8x16_t xv = vld1q_s8(x[k].q + 32 * b + 4 * i0);
+                    H8_DOT(ia[k], w0[0], w1[0], xv, 0), H8_DOT(ia[k], w0[1], w1[1], xv, 1);
+                    H8_DOT(ia[k], w0[2], w1[2], xv, 2), H8_DOT(ia[k], w0[3], w1[3], xv, 3);
+                    if (precise) {
+                        const int8x16_t yv = vld1q_s8(x[k].l + 32 * b + 4 * i0);
+                        H8_DOT(la[k], w0[0], w1[0], yv, 0), H8_DOT(la[k], w0[1], w1[1], yv, 1);
+                        H8_DOT(la[k], w0[2], w1[2], yv, 2), H8_DOT(la[k], w0[3], w1[3], yv, 3);
+                    }
+                }
+            }
+            for (int k = 0; k < count; k++)
+                acc[k] = h8_fma(acc[k], precise ? i8h_wide(ia[k], la[k]) : ia[k], h8_scale(d, x[k].d[b]));
+        } else if (type != GG_Q6_K_X16) { /* Q4_K / Q5_K: chunk after chunk, the mins' terms after the blocks */
+            for (int j8 = 0; j8 < 8; j8++) {
+                const int c = j8 / 2, j = b * 8 + j8;
+                i32x8h ia[GG_TILE], la[GG_TILE];
+                for (int k = 0; k < count; k++) ia[k] = la[k] = i8h_zero();
+                for (int i0 = 0; i0 < 8; i0 += 4) {
+                    int8x16_t w0[4], w1[4];
+                    for (int i = 0; i < 4; i++) {
+                        if (prefetch && j8 % 2 == 0) x16_prefetch_step(blk, block_bytes, 8 * c + i0 + i, 32);
+                        const uint8_t *raw = blk + 320 + 64 * (8 * c + i0 + i) + 32 * half;
+                        uint8x16_t v0 = vld1q_u8(raw), v1 = vld1q_u8(raw + 16);
+                        v0 = j8 % 2 ? vshrq_n_u8(v0, 4) : vandq_u8(v0, low4);
+                        v1 = j8 % 2 ? vshrq_n_u8(v1, 4) : vandq_u8(v1, low4);
+                        if (type == GG_Q5_K_X16) { /* bit j8 of the step's qh bytes, as 16 */
+                            const uint8_t *qh = blk + 2368 + 64 * (i0 + i) + 32 * half;
+                            const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << j8)), sixteen = vdupq_n_u8(16);
+                            v0 = vorrq_u8(v0, vandq_u8(vtstq_u8(vld1q_u8(qh), bit), sixteen));
+                            v1 = vorrq_u8(v1, vandq_u8(vtstq_u8(vld1q_u8(qh + 16), bit), sixteen));
+                        }
+                        w0[i] = vreinterpretq_s8_u8(v0), w1[i] = vreinterpretq_s8_u8(v1);
+                    }
+                    for (int k = 0; k < count; k++) {
+                        const int8x16_t xv = vld1q_s8(x[k].q + 32 * j + 4 * i0);
+                        H8_DOT(ia[k], w0[0], w1[0], xv, 0), H8_DOT(ia[k], w0[1], w1[1], xv, 1);
+                        H8_DOT(ia[k], w0[2], w1[2], xv, 2), H8_DOT(ia[k], w0[3], w1[3], xv, 3);
+                        if (precise) {
+                            const int8x16_t yv = vld1q_s8(x[k].l + 32 * j + 4 * i0);
+                            H8_DOT(la[k], w0[0], w1[0], yv, 0), H8_DOT(la[k], w0[1], w1[1], yv, 1);
+                            H8_DOT(la[k], w0[2], w1[2], yv, 2), H8_DOT(la[k], w0[3], w1[3], yv, 3);
+                        }
+                    }
+                }
+                const f32x8h a = h8_mul(d, h8_byte_floats(blk + 64 + 16 * j8 + 8 * half, 0));
+                for (int k = 0; k < count; k++)
+                    acc[k] = h8_fma(acc[k], precise ? i8h_wide(ia[k], la[k]) : ia[k], h8_scale(a, x[k].d[j]));
+            }
+        } else { /* Q6_K: a scale per 16 values; the -32 offset starts the integer sum (exact) */
+            const uint8_t *qv = blk + 288 + 32 * half;
+            for (int h = 0; h < 2; h++)
+                for (int s = 0; s < 2; s++)
+                    for (int t = 0; t < 4; t++) {
+                        const int j = b * 8 + 4 * h + t;
+                        i32x8h ia[GG_TILE], la[GG_TILE];
+                        for (int k = 0; k < count; k++) {
+                            const i32x8h offset = i8h_dup(-32 * x[k].n16[2 * j + s]);
+                            ia[k] = precise ? i8h_zero() : offset;
+                            la[k] = precise ? offset : i8h_zero();
+                        }
+                        int8x16_t w0[4], w1[4];
+                        for (int i = 0; i < 4; i++) {
+                            if (prefetch && t == 0) x16_prefetch_step(blk, block_bytes, 8 * h + 4 * s + i, 16);
+                            const uint8_t *v = qv + 192 * (8 * h + 4 * s + i);
+                            const uint8_t *ql = v + 64 * (t & 1);
+                            uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16);
+                            uint8x16_t q0 = vld1q_u8(v + 128), q1 = vld1q_u8(v + 144);
+                            l0 = t >= 2 ? vshrq_n_u8(l0, 4) : vandq_u8(l0, low4);
+                            l1 = t >= 2 ? vshrq_n_u8(l1, 4) : vandq_u8(l1, low4);
+                            /* bits 2t, 2t + 1 of qh as bits 4, 5 */
+                            q0 = vandq_u8(t == 0 ? vshlq_n_u8(q0, 4) : t == 1 ? vshlq_n_u8(q0, 2) : t == 2 ? q0 : vshrq_n_u8(q0, 2), vdupq_n_u8(0x30));
+                            q1 = vandq_u8(t == 0 ? vshlq_n_u8(q1, 4) : t == 1 ? vshlq_n_u8(q1, 2) : t == 2 ? q1 : vshrq_n_u8(q1, 2), vdupq_n_u8(0x30));
+                            w0[i] = vreinterpretq_s8_u8(vorrq_u8(l0, q0)), w1[i] = vreinterpretq_s8_u8(vorrq_u8(l1, q1));
+                        }
+                        for (int k = 0; k < count; k++) { /* steps 4s..4s + 3 of chunk j: input bytes 16s.. */
+                            const int8x16_t xv = vld1q_s8(x[k].q + 32 * j + 16 * s);
+                            H8_DOT(ia[k], w0[0], w1[0], xv, 0), H8_DOT(ia[k], w0[1], w1[1], xv, 1);
+                            H8_DOT(ia[k], w0[2], w1[2], xv, 2), H8_DOT(ia[k], w0[3], w1[3], xv, 3);
+                            if (precise) {
+                                const int8x16_t yv = vld1q_s8(x[k].l + 32 * j + 16 * s);
+                                H8_DOT(la[k], w0[0], w1[0], yv, 0), H8_DOT(la[k], w0[1], w1[1], yv, 1);
+                                H8_DOT(la[k], w0[2], w1[2], yv, 2), H8_DOT(la[k], w0[3], w1[3], yv, 3);
+                            }
+                        }
+                        const f32x8h a = h8_mul(d, h8_byte_floats(blk + 32 + 16 * (8 * h + 2 * t + s) + 8 * half, 1));
+                        for (int k = 0; k < count; k++)
+                            acc[k] = h8_fma(acc[k], precise ? i8h_wide(ia[k], la[k]) : ia[k], h8_scale(a, x[k].d[j]));
+                    }
+        }
+    }
+    if (type == GG_Q4_K_X16 || type == GG_Q5_K_X16) /* the mins' terms: _mm512_fnmadd_ps(m, xs, off), in order */
+        for (int b = 0; b < blocks; b++) {
+            const uint8_t *blk = grp + (int64_t)b * block_bytes;
+            const f32x8h dmin = h8_half_floats(blk + 32 + 16 * half);
+            for (int j8 = 0; j8 < 8; j8++) {
+                const f32x8h m = h8_mul(dmin, h8_byte_floats(blk + 192 + 16 * j8 + 8 * half, 0));
+                for (int k = 0; k < count; k++) {
+                    const float xs = x[k].s[b * 8 + j8];
+                    off[k] = (f32x8h){vfmsq_n_f32(off[k].lo, m.lo, xs), vfmsq_n_f32(off[k].hi, m.hi, xs)};
+                }
+            }
+        }
+    for (int k = 0; k < count; k++) result[k] = (f32x8h){vaddq_f32(acc[k].lo, off[k].lo), vaddq_f32(acc[k].hi, off[k].hi)};
+}
+#undef H8_DOT
+
+/* One group's 16 rows against `count` inputs, into out[k][row]: its two halves of 8 in turn. */
+static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
+                                                                const gvec *x, int count, int precise, int tiled,
+                                                                float out[X16_TILE][X16_ROWS]) {
+    f32x8h res[GG_TILE];
+    for (int half = 0; half < 2; half++) {
+        x16_half(type, grp, blocks, block_bytes, half, x, count, precise, tiled, res);
+        for (int k = 0; k < count; k++) vst1q_f32(out[k] + 8 * half, res[k].lo), vst1q_f32(out[k] + 8 * half + 4, res[k].hi);
+    }
+}
 #endif
 
 #if HEARTH_AMX_BUILT
@@ -3133,7 +3367,7 @@ static int64_t amx_stride(const gvec *x, int count, int precise) {
 }
 #endif
 
-#if HEARTH_AVX2
+#if HEARTH_AVX2 || HEARTH_DOTPROD
 /* Rows [r0, r1) of a 16-row layout in blocks of groups (as gg_rows_of's blocks of rows), each tile of inputs meeting
  * every group of a block in turn. */
 static inline __attribute__((always_inline)) void x16_rows_of(int type, int precise, const uint8_t *w, int64_t row_bytes,
@@ -3203,7 +3437,7 @@ static void x16_rows(int type, int precise, const uint8_t *w, int64_t row_bytes,
         }
     }
 #endif
-#if HEARTH_AVX2
+#if HEARTH_AVX2 || HEARTH_DOTPROD
 #define X16_OF(t, p) x16_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate)
     X16_EACH(X16_OF)
 #undef X16_OF
@@ -3245,7 +3479,7 @@ static void gg_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, 
 
 static int64_t gg_row_bytes(int type, int64_t cols) {
     int64_t geometry[2];
-    if (gg_is_x16(type)) return HEARTH_AVX2 ? x16_row_bytes(type, cols) : -1;
+    if (gg_is_x16(type)) return HEARTH_AVX2 || HEARTH_DOTPROD ? x16_row_bytes(type, cols) : -1;
     if (hearth_gg_geometry(type, geometry) != 0 || cols % geometry[0]) return -1;
     if (!gg_is_float(type) && cols % QBLOCK) return -1;
     return cols / geometry[0] * geometry[1];
@@ -3318,7 +3552,7 @@ static gvec gg_input(const float *x, int64_t cols, int type, int precise, gbuf b
     gvec v = {x, b.q, precise ? b.l : NULL, b.d, b.s, b.n16, {NULL, NULL, NULL, NULL, NULL}, 0};
     if (!gg_is_float(type)) {
         gg_quantize(x, (int)cols, precise, b.q, b.l, b.d, b.s, b.n16);
-        if (tile && gg_is_x16(type)) gtile_put(&v, gtile_at(tile, cols), slot, cols);
+        if (HEARTH_AVX2 && tile && gg_is_x16(type)) gtile_put(&v, gtile_at(tile, cols), slot, cols);
     }
     return v;
 }
