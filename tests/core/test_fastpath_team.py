@@ -75,6 +75,15 @@ def test_a_team_that_had_its_cores_is_never_tried_smaller_and_one_short_of_them_
     assert later[-20:] == [2] * 20  # two tried again on one's schedule, found faster, and kept untried since
 
 
+def test_a_slow_first_step_alone_does_not_start_a_try() -> None:
+    """A first decode step while the other thread wakes used 1.5 cores of 2: too little time measured to tell, so
+    the chooser waits for more calls; those say the team has its cores."""
+    chooser = TeamChooser(2, explore_every=10, explore_calls=2)
+    first = run_measured(chooser, {2: 0.02, 1: 0.04}, cores_had=1.5, calls=1)
+    later = run_measured(chooser, {2: 0.02, 1: 0.04}, cores_had=2, calls=100)
+    assert first + later == [2] * 101
+
+
 def test_one_core_short_of_sixteen_is_short_of_cores() -> None:
     """Counted in cores: a busy program that halves one thread of sixteen shows (a share of 97 % would not)."""
     chooser = TeamChooser(16, explore_every=10, explore_calls=2)

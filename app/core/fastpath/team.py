@@ -43,6 +43,9 @@ ABANDON = 2.0  # a try whose first call is this much slower than the best ends a
 MAX_BACKOFF = 8  # explore_every intervals at most between tries
 LOAD_CHANGE = 1.3  # the best size's time per token moved this far (either way) since the last try: try again now
 SHORT_OF_CORES = 0.4  # cores' worth of CPU time the team may miss over its calls and still count as having its cores
+# Wall seconds of the largest team's calls before their CPU time decides a try: a 1B decode step (20 ms) right after
+# a prefill used 1.52 cores of 2 while the other thread woke, the steps after it 1.78-2.11; five steps say more
+MEASURED_ENOUGH_S = 0.1
 
 
 @dataclass
@@ -64,6 +67,7 @@ class TeamChooser:
     _cpu: float = 0.0  # moving average of the largest team's calls' CPU seconds ...
     _wall: float = 0.0  # ... and of their wall seconds
     _unmeasured: bool = False  # the last such call came without its CPU time
+    _measured_s: float = 0.0  # wall seconds of the largest team's calls that came with their CPU time, in all
 
     def __post_init__(self) -> None:
         self.largest = max(1, self.largest)
@@ -106,6 +110,7 @@ class TeamChooser:
             if cpu_seconds is not None:
                 self._cpu = (1 - SMOOTHING) * self._cpu + SMOOTHING * cpu_seconds
                 self._wall = (1 - SMOOTHING) * self._wall + SMOOTHING * seconds
+                self._measured_s += seconds
         previous = self.average.get(size)
         if previous is None or (self._trying == size and self._tried == 0):  # a try's first call: old news gone
             self.average[size] = per_token
@@ -130,9 +135,12 @@ class TeamChooser:
         now = self.average.get(self.best)
         if self._baseline and now and not 1 / LOAD_CHANGE < now / self._baseline < LOAD_CHANGE:
             self._next, self._interval, self._baseline = self._calls, self.explore_every, None  # conditions changed
-        if self._calls >= self._next and self.best == self.largest and self._had_cores():
-            # the team had its cores: nothing to try until the next check, or until its time per token moves
-            self._next, self._baseline = self._calls + self._interval, self.average[self.best]
+        if self._calls >= self._next and self.best == self.largest:
+            had = self._had_cores()
+            if had is None:  # too little measured yet to tell: ask again after the next call
+                self._next = self._calls + 1
+            elif had:  # nothing to try until the next check, or until the team's time per token moves
+                self._next, self._baseline = self._calls + self._interval, self.average[self.best]
         if self._calls >= self._next:
             others = [candidate for candidate in self.candidates() if candidate != self.best]
             untried = [candidate for candidate in others if candidate not in self.average]
@@ -140,10 +148,14 @@ class TeamChooser:
             self._trying = (untried or others)[(self._calls // self.explore_every) % len(untried or others)]
             self._tried = 0
 
-    def _had_cores(self) -> bool:
+    def _had_cores(self) -> bool | None:
         """Whether the largest team's recent calls ran with every thread on a core of its own (their CPU time), and
-        so no smaller team is worth a try."""
-        return not self._unmeasured and self._wall > 0 and self._cpu >= (self.largest - SHORT_OF_CORES) * self._wall
+        so no smaller team is worth a try; None while too little of their time was measured to tell."""
+        if self._unmeasured or self._wall <= 0:
+            return False
+        if self._measured_s < MEASURED_ENOUGH_S:
+            return None
+        return self._cpu >= (self.largest - SHORT_OF_CORES) * self._wall
 
     @contextmanager
     def timed(self, tokens: int) -> Iterator[int]:
