@@ -43,9 +43,10 @@ ABANDON = 2.0  # a try whose first call is this much slower than the best ends a
 MAX_BACKOFF = 8  # explore_every intervals at most between tries
 LOAD_CHANGE = 1.3  # the best size's time per token moved this far (either way) since the last try: try again now
 SHORT_OF_CORES = 0.4  # cores' worth of CPU time the team may miss over its calls and still count as having its cores
-# Wall seconds of the largest team's calls before their CPU time decides a try: a 1B decode step (20 ms) right after
-# a prefill used 1.52 cores of 2 while the other thread woke, the steps after it 1.78-2.11; five steps say more
-MEASURED_ENOUGH_S = 0.1
+# Calls, or wall seconds, of the largest team before their CPU time decides a try: a 1B decode step (20 ms) right
+# after a prefill used 1.52 cores of 2 while the other thread woke, the steps after it 1.78-2.11; a prefill chunk
+# (over a second) says enough alone
+MEASURED_ENOUGH_CALLS, MEASURED_ENOUGH_S = 3, 0.1
 
 
 @dataclass
@@ -67,7 +68,8 @@ class TeamChooser:
     _cpu: float = 0.0  # moving average of the largest team's calls' CPU seconds ...
     _wall: float = 0.0  # ... and of their wall seconds
     _unmeasured: bool = False  # the last such call came without its CPU time
-    _measured_s: float = 0.0  # wall seconds of the largest team's calls that came with their CPU time, in all
+    _measured_s: float = 0.0  # wall seconds of the largest team's calls that came with their CPU time, in all ...
+    _measured_calls: int = 0  # ... and how many
 
     def __post_init__(self) -> None:
         self.largest = max(1, self.largest)
@@ -111,6 +113,7 @@ class TeamChooser:
                 self._cpu = (1 - SMOOTHING) * self._cpu + SMOOTHING * cpu_seconds
                 self._wall = (1 - SMOOTHING) * self._wall + SMOOTHING * seconds
                 self._measured_s += seconds
+                self._measured_calls += 1
         previous = self.average.get(size)
         if previous is None or (self._trying == size and self._tried == 0):  # a try's first call: old news gone
             self.average[size] = per_token
@@ -153,7 +156,7 @@ class TeamChooser:
         so no smaller team is worth a try; None while too little of their time was measured to tell."""
         if self._unmeasured or self._wall <= 0:
             return False
-        if self._measured_s < MEASURED_ENOUGH_S:
+        if self._measured_s < MEASURED_ENOUGH_S and self._measured_calls < MEASURED_ENOUGH_CALLS:
             return None
         return self._cpu >= (self.largest - SHORT_OF_CORES) * self._wall
 
