@@ -84,11 +84,12 @@
 #define HEARTH_AMX_BUILT 0
 #endif
 
-#define HEARTH_ABI 13 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
+#define HEARTH_ABI 14 /* also the numerics' version, which the prompt and response caches key on (9: exp256;
                           * 10: hearth_gg_forward_rows takes several tokens of a sequence and its logit rows;
                           * 11: every quantized type's matrices in 16-row layouts, their sums chunk after chunk;
                           * 12: a chunk's softmax weights summed in 8 lanes; hearth_amx;
-                          * 13: hearth_step's attention chunks the same on any team size) */
+                          * 13: hearth_step's attention chunks the same on any team size;
+                          * 14: the GGUF matrices in 16-row layouts on Armv8.2 DotProd; hearth_tiled_calls) */
 
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
