@@ -2918,6 +2918,23 @@ static inline i32x8h i8h_wide(i32x8h hi, i32x8h lo) { /* 256 hi + lo: the 15-bit
 #define H8_DOT(acc, w0, w1, xv, lane)                                                                                  \
     ((acc).lo = vdotq_laneq_s32((acc).lo, (w0), (xv), (lane)), (acc).hi = vdotq_laneq_s32((acc).hi, (w1), (xv), (lane)))
 
+/* ia (and la, precise) of inputs 0..count + 4 steps' values (w0[i]: rows 0..3 of step i, w1[i]: rows 4..7) . each
+ * input's 16 bytes at `at` (one lane of 4 a step) */
+static inline __attribute__((always_inline)) void h8_four_steps(const int8x16_t w0[4], const int8x16_t w1[4],
+                                                                const gvec *x, int count, int precise, int64_t at,
+                                                                i32x8h *ia, i32x8h *la) {
+    for (int k = 0; k < count; k++) {
+        const int8x16_t xv = vld1q_s8(x[k].q + at);
+        H8_DOT(ia[k], w0[0], w1[0], xv, 0), H8_DOT(ia[k], w0[1], w1[1], xv, 1);
+        H8_DOT(ia[k], w0[2], w1[2], xv, 2), H8_DOT(ia[k], w0[3], w1[3], xv, 3);
+        if (precise) {
+            const int8x16_t yv = vld1q_s8(x[k].l + at);
+            H8_DOT(la[k], w0[0], w1[0], yv, 0), H8_DOT(la[k], w0[1], w1[1], yv, 1);
+            H8_DOT(la[k], w0[2], w1[2], yv, 2), H8_DOT(la[k], w0[3], w1[3], yv, 3);
+        }
+    }
+}
+
 /* The half's 32 bytes of a 64-byte step vector as two vectors of 4 rows' 4 values; Q5_0/Q5_1's fifth bits from the
  * rows' 32-bit masks (qh, 32 bytes for 8 rows) at value 4i + t (lo) or 16 + 4i + t (hi). */
 static inline void h8_small_step(int type, const uint8_t *v, const uint8_t *qh, int i, int8x16_t *lo0, int8x16_t *lo1,
@@ -2994,16 +3011,7 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                     w0[i] = vld1q_s8((const int8_t *)blk + 32 + 64 * (i0 + i) + 32 * half);
                     w1[i] = vld1q_s8((const int8_t *)blk + 32 + 64 * (i0 + i) + 32 * half + 16);
                 }
-                for (int k = 0; k < count; k++) {
-                    const int8x16_t xv = vld1q_s8(x[k].q + 32 * b + 4 * i0);
-                    H8_DOT(ia[k], w0[0], w1[0], xv, 0), H8_DOT(ia[k], w0[1], w1[1], xv, 1);
-                    H8_DOT(ia[k], w0[2], w1[2], xv, 2), H8_DOT(ia[k], w0[3], w1[3], xv, 3);
-                    if (precise) {
-                        const int8x16_t yv = vld1q_s8(x[k].l + 32 * b + 4 * i0);
-                        H8_DOT(la[k], w0[0], w1[0], yv, 0), H8_DOT(la[k], w0[1], w1[1], yv, 1);
-                        H8_DOT(la[k], w0[2], w1[2], yv, 2), H8_DOT(la[k], w0[3], w1[3], yv, 3);
-                    }
-                }
+                h8_four_steps(w0, w1, x, count, precise, 32 * b + 4 * i0, ia, la);
             }
             for (int k = 0; k < count; k++)
                 acc[k] = h8_fma(acc[k], precise ? i8h_wide(ia[k], la[k]) : ia[k], h8_scale(d, x[k].d[b]));
@@ -3028,16 +3036,7 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                         }
                         w0[i] = vreinterpretq_s8_u8(v0), w1[i] = vreinterpretq_s8_u8(v1);
                     }
-                    for (int k = 0; k < count; k++) {
-                        const int8x16_t xv = vld1q_s8(x[k].q + 32 * j + 4 * i0);
-                        H8_DOT(ia[k], w0[0], w1[0], xv, 0), H8_DOT(ia[k], w0[1], w1[1], xv, 1);
-                        H8_DOT(ia[k], w0[2], w1[2], xv, 2), H8_DOT(ia[k], w0[3], w1[3], xv, 3);
-                        if (precise) {
-                            const int8x16_t yv = vld1q_s8(x[k].l + 32 * j + 4 * i0);
-                            H8_DOT(la[k], w0[0], w1[0], yv, 0), H8_DOT(la[k], w0[1], w1[1], yv, 1);
-                            H8_DOT(la[k], w0[2], w1[2], yv, 2), H8_DOT(la[k], w0[3], w1[3], yv, 3);
-                        }
-                    }
+                    h8_four_steps(w0, w1, x, count, precise, 32 * j + 4 * i0, ia, la);
                 }
                 const f32x8h a = h8_mul(d, h8_byte_floats(blk + 64 + 16 * j8 + 8 * half, 0));
                 for (int k = 0; k < count; k++)
@@ -3069,16 +3068,7 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                             q1 = vandq_u8(t == 0 ? vshlq_n_u8(q1, 4) : t == 1 ? vshlq_n_u8(q1, 2) : t == 2 ? q1 : vshrq_n_u8(q1, 2), vdupq_n_u8(0x30));
                             w0[i] = vreinterpretq_s8_u8(vorrq_u8(l0, q0)), w1[i] = vreinterpretq_s8_u8(vorrq_u8(l1, q1));
                         }
-                        for (int k = 0; k < count; k++) { /* steps 4s..4s + 3 of chunk j: input bytes 16s.. */
-                            const int8x16_t xv = vld1q_s8(x[k].q + 32 * j + 16 * s);
-                            H8_DOT(ia[k], w0[0], w1[0], xv, 0), H8_DOT(ia[k], w0[1], w1[1], xv, 1);
-                            H8_DOT(ia[k], w0[2], w1[2], xv, 2), H8_DOT(ia[k], w0[3], w1[3], xv, 3);
-                            if (precise) {
-                                const int8x16_t yv = vld1q_s8(x[k].l + 32 * j + 16 * s);
-                                H8_DOT(la[k], w0[0], w1[0], yv, 0), H8_DOT(la[k], w0[1], w1[1], yv, 1);
-                                H8_DOT(la[k], w0[2], w1[2], yv, 2), H8_DOT(la[k], w0[3], w1[3], yv, 3);
-                            }
-                        }
+                        h8_four_steps(w0, w1, x, count, precise, 32 * j + 16 * s, ia, la); /* steps 4s..4s + 3 */
                         const f32x8h a = h8_mul(d, h8_byte_floats(blk + 32 + 16 * (8 * h + 2 * t + s) + 8 * half, 1));
                         for (int k = 0; k < count; k++)
                             acc[k] = h8_fma(acc[k], precise ? i8h_wide(ia[k], la[k]) : ia[k], h8_scale(a, x[k].d[j]));
