@@ -193,6 +193,7 @@ ATTEND_TOKENS = 32  # a prefill's tokens attended together, at most (hearth_deco
 ATTEND_PARTIAL_FLOATS = 1 << 20  # a thread's partials for them, at most (hearth_decode.c's)
 OWN_INPUT_ROWS = 8  # up to this many rows every thread prepares each input for itself (hearth_decode.c's)
 TILE_SLOTS = 8  # inputs a tile holds side by side for the 16-row kernels (hearth_decode.c's)
+TILE_FROM = 4  # the fewest inputs of a call that get tiles (hearth_decode.c's GG_TILE, gtile_count)
 
 
 def attend_tokens(group: int, chunks: int, head_dim: int) -> int:
@@ -222,7 +223,7 @@ def forward_scratch_bytes(config: LiteConfig, threads: int, tokens: int, capacit
     floats = -(-floats // 16) * 16
     quantized = 2 * widest + 2 * (widest // 32) * 4 + (widest // 16) * 4  # gbuf_bytes: h, l, d, s, n16
     floats += copies * tokens * ((-(-quantized // 64) | 1) * 16)  # gbuf_stride: an odd number of cache lines
-    tiles = -(-tokens // TILE_SLOTS) if tokens >= 4 else 0  # gtile_count: the inputs side by side, 8 to a tile
+    tiles = -(-tokens // TILE_SLOTS) if tokens >= TILE_FROM else 0  # gtile_count: the inputs side by side
     floats += copies * tiles * (-(-(TILE_SLOTS * quantized) // 64) * 16)  # gtile_bytes: whole cache lines
     return 4 * floats
 
