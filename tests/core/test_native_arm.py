@@ -12,7 +12,8 @@ so that build can't lean on it. Correctness only: qemu says nothing about speed 
 packs its weights with C ports of native.py's packers; a third test checks they give native.py's bytes. `harness
 prefill` runs hearth_q4_prefill (prefill straight from the Q4_1 records) on one matrix for the same comparison.
 Each run also prints hearth_gg_matmul's products on every GGUF block type (Q4_0 to Q6_K, the torch-free runtime's
-matrices), in the file's row layout and the 16-row one, with 8-bit and 15-bit inputs.
+matrices), in the file's row layout and the 16-row one, with 8-bit and 15-bit inputs, and the GGUF forward's gated
+activation (hearth_silu_times: no libm, the same bits on every build).
 The Windows builds (AVX2, and AVX-512 VNNI where this CPU has it) come from mingw-w64's gcc, the compiler of the
 Windows package's CI runner, and run under Wine: Windows' calling convention, its C runtime and libm, its threads
 under libgomp, on this CPU's own instructions.
@@ -84,6 +85,7 @@ class HarnessRun(NamedTuple):
     flags: dict[str, int]  # the build's header: simd, openmp, dotprod, q4
     logits: Logits
     products: Products
+    activation: list[float]  # hearth_silu_times on the harness's fixed values
 
 
 def library_env(library: Path | None) -> dict[str, str] | None:
@@ -100,7 +102,11 @@ def run_harness(command: list[str], library: Path | None = None) -> HarnessRun:
     flags = {words[i]: int(words[i + 1]) for i in range(0, len(words), 2)}
     logits: Logits = {}
     products: Products = {}
+    activation: list[float] = []
     for line in lines:
+        if line.startswith("silu "):
+            activation = [float.fromhex(v) for v in line.split()[1:]]
+            continue
         if line.startswith("gg "):
             _, kind, precise, layout, *values = line.split()
             assert values and values[0] != "error", line
@@ -110,7 +116,8 @@ def run_harness(command: list[str], library: Path | None = None) -> HarnessRun:
         variant, position, token, *values = line.split()
         logits[(int(variant), int(position), int(token))] = [float.fromhex(v) for v in values]
     assert len(products) == 2 * 2 * len(GGUF_TYPES), sorted(products)
-    return HarnessRun(flags, logits, products)
+    assert activation, "the harness printed no activation"
+    return HarnessRun(flags, logits, products, activation)
 
 
 def within_bound(
@@ -165,7 +172,7 @@ def x86_harness(tmp_path_factory: pytest.TempPathFactory, harness_builds: Path) 
 @pytest.fixture(scope="module")
 def x86_logits(x86_harness: Path, run_library: kernel.NativeLibrary) -> Logits:
     """The reference: the harness on the library this test run loaded."""
-    flags, logits, _ = run_harness([str(x86_harness)], run_library.path)
+    flags, logits, _, _ = run_harness([str(x86_harness)], run_library.path)
     if not flags["simd"]:
         pytest.skip("this CPU lacks AVX2+FMA, so the x86-64 reference would run the scalar loops")
     assert len(logits) == VARIANTS * STEPS
@@ -206,7 +213,7 @@ def test_the_aarch64_build_computes_the_harness_builds_logits_and_gguf_products(
     compiler, qemu = cross_tools
     _, cpu = ARM_BUILDS[build]
     binary = arm_build(build, compiler, harness_builds)
-    flags, logits, products = run_harness([qemu, "-cpu", cpu, str(binary)])
+    flags, logits, products, activation = run_harness([qemu, "-cpu", cpu, str(binary)])
 
     # hearth_simd() is what native.py checks before using a library: NEON counts, as AVX2+FMA does on x86.
     assert flags == {"simd": 1, "openmp": 1, "dotprod": int(build == "dotprod"), "q4": 2 if build == "dotprod" else 1}
@@ -217,7 +224,10 @@ def test_the_aarch64_build_computes_the_harness_builds_logits_and_gguf_products(
     # order (measured 3e-7 of the largest output); the 16-row layout (DotProd builds: sdot by lane, 8 rows at a time)
     # takes the x86 loops' exact integer sums and their float steps in their order, so it gives their bits; the build
     # without DotProd has none
-    avx2 = linux_run("avx2", x86_harness, x86_kernel_builds).products
+    avx2_run = linux_run("avx2", x86_harness, x86_kernel_builds)
+    avx2 = avx2_run.products
+    # the GGUF forward's activation: NEON's 4 lanes and the tail take exp256's operations in its order, no libm
+    assert [a.hex() for a in activation] == [a.hex() for a in avx2_run.activation]
     x16 = {key: value for key, value in avx2.items() if key[2] == "x16"}
     assert x16 and all(value is not None for value in x16.values())
     if build == "dotprod":
@@ -302,7 +312,11 @@ def test_each_x86_build_this_cpu_runs_computes_the_native_builds_logits(
     """AVX-512 VNNI, AVX2 and the scalar loops on the same inputs: the Q4_1 kernels accumulate each row in its own
     lane in one order, so the SIMD builds agree bit for bit; the scalar build's int8 paths sum in another order
     (measured 3e-7), inside the same bound as ARM."""
-    flags, logits, _ = linux_run(build, x86_harness, x86_kernel_builds)
+    flags, logits, _, activation = linux_run(build, x86_harness, x86_kernel_builds)
+    # the GGUF forward's activation: every build the same bits, the scalar loops' included (exp256 mirrored, no libm)
+    assert [a.hex() for a in activation] == [
+        a.hex() for a in linux_run("avx2", x86_harness, x86_kernel_builds).activation
+    ]
     assert flags["q4"] == X86_BUILDS[build][2] and flags["simd"] == int(build != "scalar")
     assert logits.keys() == x86_logits.keys()
     for step, reference in x86_logits.items():
@@ -400,13 +414,15 @@ def test_the_windows_build_computes_the_harness_builds_logits_and_gguf_products(
     """Windows' libm rounds some expf/sinf results another way than glibc's (measured: 1e-7 of the largest
     logit), so the bound is ARM's, not bit equality."""
     compiler, wine = windows_tools
-    flags, logits, products = run_harness([*wine, str(windows_build(build, compiler, harness_builds))])
+    flags, logits, products, activation = run_harness([*wine, str(windows_build(build, compiler, harness_builds))])
     assert flags == {"simd": 1, "openmp": 1, "dotprod": 0, "q4": X86_BUILDS[build][2]}
     assert logits.keys() == x86_logits.keys()
     worst = within_bound(logits, x86_logits, f"Windows {build}, step")
     print(f"Windows {build}: max |Windows - Linux| / max |logit| = {worst:.3g} over {len(logits)} steps")
     # no libm in a block product: every GGUF type, both layouts, the Linux build's bits
-    assert products == linux_run(build, x86_harness, x86_kernel_builds).products
+    linux = linux_run(build, x86_harness, x86_kernel_builds)
+    assert products == linux.products
+    assert [a.hex() for a in activation] == [a.hex() for a in linux.activation]  # no libm in it either
 
 
 LOADER = r"""

@@ -32,7 +32,7 @@ from app.core.storage.paths import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "hearth_decode.c"
-ABI = 14  # hearth_decode.c's HEARTH_ABI: its calls and its numerics (the prompt and response caches key on it)
+ABI = 15  # hearth_decode.c's HEARTH_ABI: its calls and its numerics (the prompt and response caches key on it)
 COMPILE_TIMEOUT_S = 180
 EXTRA_FLAGS: tuple[str, ...] = ()  # appended to the compiler flags (tests build a scalar-only kernel with it)
 # A DLL built by mingw-w64's gcc links libgomp and winpthreads into itself: Python loads a library's dependencies only

@@ -9,7 +9,7 @@
  * bits; only the kernel itself can make outputs differ.
  *
  * Output: "simd S openmp O dotprod D", then per variant and step: "V POS TOKEN" and `vocab` logits in %a, then
- * hearth_gg_matmul on every GGUF block type (print_gguf: "gg ..." lines).
+ * hearth_gg_matmul on every GGUF block type (print_gguf: "gg ..." lines), then the forward's activation (print_silu).
  * `harness pack` prints one matrix and its two packings instead (the test checks them against native.py's);
  * `harness prefill` one matrix, a few input rows and hearth_q4_prefill's output.
  */
@@ -25,7 +25,8 @@
 #include <dlfcn.h>
 #define KERNEL_FUNCTIONS(X)                                                                                            \
     X(hearth_scratch_floats) X(hearth_step) X(hearth_q4_prefill) X(hearth_gg_geometry) X(hearth_gg_x16_bytes)           \
-    X(hearth_gg_repack_x16) X(hearth_gg_matmul) X(hearth_simd) X(hearth_openmp) X(hearth_q4_kernel)
+    X(hearth_gg_repack_x16) X(hearth_gg_matmul) X(hearth_simd) X(hearth_openmp) X(hearth_q4_kernel)             \
+    X(hearth_silu_times)
 #define KERNEL_POINTER(f) static __typeof__(f) *kernel_##f;
 KERNEL_FUNCTIONS(KERNEL_POINTER)
 #define K(f) kernel_##f
@@ -399,6 +400,22 @@ static void print_gguf(void) {
     free(x);
 }
 
+/* The GGUF forward's gated activation (hearth_silu_times) on values across its range, the extremes included, a count
+ * that leaves a tail after the vector lanes: "silu" and the results. */
+static void print_silu(void) {
+    enum { COUNT = 61 };
+    static const float edges[] = {-100.0f, -88.0f, -87.3f, -20.0f, -0.0f, 0.0f, 1e-8f, 20.0f, 88.0f, 100.0f};
+    float g[COUNT], u[COUNT];
+    for (int k = 0; k < COUNT; k++) {
+        g[k] = k < 10 ? edges[k] : (float)(k - 35) * 0.37f;
+        u[k] = 1.0f + (float)k / 128.0f;
+    }
+    K(hearth_silu_times)(g, u, COUNT);
+    printf("silu");
+    for (int k = 0; k < COUNT; k++) printf(" %a", g[k]);
+    printf("\n");
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "pack") == 0) {
         print_packings();
@@ -411,6 +428,7 @@ int main(int argc, char **argv) {
     }
     printf("simd %d openmp %d dotprod %d q4 %d\n", K(hearth_simd)(), K(hearth_openmp)(), HEARTH_DOTPROD, K(hearth_q4_kernel)());
     for (int i = 0; i < (int)(sizeof VARIANTS / sizeof VARIANTS[0]); i++) run(i, &VARIANTS[i]);
-    print_gguf(); /* in the same run: one start of an emulator (qemu, Wine) for both */
+    print_gguf(); /* in the same run: one start of an emulator (qemu, Wine) for all */
+    print_silu();
     return 0;
 }
