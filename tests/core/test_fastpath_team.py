@@ -4,6 +4,7 @@ fixed. Timings are fed in (no clock): behaviour, not speed."""
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +160,29 @@ def test_a_reply_s_note_says_whether_the_team_follows_the_free_cores() -> None:
     assert TeamChooser(2).description() == "up to 2 threads, as many as the cores free measure fastest"
     assert TeamChooser(2, explore_every=0).description() == "2 threads"
     assert TeamChooser(1).description() == "1 thread"  # nothing to choose between
+
+
+def quiet_calls_on_a_coarse_clock(step: float, tick: float, calls: int) -> list[int]:
+    """Team sizes of `calls` decode steps of `step` seconds on two threads (one thread 1.8x slower: a quiet machine),
+    with the process's CPU time read as Windows counts it: each thread's time in whole ticks."""
+    wall, threads_cpu = [0.0], [0.0, 0.0]
+    chooser = TeamChooser(
+        2, clock=lambda: wall[0], cpu_clock=lambda: sum(math.floor(t / tick) * tick for t in threads_cpu)
+    )
+    used = []
+    for _ in range(calls):
+        with chooser.timed(1) as threads:
+            used.append(threads)
+            seconds = step if threads == 2 else 1.8 * step
+            wall[0] += seconds
+            for k in range(threads):
+                threads_cpu[k] += seconds
+    return used
+
+
+def test_a_process_clock_in_coarse_ticks_seldom_moves_a_quiet_team() -> None:
+    """Windows counts a thread's CPU time in 15.6 ms ticks: a 3 ms decode step reads 0 or a whole tick. The moving
+    average over such calls still says the team had its cores often enough that one thread runs few calls."""
+    for step in (0.003, 0.02):
+        used = quiet_calls_on_a_coarse_clock(step, 0.015625, 2000)
+        assert used.count(1) <= 10, (step, used.count(1))  # a try or three (blind to CPU time it would be 21 calls)

@@ -22,6 +22,8 @@ of a process ran chunks 2 and 3 of 6 on one thread (1B Q6_K, 1,519 tokens: 12.3 
 throughout; 2-core Zen 4, 2026-12-07). Measured there: a two-thread prefill call used 1.96 cores' time per second
 of wall time and decode steps 1.78-2.11 (median 1.99); beside one busy process 1.15 and 0.93-1.22. A team already
 smaller than the largest still tries larger sizes on the schedule (its own time cannot say whether cores came free).
+Windows counts a thread's CPU time in 15.6 ms ticks, so a 3 ms step reads 0 or a whole tick; the moving average
+over such calls still tells (simulated in the tests: a try or three in 2,000 quiet steps, 21 calls blind to CPU time).
 Decode steps and prefill chunks each have their own chooser (their times per token differ a hundredfold). The
 kernel's results do not depend on the team size (row-invariant products, attention in fixed chunks), so switching
 never changes a reply.
