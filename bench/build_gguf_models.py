@@ -2,6 +2,7 @@
 
     python bench/build_gguf_models.py                        # every shape, every type (~25 min on 2 cores, ~9 GB)
     python bench/build_gguf_models.py --shapes smollm2-135m --types Q4_K_M Q8_0
+    python bench/build_gguf_models.py --shapes llama-3.1-8b --types Q4_K_M   # ~40 GB of disk while it runs
 
 Shapes (random weights, seeded: speed does not depend on the values, only on shapes and block types):
 - smollm2-135m: the embedded default model's shape, read from its GGUF header (30 layers, hidden 576, FFN 1536,
@@ -11,6 +12,9 @@ Shapes (random weights, seeded: speed does not depend on the values, only on sha
   128,256-token tokenizer is not available offline, so the file carries the default model's tokenizer (49,152
   tokens) with the vocabulary padded to 128,256 ([PAD] tokens, as convert_hf_to_gguf.py pads): the embedding and the
   head have Llama-3.2's size, and both engines tokenize alike.
+- llama-3.1-8b: Llama-3.1-8B's published config (32 layers, hidden 4096, FFN 14336, 32 heads, 8 KV heads, head dim
+  128, untied head, RoPE llama3 scaling factor 8), the same padded tokenizer. Not built by default: its BF16 file is
+  16 GB and its Q4_K_M 4.9 GB (past 4 GiB, where 32-bit offsets would break).
 And one real model: smollm2-135m-instruct, the default model's own weights (its shipped Q4_1 file, dequantized by
 Hearth's converter to fp32) requantized: the quality bench's K-quant files with weights that mean something. The
 shipped Q4_1 file itself is listed as is.
@@ -62,7 +66,20 @@ LLAMA_32_1B: dict[str, Any] = {
     "hidden_act": "silu",
     "initializer_range": 0.02,
 }
-SHAPES = ("smollm2-135m", "llama-3.2-1b", "smollm2-135m-instruct")
+# Llama-3.1-8B's published config: the size most people run on a laptop (its Q4_K_M file crosses 4 GiB)
+LLAMA_31_8B: dict[str, Any] = {
+    **LLAMA_32_1B,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "tie_word_embeddings": False,
+    "rope_scaling": {**LLAMA_32_1B["rope_scaling"], "factor": 8.0},
+}
+SHAPES = ("smollm2-135m", "llama-3.2-1b", "smollm2-135m-instruct", "llama-3.1-8b")
+PADDED = ("llama-3.2-1b", "llama-3.1-8b")  # Llama-3's vocabulary size over the default model's tokenizer
 
 
 def default_folder() -> Path:
@@ -82,6 +99,8 @@ def shape_config(shape: str) -> dict[str, Any]:
         return {**{k: smol[k] for k in keep}, "rope_theta": smol["rope_theta"], "hidden_act": "silu"}
     if shape == "llama-3.2-1b":
         return dict(LLAMA_32_1B)
+    if shape == "llama-3.1-8b":
+        return dict(LLAMA_31_8B)
     raise ValueError(f"no random-weight shape {shape!r}")
 
 
@@ -134,7 +153,7 @@ def build(shapes: list[str], types: list[str], seed: int, threads: int | None) -
             entry["shape"] = shape
             real = shape.endswith("instruct")
             entry["weights"] = "the default model's, requantized" if real else f"random, seed {seed}"
-            if shape == "llama-3.2-1b":
+            if shape in PADDED:
                 entry["tokenizer"] = "the default model's (49,152 tokens), vocabulary padded to 128,256"
             files[path.name] = entry
     from app.core.models.model_source import default_model_gguf
@@ -148,7 +167,7 @@ def build(shapes: list[str], types: list[str], seed: int, threads: int | None) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
+    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=[s for s in SHAPES if s != "llama-3.1-8b"])
     parser.add_argument("--types", nargs="+", default=list(TYPES), help=f"llama-quantize types (default {TYPES})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)

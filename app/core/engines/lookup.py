@@ -36,7 +36,13 @@ MAX_DRAFT = 8  # the most tokens one forward checks (the forward's rows are that
 PRIOR_FIRST = (1.0, 4.0)
 PRIOR_FOLLOW = (4.0, 5.0)
 STEPS_KEPT = 15
-COST_WEIGHT = 0.3  # exponential moving average of each size's time: recent timings count most (the cores' load changes)
+# Each check size's last timings: their median is its cost. (A moving average kept a moment when the host slowed every
+# call to twice its time: 2-row checks priced at 1.55-1.96 steps against 1.2-1.3 measured alone, at which no first
+# guess pays, and a rewrite that copies its whole text then checked nothing; 2026-12-07, Zen 4 guest.)
+FORWARDS_KEPT = 5
+# A size last timed this many steps and checks ago is priced as if untimed (from the sizes timed since, else the
+# prior): a cost measured under other load is measured again, not trusted for good.
+STALE_CALLS = 200
 # Before any forward has been timed: what a row adds, in steps. Measured 0.06-0.15 where the weights stream from
 # memory (the 1B shape) and 0.25-0.4 where the products are bound by arithmetic (the default model in a large L3);
 # the higher guess keeps a fresh process from paying for checks before it has measured one.
@@ -140,24 +146,41 @@ class LookupPlanner:
         # under a step, and a fresh process then checked 8 guesses at once).
         self._steps: deque[float] = deque(maxlen=STEPS_KEPT)
         self.step_s: float | None = None  # their median, worked out once per step, not once per size priced
-        self.forward_s: dict[int, float] = {}  # rows -> seconds
+        self.forward_s: dict[int, float] = {}  # rows -> seconds: the median of that size's last FORWARDS_KEPT
+        self._forwards: dict[int, deque[float]] = {}
+        self._calls = 0  # steps and checks recorded
+        self._timed_at: dict[int, int] = {}  # rows -> the call count when that size was last timed
 
     def record_step(self, seconds: float) -> None:
+        self._calls += 1
         self._steps.append(seconds)
         self.step_s = statistics.median(self._steps)
 
     def record_forward(self, rows: int, seconds: float) -> None:
-        self.forward_s[rows] = _blend(self.forward_s.get(rows), seconds, COST_WEIGHT)
+        self._calls += 1
+        kept = self._forwards.setdefault(rows, deque(maxlen=FORWARDS_KEPT))
+        kept.append(seconds)
+        self.forward_s[rows] = statistics.median(kept)
+        self._timed_at[rows] = self._calls
+
+    def _fresh(self) -> dict[int, float]:
+        """The sizes timed within the last STALE_CALLS calls, and their costs in seconds."""
+        return {
+            rows: seconds
+            for rows, seconds in self.forward_s.items()
+            if self._calls - self._timed_at.get(rows, self._calls) < STALE_CALLS
+        }
 
     def cost_in_steps(self, rows: int) -> float:
         step = self.step_s
         if step is None or step <= 0:
             return 1.0 + PRIOR_ROW_COST * (rows - 1)
-        measured = self.forward_s.get(rows)
+        fresh = self._fresh()
+        measured = fresh.get(rows)
         if measured is not None:
             return measured / step
-        # Not timed yet: what a row added in the sizes that were (a forward's cost grows about linearly with rows).
-        slopes = [(seconds / step - 1.0) / (size - 1) for size, seconds in self.forward_s.items() if size > 1]
+        # Not timed lately: what a row added in the sizes that were (a forward's cost grows about linearly with rows).
+        slopes = [(seconds / step - 1.0) / (size - 1) for size, seconds in fresh.items() if size > 1]
         per_row = max(0.0, statistics.median(slopes)) if slopes else PRIOR_ROW_COST
         return 1.0 + per_row * (rows - 1)
 
@@ -180,10 +203,6 @@ class LookupPlanner:
             if rate > best_rate * 1.02:  # a gain within timing noise is no gain
                 best, best_rate = count, rate
         return best
-
-
-def _blend(old: float | None, new: float, weight: float) -> float:
-    return new if old is None else (1 - weight) * old + weight * new
 
 
 class LookupDecoder:

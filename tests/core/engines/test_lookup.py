@@ -17,6 +17,8 @@ from app.core.engines.lite.engine import LiteEngine
 from app.core.engines.lookup import (
     PRIOR_FIRST,
     PRIOR_ROW_COST,
+    STALE_CALLS,
+    STEPS_KEPT,
     GuessOdds,
     LookupDecoder,
     LookupPlanner,
@@ -121,6 +123,28 @@ def test_a_size_not_timed_yet_is_priced_from_the_sizes_that_were() -> None:
     planner.record_forward(2, 0.0105)  # one row more cost 0.05 of a step
     assert planner.cost_in_steps(2) == pytest.approx(1.05)
     assert planner.cost_in_steps(5) == pytest.approx(1.2)  # four rows more at the measured 0.05 each
+
+
+def test_a_slow_moment_does_not_price_checks_out_and_a_stale_cost_is_measured_again() -> None:
+    """A host that slows every call for a moment (measured: 2-row checks at 1.9 steps among 1.2s) must not leave the
+    checks priced at that: a rewrite that copies its text then checked nothing."""
+    planner = LookupPlanner()
+    likely_first = GuessOdds(Odds(0.4, 1.0), Odds(0.8, 1.0))  # a first guess taken 2 times in 5
+    for _ in range(STEPS_KEPT):
+        planner.record_step(0.010)
+    for seconds in (0.012, 0.019, 0.020, 0.012, 0.012):  # two checks in a slow moment among three ordinary ones
+        planner.record_forward(2, seconds)
+    assert planner.cost_in_steps(2) == pytest.approx(1.2)
+    assert planner.draft_length(1, likely_first) == 1  # 1.4 tokens for 1.2 steps: worth a check
+    stale = LookupPlanner()
+    for _ in range(STEPS_KEPT):
+        stale.record_step(0.010)
+    stale.record_forward(2, 0.019)  # the only timing of a size, in a slow moment
+    assert stale.draft_length(1, likely_first) == 0  # priced out for now ...
+    for _ in range(STALE_CALLS):
+        stale.record_step(0.010)
+    assert stale.cost_in_steps(2) == pytest.approx(1.0 + PRIOR_ROW_COST)  # ... until it is old: the prior again
+    assert stale.draft_length(1, likely_first) == 1  # so it is checked, and timed afresh
 
 
 # -- the decoder on a toy model ----------------------------------------------------------------------------------------
