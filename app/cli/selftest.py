@@ -22,8 +22,11 @@ from app.core.errors import HearthError
 if TYPE_CHECKING:
     from app.core.engines.loader import LoadedModel
 
-PROMPT = "What is the capital of France?"
-EXPECTED_WORD = "paris"
+# A question the default model answers with a wide margin: its first token leads by ~2.5 logits, its answer's tokens
+# by 1 or more. ("What is the capital of France?" is a near tie for it: "The" leads "La" by 0.09 in the exact forward
+# of its file, less than 8-bit activations move a logit, so a kernel's last-bit change can turn it into French.)
+PROMPT = "What is the capital of Japan?"
+EXPECTED_WORD = "tokyo"
 MAX_NEW_TOKENS = 24
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -19,7 +19,7 @@ def test_self_test_passes_with_the_default_model(default_loaded: object) -> None
     assert names[4:] in ([], ["memory snapshot"])  # the live accounting, where it is in the build
     assert report.passed, selftest.format_report(report)
     answer = report.checks[1].detail
-    assert "paris" in answer.lower()
+    assert "tokyo" in answer.lower()
     text = selftest.format_report(report)
     assert text.startswith("Hearth ")
     assert text.splitlines()[-1].startswith("self-test passed in ")
@@ -126,9 +126,9 @@ def test_self_test_forces_offline_mode(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_wrong_answer_fails_the_answer_check(default_loaded: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(selftest, "EXPECTED_WORD", "lyon")
+    monkeypatch.setattr(selftest, "EXPECTED_WORD", "kyoto")
     report = selftest.run_checks(default_loaded)  # type: ignore[arg-type]
     assert not report.passed
     assert report.first_failure is not None and report.first_failure.name == "answer"
-    assert report.first_failure.detail.startswith("expected 'lyon' in the reply, got ")
+    assert report.first_failure.detail.startswith("expected 'kyoto' in the reply, got ")
     assert selftest.format_report(report).splitlines()[-1] == "self-test FAILED: answer"

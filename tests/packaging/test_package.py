@@ -78,7 +78,7 @@ def test_installed_self_test_passes_offline(installed_root: Path, tmp_path: Path
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "self-test passed" in result.stdout
-    assert "Paris" in result.stdout
+    assert "Tokyo" in result.stdout
     print(result.stdout)
 
 
@@ -103,7 +103,7 @@ def test_installed_bundle_decodes_through_the_fused_path_without_a_compiler(
     }
     result = subprocess.run(
         [str(installed_root / "usr" / "bin" / "hearth"), "chat", "--json", "-t", "0", "--max-tokens", "12",
-         "What is the capital of France?"],
+         "What is the capital of Japan?"],
         capture_output=True,
         text=True,
         env=env,
@@ -118,7 +118,7 @@ def test_installed_bundle_decodes_through_the_fused_path_without_a_compiler(
         "C kernel prebuilt x86-64-" in stats["decode_path_note"]
         or "C kernel prebuilt arm64" in stats["decode_path_note"]
     )
-    assert "Paris" in "".join(event.get("text", "") for event in events if event["type"] == "token")
+    assert "Tokyo" in "".join(event.get("text", "") for event in events if event["type"] == "token")
     prebuilt = installed_root / "opt" / "hearth" / "_internal" / "app" / "core" / "fastpath" / "native" / "prebuilt"
     manifest = json.loads((prebuilt / "manifest.json").read_text())
     if platform.machine().lower() in ("x86_64", "amd64"):  # both x86-64 targets ship, whichever this CPU took
