@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from bench import gguf_files, llama_build  # noqa: E402
+from bench import gguf_files, gpu_check, llama_build  # noqa: E402
 
 OUT = ROOT / ".cache" / "gguf-models"
 MANIFEST = OUT / "manifest.json"
@@ -66,16 +66,15 @@ LLAMA_32_1B: dict[str, Any] = {
     "hidden_act": "silu",
     "initializer_range": 0.02,
 }
-# Llama-3.1-8B's published config: the size most people run on a laptop (its Q4_K_M file crosses 4 GiB)
+# Llama-3.1-8B's published config (gpu_check.py's, with Llama-3's rope scaling): the size most people run on a laptop
+# (its Q4_K_M file crosses 4 GiB)
 LLAMA_31_8B: dict[str, Any] = {
     **LLAMA_32_1B,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "tie_word_embeddings": False,
+    **{
+        key: value
+        for key, value in gpu_check.LLAMA_8B.items()
+        if key not in ("model_type", "bos_token_id", "eos_token_id")
+    },
     "rope_scaling": {**LLAMA_32_1B["rope_scaling"], "factor": 8.0},
 }
 SHAPES = ("smollm2-135m", "llama-3.2-1b", "smollm2-135m-instruct", "llama-3.1-8b")
