@@ -2868,16 +2868,8 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
     for (int k = 0; k < count; k++) result[k] = _mm256_add_ps(acc[k], off[k]);
 }
 
-/* One group's 16 rows against `count` inputs, into out[k][row]: its two halves of 8 in turn. */
-static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
-                                                                const gvec *x, int count, int precise, int tiled,
-                                                                float out[X16_TILE][X16_ROWS]) {
-    __m256 res[GG_TILE];
-    for (int half = 0; half < 2; half++) {
-        x16_half(type, grp, blocks, block_bytes, half, x, count, precise, tiled, res);
-        for (int k = 0; k < count; k++) _mm256_storeu_ps(out[k] + 8 * half, res[k]);
-    }
-}
+typedef __m256 x16_eight; /* x16_half's result per input: its 8 rows */
+static inline void x16_eight_store(float *out, __m256 v) { _mm256_storeu_ps(out, v); }
 #elif HEARTH_DOTPROD
 /* The same layouts on Armv8.2 DotProd, 8 rows at a time (each 64-byte vector's two halves in turn, as AVX2): sdot by
  * lane multiplies 4 rows' 4 values by 4 input bytes (one lane of 16 loaded at once: 4 steps) into the rows' int32
@@ -3092,14 +3084,20 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
 }
 #undef H8_DOT
 
-/* One group's 16 rows against `count` inputs, into out[k][row]: its two halves of 8 in turn. */
+typedef f32x8h x16_eight;
+static inline void x16_eight_store(float *out, f32x8h v) { vst1q_f32(out, v.lo), vst1q_f32(out + 4, v.hi); }
+#endif
+
+#if !HEARTH_AVX512 && (HEARTH_AVX2 || HEARTH_DOTPROD)
+/* One group's 16 rows against `count` inputs, into out[k][row]: its two halves of 8 in turn (AVX-512 takes all 16
+ * at once, above). */
 static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                                 const gvec *x, int count, int precise, int tiled,
                                                                 float out[X16_TILE][X16_ROWS]) {
-    f32x8h res[GG_TILE];
+    x16_eight res[GG_TILE];
     for (int half = 0; half < 2; half++) {
         x16_half(type, grp, blocks, block_bytes, half, x, count, precise, tiled, res);
-        for (int k = 0; k < count; k++) vst1q_f32(out[k] + 8 * half, res[k].lo), vst1q_f32(out[k] + 8 * half + 4, res[k].hi);
+        for (int k = 0; k < count; k++) x16_eight_store(out[k] + 8 * half, res[k]);
     }
 }
 #endif
@@ -3638,25 +3636,37 @@ static inline void rope_head(float *v, const float *cosv, const float *sinv, int
         rope(v, cosv, sinv, half);
 }
 
+/* exp256's constants, which exp_neon and exp_lane take too: one polynomial in three forms, the same bits in each */
+#define EXP_LOW -87.33654f /* below it (under float's normal range): 0 */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f /* ln 2 in two parts, so that x - n ln 2 loses nothing */
+#define EXP_LN2_LO -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f /* Cephes' expf coefficients, highest power first */
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
 #if HEARTH_AVX2
 /* e^x for 8 lanes of x <= 0 (softmax weights: a score minus its chunk's max): x = n ln2 + r with |r| <= ln2 / 2,
  * e^r by a degree-6 polynomial (Cephes' expf coefficients: within 1 ulp of expf on every 64th float of [-100, 0]),
  * times 2^n through the exponent bits; below -87.3 (under float's normal range) 0. One sequence of operations for
  * every lane and every call, so a score's weight is the same bits wherever its chunk runs. */
 static inline __m256 exp256(__m256 x) {
-    const __m256 low = _mm256_set1_ps(-87.33654f);
+    const __m256 low = _mm256_set1_ps(EXP_LOW);
     const __m256 underflow = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
     x = _mm256_max_ps(x, low);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+    __m256 y = _mm256_set1_ps(EXP_P0);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P1));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P2));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P3));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P4));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(EXP_P5));
     y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
@@ -3738,16 +3748,16 @@ static inline __attribute__((always_inline)) void attend_values_heads(int heads,
  * lies or which build ran it; libm's expf, which this replaced, differs between C libraries, and it and its scalar loop
  * took 5 % of a four-row forward. */
 static inline float exp_lane(float x) {
-    if (x < -87.33654f) return 0.0f;
-    const float n = nearbyintf(x * 1.44269504088896341f);
-    float r = fmaf(-n, 0.693359375f, x);
-    r = fmaf(-n, -2.12194440e-4f, r);
-    float y = 1.9875691500e-4f;
-    y = fmaf(y, r, 1.3981999507e-3f);
-    y = fmaf(y, r, 8.3334519073e-3f);
-    y = fmaf(y, r, 4.1665795894e-2f);
-    y = fmaf(y, r, 1.6666665459e-1f);
-    y = fmaf(y, r, 5.0000001201e-1f);
+    if (x < EXP_LOW) return 0.0f;
+    const float n = nearbyintf(x * EXP_LOG2E);
+    float r = fmaf(-n, EXP_LN2_HI, x);
+    r = fmaf(-n, EXP_LN2_LO, r);
+    float y = EXP_P0;
+    y = fmaf(y, r, EXP_P1);
+    y = fmaf(y, r, EXP_P2);
+    y = fmaf(y, r, EXP_P3);
+    y = fmaf(y, r, EXP_P4);
+    y = fmaf(y, r, EXP_P5);
     y = fmaf(y, r * r, r + 1.0f);
     const union {
         int32_t i;
@@ -3758,18 +3768,18 @@ static inline float exp_lane(float x) {
 
 #if HEARTH_NEON
 static inline float32x4_t exp_neon(float32x4_t x) { /* exp256's operations on 4 lanes */
-    const float32x4_t low = vdupq_n_f32(-87.33654f);
+    const float32x4_t low = vdupq_n_f32(EXP_LOW);
     const uint32x4_t underflow = vcltq_f32(x, low);
     x = vmaxq_f32(x, low);
-    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
-    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
-    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
-    float32x4_t y = vdupq_n_f32(1.9875691500e-4f);
-    y = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), y, r);
-    y = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), y, r);
-    y = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), y, r);
-    y = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), y, r);
-    y = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), y, r);
+    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(EXP_LOG2E)));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(EXP_LN2_HI));
+    r = vfmsq_f32(r, n, vdupq_n_f32(EXP_LN2_LO));
+    float32x4_t y = vdupq_n_f32(EXP_P0);
+    y = vfmaq_f32(vdupq_n_f32(EXP_P1), y, r);
+    y = vfmaq_f32(vdupq_n_f32(EXP_P2), y, r);
+    y = vfmaq_f32(vdupq_n_f32(EXP_P3), y, r);
+    y = vfmaq_f32(vdupq_n_f32(EXP_P4), y, r);
+    y = vfmaq_f32(vdupq_n_f32(EXP_P5), y, r);
     y = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), y, vmulq_f32(r, r));
     const int32x4_t bits = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
     return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(vmulq_f32(y, vreinterpretq_f32_s32(bits))), underflow));
