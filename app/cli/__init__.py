@@ -14,6 +14,7 @@ from typing import NoReturn, Protocol, TypeAlias, cast
 
 from app import __version__
 from app.core.errors import HearthError
+from app.core.fastpath.compile_notice import announcing_compile
 from app.core.fastpath.openmp import prefer_short_spin
 
 # Each module defines `register(subparsers)`, which adds its parser and sets `handler=run`.
@@ -145,7 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (args.command == "models" and getattr(args, "cache", False)):  # that one reports the leftovers itself
         sweep_leftovers()
     try:
-        return handler(args)
+        # a command that plans or loads may compile the CPU kernel first (a minute, once): said, not a silent wait
+        with announcing_compile(lambda message: print(f"· {message}", file=sys.stderr, flush=True)):
+            return handler(args)
     except HearthError as exc:
         print(f"hearth: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

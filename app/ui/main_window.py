@@ -172,6 +172,7 @@ class MainWindow(QMainWindow):
             (worker.model_unloaded, self._on_model_unloaded),
             (worker.plan_ready, self._on_plan_ready),
             (worker.plan_failed, self._on_plan_failed),
+            (worker.plan_progress, self._on_plan_progress),
             (worker.memory, self._on_memory),
             (worker.notice, self.show_error),
         ):
@@ -452,6 +453,13 @@ class MainWindow(QMainWindow):
     @Slot(str)
     def _on_plan_failed(self, message: str) -> None:
         self.memory_panel.set_plan_message(message)
+
+    @Slot(str)
+    def _on_plan_progress(self, message: str) -> None:
+        """A slow stage of the plan (the kernel's first compile): the load queued behind it waits for the same."""
+        self.memory_panel.set_plan_pending(message)
+        if self.chat.loading:
+            self.model_bar.set_loading(message, -1.0)
 
     @Slot(object)
     def _on_memory(self, reading: MemoryReading) -> None:

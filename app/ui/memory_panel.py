@@ -361,9 +361,10 @@ class MemoryPanel(QWidget):
         self.plan_summary = ""
         self._summary_changed()
 
-    def set_plan_pending(self) -> None:
+    def set_plan_pending(self, stage: str = "") -> None:
+        """Planning has started; `stage` says what it waits on when that is slow."""
         self.plan = None
-        self.plan_label.setText(PLAN_PENDING)
+        self.plan_label.setText(f"{PLAN_PENDING} {stage}" if stage else PLAN_PENDING)
         self.plan_summary = "Memory: checking the fit…"
         self._summary_changed()
 

@@ -22,6 +22,7 @@ from app.core.crash import user_message
 from app.core.engines.backend import BackendFactory, ChatBackend, LoadRequest, ReplyRequest
 from app.core.engines.remote.pricing import compare_local_reply, unpriced_comparison
 from app.core.errors import HearthError, ModelTooLargeError
+from app.core.fastpath.compile_notice import announcing_compile
 from app.ui.serving import NO_MODEL_MESSAGE, WindowServer
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class InferenceWorker(QObject):
     model_unloaded = Signal()
     plan_ready = Signal(object)  # the planner's MemoryPlan
     plan_failed = Signal(str)
+    plan_progress = Signal(str)  # a slow stage of planning the user should see (the CPU kernel's first compile)
     token = Signal(int, str, int)  # request id, text of one or more tokens, how many tokens
     stats = Signal(int, object)  # request id, ReplyStats
     context = Signal(int, object)  # request id, ContextUsage
@@ -163,7 +165,8 @@ class InferenceWorker(QObject):
             )
             return
         try:
-            result = self._planner(request)
+            with announcing_compile(self.plan_progress.emit):
+                result = self._planner(request)
         except ImportError:
             self.plan_failed.emit("The memory planner is not available in this build.")
             return

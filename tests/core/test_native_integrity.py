@@ -35,6 +35,7 @@ from app.core.fastpath import cpu, integrity, kernel
 from app.core.fastpath import select as fastpath
 from tests.helpers.build_kernels import load_build_kernels
 from tests.helpers.damage import flipped, random_bytes, truncated
+from tests.helpers.kernel_cache import compile_by_copy
 from tests.helpers.x86_builds import X86_BUILDS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -121,23 +122,10 @@ def compiled_before(compiled_only: Path, compiled_once: Path) -> Path:
 
 @pytest.fixture
 def compiles_by_copy(monkeypatch: pytest.MonkeyPatch, compiled_once: Path) -> list[list[str]]:
-    """kernel._compile publishes a copy of compiled_once's library instead of running the compiler (7 s at -O1): these
-    tests are about what happens around a compile (the checks, the quarantine, the notices), and the compile itself
-    has its own tests (other compilers, assemblers and targets, in a fresh process too). Returns the flags of every
-    compile asked for."""
+    """Each compile publishes a copy of compiled_once's library (tests.helpers.kernel_cache.compile_by_copy): these
+    tests are about what happens around a compile. Returns the flags of every compile asked for."""
     (library,) = compiled_once.glob("hearth_decode-*.so")
-    asked: list[list[str]] = []
-
-    def copy(compiler: str, flags: list[str], target: Path) -> str:
-        asked.append(flags)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-        shutil.copyfile(library, partial)
-        integrity.publish(partial, target)
-        return ""
-
-    monkeypatch.setattr(kernel, "_compile", copy)
-    return asked
+    return compile_by_copy(monkeypatch, library)
 
 
 @pytest.fixture(scope="module")
@@ -222,11 +210,13 @@ def test_a_damaged_compiled_library_is_moved_aside_rebuilt_and_never_loaded(
 
 
 @needs_kernel
-def test_a_cut_short_library_no_longer_crashes_the_next_process(compiled_before: Path) -> None:
+def test_a_cut_short_library_no_longer_crashes_the_next_process(compiled_before: Path, compiled_once: Path) -> None:
     """Before: dlopen mapped the cut-short file and the process died of SIGBUS (exit 135) on every run."""
-    script = (  # -O1 as in compiled_only, in each process
-        "from app.core.fastpath import kernel; kernel.EXTRA_FLAGS = ('-O1',); lib = kernel.load_library(); "
-        "print(lib.origin, lib.threaded)"
+    (good,) = compiled_once.glob("hearth_decode-*.so")
+    script = (  # -O1 as in compiled_only, in each process; a rebuild publishes a copy of the good library
+        "import pytest; from app.core.fastpath import kernel; from tests.helpers.kernel_cache import compile_by_copy; "
+        f"kernel.EXTRA_FLAGS = ('-O1',); compile_by_copy(pytest.MonkeyPatch(), {str(good)!r}); "
+        "lib = kernel.load_library(); print(lib.origin, lib.threaded)"
     )
     env = {**os.environ, kernel.KERNEL_ENV: "compile", "HEARTH_CACHE_DIR": str(compiled_before)}
     first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)

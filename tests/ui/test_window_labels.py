@@ -17,6 +17,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
 from app.core.engines.backend import ModelInfo, ScriptedBackend, scripted_factory
+from app.core.fastpath.compile_notice import COMPILE_NOTICE, say_compiling
 from app.core.settings import Settings
 from app.core.storage.history import HistoryStore
 from app.ui.main_window import MainWindow
@@ -142,6 +143,24 @@ def test_the_memory_panel_checks_the_chosen_model_while_it_loads(make_window, qt
     window = make_window(load=False, planner=slow_planner)
     qtbot.wait(500)  # the plan is asked for after the first paint (and a 300 ms debounce)
     assert window.memory_panel.plan_label.text() == PLAN_PENDING
+    gate.set()
+    qtbot.waitUntil(lambda: "Fits in memory" in window.memory_panel.plan_label.text(), timeout=10_000)
+
+
+def test_a_first_kernel_compile_while_planning_is_said_in_the_panel_and_the_model_bar(make_window, qtbot) -> None:
+    gate = threading.Event()
+
+    def compiling_planner(request: Any) -> Any:
+        say_compiling()  # what the kernel module does before its one compile, on the worker's thread
+        gate.wait(10)
+        return fake_planner(request)
+
+    window = make_window(load=False, planner=compiling_planner)
+    window.chat.model_loading()  # a load asked for at launch waits behind the plan in the worker's queue
+    qtbot.waitUntil(lambda: COMPILE_NOTICE in window.memory_panel.plan_label.text(), timeout=10_000)
+    assert window.memory_panel.plan_label.text() == f"{PLAN_PENDING} {COMPILE_NOTICE}"
+    assert window.model_bar.status.full_text() == COMPILE_NOTICE
+    assert window.model_bar.progress.maximum() == 0  # a busy bar: no fraction is known
     gate.set()
     qtbot.waitUntil(lambda: "Fits in memory" in window.memory_panel.plan_label.text(), timeout=10_000)
 

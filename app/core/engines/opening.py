@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from app.core.engines.backend import ChatBackend, LoadRequest, ProgressCallback
 from app.core.engines.lite.backend import GGUF_DECLINED, LiteRefused, open_lite_backend, runtime_choice
+from app.core.fastpath.compile_notice import announcing_compile
 from app.core.memory.types import MemoryPlan
 from app.core.models.model_source import resolve_model
 
@@ -34,7 +35,16 @@ def open_backend(
     runtime: str | None = None,
 ) -> ChatBackend:
     """Load the request's model: every option in the request reaches the loader the same way from every front end.
-    `runtime` overrides HEARTH_RUNTIME ("torch" for a front end that needs what only torch does)."""
+    `runtime` overrides HEARTH_RUNTIME ("torch" for a front end that needs what only torch does). A first compile of
+    the CPU kernel on the way is said through `progress`, as a stage of its own."""
+    say = None if progress is None else lambda message: progress(message, None)
+    with announcing_compile(say):
+        return _open_backend(request, progress, cancel, runtime)
+
+
+def _open_backend(
+    request: LoadRequest, progress: ProgressCallback | None, cancel: threading.Event | None, runtime: str | None
+) -> ChatBackend:
     if request.remote is not None:
         from app.core.engines.remote.session import open_remote_backend
 

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from app.core.fastpath import blocks, cpu, integrity
+from app.core.fastpath import blocks, compile_notice, cpu, integrity
 from app.core.fastpath.openmp import SPIN_ENV, prefer_short_spin
 from app.core.fastpath.team import TeamChooser
 from app.core.storage.paths import cache_dir
@@ -428,6 +428,7 @@ def _compile_and_load() -> NativeLibrary | str:
     # OpenMP first; a compiler without it still gets a single-threaded kernel. On x86-64 a compile that fails is tried
     # again without the AMX code (an assembler before binutils 2.36 does not know its instructions).
     attempts = [(march, threaded, True) for march in cpu_choices for threaded in (True, False)]
+    announced = False  # said once, however many attempts it takes
     while attempts:
         march, threaded, amx = attempts.pop(0)
         flags = [
@@ -452,6 +453,9 @@ def _compile_and_load() -> NativeLibrary | str:
         # Checked before ctypes ever sees it: a cut-short or overwritten library is moved aside and compiled again.
         checked = integrity.check_or_quarantine(target, "compiled kernel library", "compiled again", _notices)
         if checked is None:
+            if not announced:
+                compile_notice.say_compiling()
+                announced = True
             started = time.perf_counter()
             error = _compile(compiler, flags, target)
             if error:
