@@ -170,8 +170,8 @@ class MainWindow(QMainWindow):
             (worker.model_loaded, self._on_model_loaded),
             (worker.load_failed, self._on_load_failed),
             (worker.model_unloaded, self._on_model_unloaded),
-            (worker.plan_ready, self._on_plan_ready),
-            (worker.plan_failed, self._on_plan_failed),
+            (worker.plan_ready, self.memory_panel.set_plan),
+            (worker.plan_failed, self.memory_panel.set_plan_message),
             (worker.plan_progress, self._on_plan_progress),
             (worker.memory, self._on_memory),
             (worker.notice, self.show_error),
@@ -445,14 +445,6 @@ class MainWindow(QMainWindow):
     def _request_plan(self) -> None:
         self.memory_panel.set_plan_pending()
         self.host.plan(self.model_bar.request())
-
-    @Slot(object)
-    def _on_plan_ready(self, plan: Any) -> None:
-        self.memory_panel.set_plan(plan)
-
-    @Slot(str)
-    def _on_plan_failed(self, message: str) -> None:
-        self.memory_panel.set_plan_message(message)
 
     @Slot(str)
     def _on_plan_progress(self, message: str) -> None:
