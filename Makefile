@@ -78,7 +78,7 @@ lint: $(STAMP)
 TEST_CACHE = $${HEARTH_TEST_CACHE:-$(CURDIR)/.cache/test-models}
 # The AVX2 build too (where the CPU runs it), which the tests of an AVX2-only CPU's kernels load.
 LOAD_KERNEL = $(BIN)/python -c "from app.core.fastpath.kernel import load_library; load_library()" >/dev/null 2>&1
-# The two compiles run side by side with lint (each ~40 s, mypy ~40 s: three single-threaded jobs on two cores).
+# The two compiles (each in parts, kernel.py's PARTS) run beside lint, all of them sharing the cores.
 WARM_KERNEL = mkdir -p "$(TEST_CACHE)" && export HEARTH_CACHE_DIR="$(TEST_CACHE)" && { $(LOAD_KERNEL) & native=$$!; \
 	HEARTH_KERNEL_TARGET=avx2 $(LOAD_KERNEL); wait $$native; }
 LINT_BESIDE_KERNEL = ($(WARM_KERNEL)) & warm=$$!; $(MAKE) --no-print-directory lint; status=$$?; wait $$warm; exit $$status

@@ -92,6 +92,29 @@
                           * 14: the GGUF matrices in 16-row layouts on Armv8.2 DotProd; hearth_tiled_calls;
                           * 15: the GGUF forward's SiLU through exp256's polynomial, not libm's expf) */
 
+/* One library from several objects compiled side by side (app/core/fastpath/kernel.py, -DHEARTH_PART=k): the three
+ * matrix drivers (gg_rows, x16_rows, amx_rows: four fifths of the code, every block type and tile size inlined into
+ * each) are each compiled in a part of their own, everything else in part 0, so a first compile takes the time of its
+ * biggest part where there are cores for them. The same code either way: the drivers are calls in one object too
+ * (never inlined, too big), and the float order is fixed by the source. Without HEARTH_PART (the packaged libraries,
+ * the test harnesses): one translation unit, every file-scope name static. */
+#ifdef HEARTH_PART
+#define HEARTH_DEFINES(part) (HEARTH_PART == (part)) /* this object holds that part's definitions */
+#define HEARTH_DRIVER __attribute__((visibility("hidden")))
+#else
+#define HEARTH_DEFINES(part) 1
+#define HEARTH_DRIVER static
+#endif
+#if defined(HEARTH_PART) && HEARTH_PART != 0
+/* the exported calls: part 0's (static and unused here, so never emitted twice) */
+#define HEARTH_API static __attribute__((unused))
+/* state the parts share: part 0 defines it */
+#define HEARTH_STATE(type, name, value) extern __attribute__((visibility("hidden"))) type name
+#else
+#define HEARTH_API
+#define HEARTH_STATE(type, name, value) HEARTH_DRIVER type name = value
+#endif
+
 #ifdef HEARTH_PROFILE /* development builds only: time per phase on thread 0 */
 static double profile_seconds[8];
 static double profile_mark;
@@ -103,7 +126,7 @@ static double profile_mark;
             profile_mark = now_;                                                                                       \
         }                                                                                                              \
     } while (0)
-void hearth_profile(double *out) {
+HEARTH_API void hearth_profile(double *out) {
     for (int i = 0; i < 8; i++) out[i] = profile_seconds[i], profile_seconds[i] = 0;
 }
 #else
@@ -117,13 +140,13 @@ enum { G_EMBED, G_FINAL_NORM, G_LM_Q, G_LM_S, G_INV_FREQ, G_COUNT };
 enum { L_ATTN_NORM, L_MLP_NORM, L_QKV_Q, L_QKV_S, L_QKV_B, L_O_Q, L_O_S, L_O_B, L_GU_Q, L_GU_S, L_GU_B, L_DOWN_Q,
        L_DOWN_S, L_DOWN_B, L_K, L_V, L_COUNT };
 
-int hearth_abi(void) { return HEARTH_ABI; }
-int hearth_simd(void) { return HEARTH_SIMD; }
+HEARTH_API int hearth_abi(void) { return HEARTH_ABI; }
+HEARTH_API int hearth_simd(void) { return HEARTH_SIMD; }
 /* Which Q4_1 kernel this build runs: 0 scalar, 1 NEON, 2 NEON with DotProd, 3 AVX2, 4 AVX-512 VNNI. */
-int hearth_q4_kernel(void) { return HEARTH_AVX512 ? 4 : HEARTH_AVX2 ? 3 : HEARTH_DOTPROD ? 2 : HEARTH_NEON ? 1 : 0; }
+HEARTH_API int hearth_q4_kernel(void) { return HEARTH_AVX512 ? 4 : HEARTH_AVX2 ? 3 : HEARTH_DOTPROD ? 2 : HEARTH_NEON ? 1 : 0; }
 /* Whether the GGUF blocks' AVX2 loops run their integer dot products on AVX-VNNI (vpdpbusd ymm). */
-int hearth_avx_vnni(void) { return HEARTH_AVXVNNI; }
-int hearth_layout(int which) {
+HEARTH_API int hearth_avx_vnni(void) { return HEARTH_AVXVNNI; }
+HEARTH_API int hearth_layout(int which) {
     switch (which) {
     case 0: return C_COUNT;
     case 1: return F_COUNT;
@@ -134,12 +157,12 @@ int hearth_layout(int which) {
 }
 /* Whether prefill runs on AMX tiles: want 1 turns it on where the CPU has AMX-INT8 and the kernel grants this process
  * the tile state, 0 turns it off, -1 only asks. Off until asked (app/core/fastpath/kernel.py asks at load). */
-static int amx_on = 0;
-static int64_t amx_calls = 0;
-int64_t hearth_amx_calls(void) { return __atomic_load_n(&amx_calls, __ATOMIC_RELAXED); }
-static int64_t tiled_calls = 0; /* runs of 16-row groups that read their inputs from tiles (gtile_put) */
-int64_t hearth_tiled_calls(void) { return __atomic_load_n(&tiled_calls, __ATOMIC_RELAXED); }
-int hearth_amx(int want) {
+HEARTH_STATE(int, amx_on, 0);
+HEARTH_STATE(int64_t, amx_calls, 0);
+HEARTH_API int64_t hearth_amx_calls(void) { return __atomic_load_n(&amx_calls, __ATOMIC_RELAXED); }
+HEARTH_STATE(int64_t, tiled_calls, 0); /* runs of 16-row groups that read their inputs from tiles (gtile_put) */
+HEARTH_API int64_t hearth_tiled_calls(void) { return __atomic_load_n(&tiled_calls, __ATOMIC_RELAXED); }
+HEARTH_API int hearth_amx(int want) {
 #if HEARTH_AMX_BUILT
     if (want >= 0) {
         unsigned a, b, c, d;
@@ -151,7 +174,7 @@ int hearth_amx(int want) {
 #endif
     return amx_on;
 }
-int hearth_openmp(void) {
+HEARTH_API int hearth_openmp(void) {
 #ifdef _OPENMP
     return 1;
 #else
@@ -257,8 +280,8 @@ static inline f32x8 block_dot_add(f32x8 acc, const int8_t *w, int8x16_t x0, int8
  * prefetch into L2 keeps more lines in flight), a Q5_K_M one far slower; it was tuned with it elsewhere. So a large
  * model measures both when it loads (app/core/fastpath/prefetch.py) and sets it here, for the process. */
 #define X16_PREFETCH_BLOCKS 4
-static int x16_prefetch = 1;
-int hearth_x16_prefetch(int want) { /* want: 0 off, 1 on, -1 only asks; the setting now */
+HEARTH_STATE(int, x16_prefetch, 1);
+HEARTH_API int hearth_x16_prefetch(int want) { /* want: 0 off, 1 on, -1 only asks; the setting now */
     if (want >= 0) __atomic_store_n(&x16_prefetch, want != 0, __ATOMIC_RELAXED);
     return __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED);
 }
@@ -1088,7 +1111,7 @@ static void attend(const float *qkv, const void *k_cache, const void *v_cache, i
 }
 
 /* Scratch floats hearth_step needs for a cache of `capacity` positions. */
-int64_t hearth_scratch_floats(const int64_t *cfg, int64_t capacity) {
+HEARTH_API int64_t hearth_scratch_floats(const int64_t *cfg, int64_t capacity) {
     int64_t hidden = cfg[C_HIDDEN], heads = cfg[C_HEADS], kv = cfg[C_KV_HEADS], hd = cfg[C_HEAD_DIM];
     int64_t threads = cfg[C_THREADS] > 0 ? cfg[C_THREADS] : 1;
     int64_t widest = max3((int)hidden, (int)(heads * hd), (int)cfg[C_INTER]);
@@ -1099,7 +1122,7 @@ int64_t hearth_scratch_floats(const int64_t *cfg, int64_t capacity) {
 
 /* One decode step: embeds `token` at position `pos`, writes its K/V at `pos` of every layer's cache and the next
  * token's logits [vocab] into `logits`. Returns 0, or a negative code for arguments it refuses. */
-int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *const *layers, int64_t token,
+HEARTH_API int hearth_step(const int64_t *cfg, const float *cfgf, void *const *glob, void *const *layers, int64_t token,
                 int64_t pos, int64_t capacity, float *logits, float *scratch) {
     const int n_layers = (int)cfg[C_LAYERS], hidden = (int)cfg[C_HIDDEN], heads = (int)cfg[C_HEADS];
     const int kv_heads = (int)cfg[C_KV_HEADS], hd = (int)cfg[C_HEAD_DIM], inter = (int)cfg[C_INTER];
@@ -1238,7 +1261,7 @@ static inline __m256i bf16_rounded(__m256 v) {
  * decode step's own path: each row quantized to int8 per block of 32, then the int8 x16 rows (gemv_lm) split across
  * the threads. Reads the head once per row instead of dequantizing it (a 1B model's: 100 ms a prefill in torch, ~4 ms
  * here). Returns 0, or -3 when the activation buffers can't be allocated. */
-int hearth_lm_head(const int8_t *w, const float *scale, int64_t vocab, int64_t cols, const float *x, int64_t n,
+HEARTH_API int hearth_lm_head(const int8_t *w, const float *scale, int64_t vocab, int64_t cols, const float *x, int64_t n,
                    float *logits, int threads) {
     (void)threads; /* read only by OpenMP's pragma */
     const int64_t blocks = cols / QBLOCK;
@@ -1269,7 +1292,7 @@ int hearth_lm_head(const int8_t *w, const float *scale, int64_t vocab, int64_t c
  * first group's first record) written as d * q + m into `out` [rows, cols], fp32 or (out_bf16) bf16 rounded to
  * nearest even: the dense weight a GEMM then multiplies. Same two roundings as torch's q * d + m, so the torch
  * reference (app.core.fastpath.packed.dequantize_q4) is exact. */
-void hearth_dequant_q4(const uint8_t *w, int64_t rows, int64_t cols, void *out, int out_bf16, int threads) {
+HEARTH_API void hearth_dequant_q4(const uint8_t *w, int64_t rows, int64_t cols, void *out, int out_bf16, int threads) {
     (void)threads; /* read only by OpenMP's pragma */
     const int64_t blocks = cols / QBLOCK, stride = blocks * RECORD;
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -1468,7 +1491,7 @@ static inline void group_block_q16(group_acc *a, const uint8_t *rec, const int8_
 #define Q16_TILE 1
 #endif
 
-int hearth_q4_prefill(const uint8_t *w, int64_t rows, int64_t cols, const void *x, int x_bf16, int64_t n, void *y,
+HEARTH_API int hearth_q4_prefill(const uint8_t *w, int64_t rows, int64_t cols, const void *x, int x_bf16, int64_t n, void *y,
                       int y_bf16, int threads) {
     if (n < 1 || rows < GROUP || rows % GROUP || cols < QBLOCK || cols % QBLOCK || cols > INT32_MAX) return -1;
     if (threads < 1) threads = 1;
@@ -1576,7 +1599,7 @@ int hearth_q4_prefill(const uint8_t *w, int64_t rows, int64_t cols, const void *
 #define Q15_STEPS 32512.0f /* 127 * 256: the high half stays within int8 */
 
 /* Block geometry of a type this kernel computes on: values[0] weights per block, values[1] bytes. -1: not here. */
-int hearth_gg_geometry(int type, int64_t *values) {
+HEARTH_API int hearth_gg_geometry(int type, int64_t *values) {
     int64_t v, b;
     switch (type) {
     case GG_F32: v = 1, b = 4; break;
@@ -1704,7 +1727,7 @@ static void gg_block_floats(int type, int chunks, const gg_block *block, float *
 
 /* n values (whole blocks) of `src` as fp32, exactly as gguf.quants (numpy) and ggml's dequantize_row_* compute them:
  * every product below is exact in fp32 (at most 24 significant bits), so one rounding at most (the + m, K's - dm). */
-int hearth_gg_dequant(int type, const void *src, int64_t n, float *out) {
+HEARTH_API int hearth_gg_dequant(int type, const void *src, int64_t n, float *out) {
     int64_t geometry[2];
     if (hearth_gg_geometry(type, geometry) != 0 || n % geometry[0]) return -1;
     const uint8_t *p = (const uint8_t *)src;
@@ -2353,7 +2376,7 @@ static int x16_unpack(int type, const uint8_t *w, int64_t cols, int64_t r, int64
 
 /* Bytes of `type`'s 16-row layout for a rows x cols matrix; -1 where this build does not compute on it (not an
  * AVX2, AVX-512 or Armv8.2 DotProd build, a type without one, rows not a multiple of 16). */
-int64_t hearth_gg_x16_bytes(int type, int64_t rows, int64_t cols) {
+HEARTH_API int64_t hearth_gg_x16_bytes(int type, int64_t rows, int64_t cols) {
     if (!(HEARTH_AVX2 || HEARTH_DOTPROD) || !gg_is_x16(GG_X16 + type) || rows < 1 ||
         rows % X16_ROWS || x16_row_bytes(GG_X16 + type, cols) < 0)
         return -1;
@@ -2362,7 +2385,7 @@ int64_t hearth_gg_x16_bytes(int type, int64_t rows, int64_t cols) {
 
 /* The file's rows x cols matrix of `type` (src, rows contiguous) into its 16-row layout at dst
  * (hearth_gg_x16_bytes of it). Returns the layout's type code; -1 where there is none. */
-int hearth_gg_repack_x16(int type, const void *src, int64_t rows, int64_t cols, void *dst, int threads) {
+HEARTH_API int hearth_gg_repack_x16(int type, const void *src, int64_t rows, int64_t cols, void *dst, int threads) {
     if (hearth_gg_x16_bytes(type, rows, cols) < 0) return -1;
     int64_t geometry[2];
     hearth_gg_geometry(type, geometry);
@@ -3336,13 +3359,18 @@ static inline __attribute__((always_inline)) void amx_rows_of(int type, int prec
 #undef AMX_ADD
 }
 
-static void amx_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
-                     const gvec *x, int count, int64_t stride, float *y, int64_t ystride, const float *bias,
-                     int accumulate, uint8_t *work) {
+HEARTH_DRIVER void amx_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
+                            const gvec *x, int count, int64_t stride, float *y, int64_t ystride, const float *bias,
+                            int accumulate, uint8_t *work);
+#if HEARTH_DEFINES(3)
+HEARTH_DRIVER void amx_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
+                            const gvec *x, int count, int64_t stride, float *y, int64_t ystride, const float *bias,
+                            int accumulate, uint8_t *work) {
 #define AMX_OF(t, p) amx_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, stride, y, ystride, bias, accumulate, work)
     X16_EACH(AMX_OF)
 #undef AMX_OF
 }
+#endif
 
 /* The inputs' byte stride when all `count` lie evenly apart (a prefill's and a batch's do), else 0. */
 static int64_t amx_stride(const gvec *x, int count, int precise) {
@@ -3410,8 +3438,11 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
 
 /* Rows [r0, r1) (multiples of 16) of a 16-row layout; nothing in a build without one (hearth_gg_x16_bytes says -1
  * there, so no such matrix is ever made). */
-static void x16_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
-                     const gvec *x, int count, float *y, int64_t ystride, const float *bias, int accumulate) {
+HEARTH_DRIVER void x16_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
+                            const gvec *x, int count, float *y, int64_t ystride, const float *bias, int accumulate);
+#if HEARTH_DEFINES(2)
+HEARTH_DRIVER void x16_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
+                            const gvec *x, int count, float *y, int64_t ystride, const float *bias, int accumulate) {
 #if HEARTH_AMX_BUILT
     /* whole tiles of 16 tokens on AMX, the rest on VNNI (the same bits; fewer measured slower on AMX) */
     const int on_tiles = count - count % AMX_TOKENS;
@@ -3436,9 +3467,13 @@ static void x16_rows(int type, int precise, const uint8_t *w, int64_t row_bytes,
     (void)ystride, (void)bias, (void)accumulate;
 #endif
 }
+#endif
 
-static void gg_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
-                    const gvec *x, int count, float *y, int64_t ystride, const float *bias, int accumulate) {
+HEARTH_DRIVER void gg_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
+                           const gvec *x, int count, float *y, int64_t ystride, const float *bias, int accumulate);
+#if HEARTH_DEFINES(1)
+HEARTH_DRIVER void gg_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, int cols, int r0, int r1,
+                           const gvec *x, int count, float *y, int64_t ystride, const float *bias, int accumulate) {
     if (gg_is_x16(type)) {
         x16_rows(type, precise, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate);
         return;
@@ -3466,6 +3501,7 @@ static void gg_rows(int type, int precise, const uint8_t *w, int64_t row_bytes, 
 #undef GG_BOTH
 #undef GG_ROWS_OF
 }
+#endif
 
 static int64_t gg_row_bytes(int type, int64_t cols) {
     int64_t geometry[2];
@@ -3550,7 +3586,7 @@ static gvec gg_input(const float *x, int64_t cols, int type, int precise, gbuf b
 /* y [n, rows] = x [n, cols] . W^T (+ bias) for a GGUF matrix W of `type` ([rows, cols], rows contiguous), the rows
  * split across `threads`; `precise`: inputs at 15 bits instead of 8. Returns 0; -1 for a type or shape it does not
  * take; -3 when its buffers can't be had. */
-int hearth_gg_matmul(int type, const void *w, int64_t rows, int64_t cols, const float *x, int64_t n, float *y,
+HEARTH_API int hearth_gg_matmul(int type, const void *w, int64_t rows, int64_t cols, const float *x, int64_t n, float *y,
                      const float *bias, int threads, int precise) {
     const int64_t row_bytes = gg_row_bytes(type, cols);
     if (row_bytes < 0 || n < 1 || rows < 1 || cols > INT32_MAX || rows > INT32_MAX) return -1;
@@ -3610,7 +3646,7 @@ enum { PRECISE_QKV = 1, PRECISE_O = 2, PRECISE_GATE_UP = 4, PRECISE_DOWN = 8, PR
 #define ATTEND_PARTIAL_FLOATS (1 << 20) /* a thread's partials for them, at most (4 MiB; fewer tokens past that) */
 #define MAX_HEAD_DIM 256 /* widest head whose four K rows attend_chunk widens on the stack; wider ones take dot_kv */
 
-int hearth_gg_layout(int which) {
+HEARTH_API int hearth_gg_layout(int which) {
     switch (which) {
     case 0: return GC_COUNT;
     case 1: return GG_GLOBAL_COUNT;
@@ -3812,7 +3848,7 @@ static void silu_times(float *g, const float *u, int64_t count) {
 }
 
 /* silu_times for the tests: every build's bits, and the vector lanes' against the one-at-a-time loop. */
-void hearth_silu_times(float *g, const float *u, int64_t count) { silu_times(g, u, count); }
+HEARTH_API void hearth_silu_times(float *g, const float *u, int64_t count) { silu_times(g, u, count); }
 
 /* One chunk [t0, t1) of a KV head's positions against its `group` query heads (q: group * hd floats): per head the
  * chunk's max score, its sum of exp(score - max) and the unnormalized output sum exp(score - max) v (pout: hd floats
@@ -3983,7 +4019,7 @@ static int64_t gg_layout_scratch(const int64_t *cfg, int64_t n, int64_t capacity
     return at;
 }
 
-int64_t hearth_gg_scratch_floats(const int64_t *cfg, int64_t n, int64_t capacity) {
+HEARTH_API int64_t hearth_gg_scratch_floats(const int64_t *cfg, int64_t n, int64_t capacity) {
     return gg_layout_scratch(cfg, n, capacity, NULL, NULL);
 }
 
@@ -4300,7 +4336,7 @@ static int gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
 }
 
 /* n tokens at positions pos.. of one sequence (the layers' own K/V slabs, `capacity` positions). */
-int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types,
+HEARTH_API int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types,
                       void *const *layers, const int64_t *tokens, int64_t n, int64_t pos, int64_t capacity,
                       float *logits, int64_t logit_rows, float *scratch, int64_t scratch_floats) {
     if (pos < 0 || n < 1 || pos + n > capacity) return -1;
@@ -4313,7 +4349,7 @@ int hearth_gg_forward(const int64_t *cfg, const float *cfgf, void *const *glob, 
  * for all rows; a sequence's rows may be several (a prompt chunk, its positions consecutive), in any order, as its
  * K/V are all stored before any row attends. The logits of the last logit_rows rows go to logits[0..]. The scratch is
  * sized for the widest slab (hearth_gg_scratch_floats(cfg, n, max capacity)). */
-int hearth_gg_forward_rows(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types,
+HEARTH_API int hearth_gg_forward_rows(const int64_t *cfg, const float *cfgf, void *const *glob, const int64_t *types,
                            void *const *layers, const int64_t *tokens, int64_t n, void *const *kv,
                            const int64_t *positions, const int64_t *capacities, float *logits, int64_t logit_rows,
                            float *scratch, int64_t scratch_floats) {
