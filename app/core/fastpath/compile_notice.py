@@ -1,8 +1,8 @@
 """Who hears that the CPU kernel is about to be compiled: its first use on a machine without a prebuilt library runs
 `gcc -O3` on its source (16 s on the 2-core Zen 4 CI guest, in parts side by side; 40 s as one object), which a
-progress line left on "Opening…" would hide. Each front end says it its own way (the window's model bar and memory panel, the command
-line's stderr); the listener is per thread, as the compile runs on the thread that first asks for the library.
-Plain Python, so that the command line sets it without importing the kernel's dependencies."""
+progress line left on "Opening…" would hide. Each front end says it its own way (the window's model bar and memory
+panel, the command line's stderr); the listener is per thread, as the compile runs on the thread that first asks for
+the library. Plain Python, so that the command line sets it without importing the kernel's dependencies."""
 
 from __future__ import annotations
 
