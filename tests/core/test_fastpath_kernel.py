@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from app.core.fastpath import kernel, openmp
+from app.core.storage import staging
 
 
 @pytest.fixture
@@ -157,3 +158,17 @@ def test_the_library_from_parts_exports_what_one_object_does(tmp_path: Path) -> 
 
     assert exported(split) == exported(whole) and "hearth_gg_forward" in exported(split)
     assert not exported(split) & {"gg_rows", "x16_rows", "amx_rows", "amx_on", "tiled_calls", "x16_prefetch"}
+
+
+def test_a_killed_compile_s_objects_are_swept_as_its_leftovers(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    target = tmp_path / "native" / "hearth_decode-x.so"
+    target.parent.mkdir()
+    objects = [kernel.part_object(target, part, gone.pid) for part in kernel.PARTS]
+    for obj in objects:
+        obj.write_bytes(b"half an object")
+    mine = kernel.part_object(target, 0)  # a compile running now keeps its objects
+    mine.write_bytes(b"being written")
+    assert sorted(leftover.path for leftover in staging.sweep(tmp_path)) == sorted(objects)
+    assert [path.name for path in target.parent.iterdir()] == [mine.name]

@@ -491,7 +491,7 @@ PARTS = (2, 1, 3, 0)
 def _compile(compiler: str, flags: list[str], target: Path) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    objects = {part: target.with_name(f"{target.name}.part{part}.o.{os.getpid()}.partial") for part in PARTS}
+    objects = {part: part_object(target, part) for part in PARTS}
     compiles = [
         [compiler, *flags, f"-DHEARTH_PART={part}", "-c", "-o", str(obj), str(SOURCE)] for part, obj in objects.items()
     ]
@@ -509,6 +509,12 @@ def _compile(compiler: str, flags: list[str], target: Path) -> str:
     # Hash, sidecar, then an atomic move: another process never loads a half-written or unrecorded library.
     integrity.publish(partial, target)
     return ""
+
+
+def part_object(target: Path, part: int, pid: int | None = None) -> Path:
+    """Where a part's object is compiled, beside the library: named for the compiling process, so a killed compile's
+    objects are its leftovers (app.core.storage.staging sweeps them once that process is gone)."""
+    return target.with_name(f"{target.name}.part{part}.o.{pid or os.getpid()}.partial")
 
 
 def _run_side_by_side(commands: list[list[str]], deadline: float) -> str:
