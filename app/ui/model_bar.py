@@ -155,7 +155,7 @@ class ModelBar(QWidget):
         self.status = ElidedLabel("No model loaded")
         self.status.setObjectName("Muted")
         settings_row.addWidget(self.status, 3)
-        settings_row.addWidget(self.progress, 2)
+        settings_row.addWidget(self.progress, 1)  # the step's words before its bar
         outer.addLayout(settings_row)
         self.loaded: ModelInfo | None = None
         self.loading = False
