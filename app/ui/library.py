@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from app.core.engines.verdicts import library_verdict
 from app.core.errors import HearthError
+from app.core.fastpath.compile_notice import announcing_compile
 from app.core.memory import verdict as fit
 from app.core.memory.verdict import VERDICT_CONTEXT
 from app.core.models import hub, hub_repo, library
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 
 LOCAL_COLUMNS = ("Name", "Kind", "Size", "Architecture", "Parameters", "Context", "Memory")
 RECOMMENDED_COLUMNS = ("Model", "Class", "Parameters", "Context", "Licence", "Gated", "Memory")
+PLANNING = "Planning memory for each model…"
 
 
 def _cell(text: str) -> QTableWidgetItem:
@@ -75,6 +77,7 @@ class LibraryWindow(QDialog):
     dialog that does not block the window (Close or Escape closes it)."""
 
     model_chosen = Signal(str)  # a spec for Settings → model (double-click)
+    planning_stage = Signal(str)  # a slow stage of the verdicts (the CPU kernel's first compile), from their thread
 
     def __init__(
         self,
@@ -101,6 +104,9 @@ class LibraryWindow(QDialog):
         self.quant_choice.currentTextChanged.connect(lambda _text: self.refresh())
         self.status_label = QLabel()
         self.status_label.setWordWrap(True)
+        self.planning_stage.connect(
+            lambda stage: self.status_label.setText(f"{PLANNING} {stage}"), Qt.ConnectionType.QueuedConnection
+        )
         self.close_button = QPushButton("Close")
         self.close_button.clicked.connect(self.reject)
 
@@ -224,14 +230,15 @@ class LibraryWindow(QDialog):
 
         def verdicts() -> tuple[int, list[tuple[str, int, fit.Verdict]]]:
             # a model on disk: the plan of the runtime its load would take (a GGUF's plans without torch)
-            results: list[tuple[str, int, fit.Verdict]] = [
-                ("local", row, library_verdict(model, quantization=quant, device=device)) for row, model in local
-            ]
+            with announcing_compile(self.planning_stage.emit):
+                results: list[tuple[str, int, fit.Verdict]] = [
+                    ("local", row, library_verdict(model, quantization=quant, device=device)) for row, model in local
+                ]
             for row, config in recommended:
                 results.append(("recommended", row, fit.model_verdict(config, quantization=quant, device=device)))
             return generation, results
 
-        self.status_label.setText("Planning memory for each model…")
+        self.status_label.setText(PLANNING)
         self._start("verdicts", verdicts)
 
     @Slot(object, object)

@@ -13,6 +13,7 @@ from PySide6.QtCore import Qt, QUrl
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
+from app.core.fastpath.compile_notice import COMPILE_NOTICE, say_compiling
 from app.core.models import hub, library
 from app.core.storage import secrets
 from app.ui.download_dialog import DownloadDialog
@@ -89,6 +90,31 @@ def test_window_lists_models_and_recommendations_with_verdicts(qtbot: QtBot) -> 
     for table in (window.local_table, window.recommended_table):
         assert not table.wordWrap()
     assert window.recommended_table.textElideMode() == Qt.TextElideMode.ElideLeft
+    window.wait_for_workers()
+
+
+def test_a_first_kernel_compile_while_planning_is_said_in_the_status_line(
+    qtbot: QtBot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from app.ui import library as library_window
+
+    real = library_window.library_verdict
+    gate = threading.Event()
+
+    def compiling_verdict(*args: object, **kwargs: object) -> object:
+        say_compiling()  # what the kernel module does before its one compile, on the planning thread
+        gate.wait(10)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(library_window, "library_verdict", compiling_verdict)
+    window = LibraryWindow(quantization="bf16", device="cpu", client_factory=lambda: hub.HubClient(token=None))
+    qtbot.addWidget(window)
+    qtbot.waitUntil(lambda: COMPILE_NOTICE in window.status_label.text(), timeout=30_000)
+    assert window.status_label.text() == f"{library_window.PLANNING} {COMPILE_NOTICE}"
+    gate.set()
+    qtbot.waitUntil(lambda: window.status_label.text().startswith("Memory: what each model needs"), timeout=120_000)
     window.wait_for_workers()
 
 
