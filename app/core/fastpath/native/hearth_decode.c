@@ -97,7 +97,8 @@
  * each) are each compiled in a part of their own, everything else in part 0, so a first compile takes the time of its
  * biggest part where there are cores for them. The same code either way: the drivers are calls in one object too
  * (never inlined, too big), and the float order is fixed by the source. Without HEARTH_PART (the packaged libraries,
- * the test harnesses): one translation unit, every file-scope name static. */
+ * the test harnesses): one translation unit, every file-scope name static. (A DLL that marks none of its exports, as
+ * mingw-w64 builds this one, exports every global: the drivers and shared state too, harmlessly, on Windows.) */
 #ifdef HEARTH_PART
 #define HEARTH_DEFINES(part) (HEARTH_PART == (part)) /* this object holds that part's definitions */
 #define HEARTH_DRIVER __attribute__((visibility("hidden")))
