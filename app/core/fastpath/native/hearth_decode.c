@@ -144,7 +144,9 @@ enum { L_ATTN_NORM, L_MLP_NORM, L_QKV_Q, L_QKV_S, L_QKV_B, L_O_Q, L_O_S, L_O_B, 
 HEARTH_API int hearth_abi(void) { return HEARTH_ABI; }
 HEARTH_API int hearth_simd(void) { return HEARTH_SIMD; }
 /* Which Q4_1 kernel this build runs: 0 scalar, 1 NEON, 2 NEON with DotProd, 3 AVX2, 4 AVX-512 VNNI. */
-HEARTH_API int hearth_q4_kernel(void) { return HEARTH_AVX512 ? 4 : HEARTH_AVX2 ? 3 : HEARTH_DOTPROD ? 2 : HEARTH_NEON ? 1 : 0; }
+HEARTH_API int hearth_q4_kernel(void) {
+    return HEARTH_AVX512 ? 4 : HEARTH_AVX2 ? 3 : HEARTH_DOTPROD ? 2 : HEARTH_NEON ? 1 : 0;
+}
 /* Whether the GGUF blocks' AVX2 loops run their integer dot products on AVX-VNNI (vpdpbusd ymm). */
 HEARTH_API int hearth_avx_vnni(void) { return HEARTH_AVXVNNI; }
 HEARTH_API int hearth_layout(int which) {
