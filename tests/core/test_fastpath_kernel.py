@@ -67,12 +67,24 @@ args = sys.argv[1:]
 out = args[args.index("-o") + 1]
 part = next((a.split("=", 1)[1] for a in args if a.startswith("-DHEARTH_PART=")), "link")
 log = os.environ["FAKE_CC_LOG"]
+with open(os.path.join(os.environ["TMPDIR"], f"cc-{{part}}.s"), "w") as f:
+    f.write("a compiler's temporary file")
 with open(log, "a") as f:
     f.write(f"start {{part}} {{time.monotonic()}}\\n")
-time.sleep(float(os.environ.get("FAKE_CC_SECONDS", "0.4")))
+    f.write(f"tmpdir {{part}} {{os.environ['TMPDIR']}}\\n")
+seconds = float(os.environ.get("FAKE_CC_SECONDS", "0.4"))
 if part == os.environ.get("FAKE_CC_FAIL"):
+    time.sleep(0.3)
     sys.stderr.write("warning: something minor\\nhearth_decode.c:1:1: error: part " + part + " broke\\n")
     sys.exit(1)
+if os.environ.get("FAKE_CC_CHILD"):  # as gcc's driver runs cc1: a process of its own, waited for
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({{seconds}})"])
+    with open(log, "a") as f:
+        f.write(f"child {{part}} {{child.pid}}\\n")
+    child.wait()
+else:
+    time.sleep(seconds)
 open(out, "w").close()
 with open(log, "a") as f:
     f.write(f"end {{part}} {{time.monotonic()}}\\n")
@@ -91,7 +103,8 @@ def fake_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str,
 
 
 def events(log: Path) -> list[tuple[str, str, float]]:
-    return [(kind, part, float(at)) for kind, part, at in (line.split() for line in log.read_text().splitlines())]
+    lines = (line.split() for line in log.read_text().splitlines())  # start, end: when; child: a pid
+    return [(kind, part, float(at)) for kind, part, at in lines if kind in ("start", "end")]
 
 
 def test_the_parts_compile_side_by_side_as_many_as_there_are_cores_then_link(
@@ -160,15 +173,45 @@ def test_the_library_from_parts_exports_what_one_object_does(tmp_path: Path) -> 
     assert not exported(split) & {"gg_rows", "x16_rows", "amx_rows", "amx_on", "tiled_calls", "x16_prefetch"}
 
 
-def test_a_killed_compile_s_objects_are_swept_as_its_leftovers(tmp_path: Path) -> None:
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
+def test_the_compilers_files_go_in_a_folder_of_the_compile_s_own_removed_after_even_when_a_part_fails(
+    fake_compiler: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiler stopped mid-way (its part no longer needed) leaves its temporary files where TMPDIR says: that is a
+    folder named for this process (swept as a leftover if the process is killed), removed when the compile ends."""
+    compiler, log = fake_compiler
+    monkeypatch.setenv("FAKE_CC_FAIL", "1")
     target = tmp_path / "native" / "hearth_decode-x.so"
-    target.parent.mkdir()
-    objects = [kernel.part_object(target, part, gone.pid) for part in kernel.PARTS]
-    for obj in objects:
-        obj.write_bytes(b"half an object")
-    mine = kernel.part_object(target, 0)  # a compile running now keeps its objects
-    mine.write_bytes(b"being written")
-    assert sorted(leftover.path for leftover in staging.sweep(tmp_path)) == sorted(objects)
-    assert [path.name for path in target.parent.iterdir()] == [mine.name]
+    assert "part 1 broke" in kernel._compile(compiler, ["-O3"], target)
+    folders = {line.split()[-1] for line in log.read_text().splitlines() if line.startswith("tmpdir")}
+    (folder,) = folders  # every part's TMPDIR the same folder, beside the library
+    assert Path(folder).parent == target.parent and not Path(folder).exists()
+    assert Path(folder).name == f"{staging.STAGING_PREFIX}compile-{staging.owner_tag()}"
+    assert list(target.parent.iterdir()) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+def test_a_stopped_part_s_own_processes_stop_with_it(
+    fake_compiler: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gcc's driver runs cc1 and as as processes of their own: a part stopped because another failed takes them along
+    (they had run on, a core each, for the rest of their compile)."""
+    compiler, log = fake_compiler
+    monkeypatch.setenv("FAKE_CC_FAIL", "1")
+    monkeypatch.setenv("FAKE_CC_CHILD", "1")
+    monkeypatch.setenv("FAKE_CC_SECONDS", "30")  # part 2 (its child) still runs when part 1 fails
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert "part 1 broke" in kernel._compile(compiler, ["-O3"], tmp_path / "native" / "hearth_decode-x.so")
+    children = [int(line.split()[-1]) for line in log.read_text().splitlines() if line.startswith("child 2 ")]
+    assert children
+
+    def running(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        return state != "Z"
+
+    deadline = time.monotonic() + 10
+    while any(running(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(running(pid) for pid in children)

@@ -13,6 +13,7 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ import numpy as np
 from app.core.fastpath import blocks, compile_notice, cpu, integrity
 from app.core.fastpath.openmp import SPIN_ENV, prefer_short_spin
 from app.core.fastpath.team import TeamChooser
+from app.core.storage import staging
 from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -491,18 +493,24 @@ PARTS = (2, 1, 3, 0)
 def _compile(compiler: str, flags: list[str], target: Path) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    objects = {part: part_object(target, part) for part in PARTS}
-    compiles = [
-        [compiler, *flags, f"-DHEARTH_PART={part}", "-c", "-o", str(obj), str(SOURCE)] for part, obj in objects.items()
-    ]
-    deadline = time.monotonic() + COMPILE_TIMEOUT_S
-    try:
-        error = _run_side_by_side(compiles, deadline) or _run_side_by_side(
-            [[compiler, *flags, "-o", str(partial), *(str(obj) for obj in objects.values()), "-lm"]], deadline
-        )
-    finally:
-        for obj in objects.values():
-            obj.unlink(missing_ok=True)
+    # The parts' objects and the compiler's own temporary files (TMPDIR) go in a folder of this process's, removed
+    # after: a compiler stopped mid-way (its part no longer needed) leaves its temporary files, and a killed process
+    # leaves the folder, which app.core.storage.staging sweeps once the process is gone.
+    with staging.staging_folder(target.parent, "compile") as scratch:
+        try:
+            objects = [scratch / f"part{part}.o" for part in PARTS]
+            compiles = [
+                [compiler, *flags, f"-DHEARTH_PART={part}", "-c", "-o", str(obj), str(SOURCE)]
+                for part, obj in zip(PARTS, objects, strict=True)
+            ]
+            link = [compiler, *flags, "-o", str(partial), *(str(obj) for obj in objects), "-lm"]
+            environment = {**os.environ, "TMPDIR": str(scratch), "TMP": str(scratch), "TEMP": str(scratch)}
+            deadline = time.monotonic() + COMPILE_TIMEOUT_S
+            error = _run_side_by_side(compiles, deadline, environment) or _run_side_by_side(
+                [link], deadline, environment
+            )
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     if error:
         partial.unlink(missing_ok=True)
         return error
@@ -511,13 +519,7 @@ def _compile(compiler: str, flags: list[str], target: Path) -> str:
     return ""
 
 
-def part_object(target: Path, part: int, pid: int | None = None) -> Path:
-    """Where a part's object is compiled, beside the library: named for the compiling process, so a killed compile's
-    objects are its leftovers (app.core.storage.staging sweeps them once that process is gone)."""
-    return target.with_name(f"{target.name}.part{part}.o.{pid or os.getpid()}.partial")
-
-
-def _run_side_by_side(commands: list[list[str]], deadline: float) -> str:
+def _run_side_by_side(commands: list[list[str]], deadline: float, environment: dict[str, str]) -> str:
     """Run the compiler commands, as many at once as there are cores, in order; "" when all succeed, else why (the
     first failure's first error line; the others are stopped)."""
     waiting: list[list[str]] = list(commands)
@@ -528,7 +530,11 @@ def _run_side_by_side(commands: list[list[str]], deadline: float) -> str:
             while waiting or running:
                 while waiting and len(running) < cores:
                     errors = files.enter_context(tempfile.TemporaryFile())  # not a pipe: warnings never fill one
-                    running.append((subprocess.Popen(waiting.pop(0), stdout=subprocess.DEVNULL, stderr=errors), errors))
+                    command = waiting.pop(0)
+                    process = subprocess.Popen(
+                        command, stdout=subprocess.DEVNULL, stderr=errors, env=environment, start_new_session=POSIX
+                    )
+                    running.append((process, errors))
                 for process, errors in list(running):
                     if process.poll() is None:
                         continue
@@ -546,9 +552,29 @@ def _run_side_by_side(commands: list[list[str]], deadline: float) -> str:
             return f"the C compiler could not run ({exc})"
         finally:
             for process, _ in running:
-                process.kill()
-                process.wait()
+                _stop(process)
     return ""
+
+
+POSIX = os.name == "posix"
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop a compiler and what it started (gcc's driver runs cc1 and as as children, which outlive a driver stopped
+    alone): its whole process group on POSIX, SIGTERM first (the driver removes its temporary files then)."""
+    for signal_number in (signal.SIGTERM, signal.SIGKILL) if POSIX else (None,):
+        try:
+            if signal_number is None:
+                process.kill()
+            else:
+                os.killpg(process.pid, signal_number)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            process.wait(timeout=5)
+            break
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _open_with_spin_count(path: Path) -> ctypes.CDLL:
