@@ -200,6 +200,25 @@ def run_library() -> kernel.NativeLibrary:
     return library
 
 
+@pytest.fixture
+def first_compile_by_copy(
+    run_library: kernel.NativeLibrary, isolated_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[list[str]]]:
+    """A process's first use of the kernel with nothing cached and nothing prebuilt (a private cache,
+    HEARTH_KERNEL=compile), each compile publishing a copy of the run's library instead of running the compiler
+    (tests.helpers.kernel_cache.compile_by_copy): for tests about what happens around a compile. Yields the flags of
+    each compile asked for; the run's library is held again afterwards."""
+    from tests.helpers.kernel_cache import compile_by_copy
+
+    if kernel._compiler() is None:
+        pytest.skip("no C compiler: a first use here would not compile")
+    monkeypatch.setenv(kernel.KERNEL_ENV, "compile")
+    asked = compile_by_copy(monkeypatch, run_library.path)
+    kernel.reset_library_for_tests()
+    yield asked
+    kernel.reset_library_for_tests(run_library)
+
+
 @pytest.fixture(scope="session")
 def x86_kernel_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The kernel as each shipped x86-64 target this CPU runs, at -O1, compiled once for the run

@@ -10,7 +10,6 @@ no outliers for the block range to adapt to, so the bound is looser there; the d
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,6 @@ from tests.core.test_fastpath import (
     run,
     teacher_forced,
 )
-from tests.helpers.kernel_cache import compile_by_copy
 
 LOGIT_ERROR_BOUNDS = {"fused-int8": LOGIT_ERROR_BOUND, "fused-q4": 0.15}
 KERNEL = kernel.load_library()
@@ -67,20 +65,6 @@ def fresh_library(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(kernel, "EXTRA_FLAGS", ("-O1",))
     kernel.reset_library_for_tests()
     yield native
-    kernel.reset_library_for_tests()
-
-
-@pytest.fixture
-def fresh_library_by_copy(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[str]]]:
-    """fresh_library, each compile a copy of the run's library (tests.helpers.kernel_cache.compile_by_copy), for the
-    tests about the cache around a compile. Yields the flags of each compile asked for."""
-    library = kernel.load_library()
-    if isinstance(library, str):
-        pytest.skip(library)
-    monkeypatch.setenv(kernel.KERNEL_ENV, "compile")
-    asked = compile_by_copy(monkeypatch, library.path)
-    kernel.reset_library_for_tests()
-    yield asked
     kernel.reset_library_for_tests()
 
 
@@ -292,7 +276,7 @@ def test_a_kernel_target_that_is_not_one_of_this_cpus_says_which_are(
 
 
 def test_the_kernel_and_the_packed_weights_are_cached_across_loads(
-    tiny_model_dir: Any, isolated_cache: Path, fresh_library_by_copy: list[list[str]]
+    tiny_model_dir: Any, isolated_cache: Path, first_compile_by_copy: list[list[str]]
 ) -> None:
     from app.core.engines.loader import load_model
 
@@ -306,7 +290,7 @@ def test_the_kernel_and_the_packed_weights_are_cached_across_loads(
     kernel.reset_library_for_tests()  # as in a new process: the library file is reused, not rebuilt
     second = Engine(load_model(str(folder), quantization="bf16", device="cpu"))
     assert "loaded from the cache" in second.decode_path_note and "kernel compiled in" not in second.decode_path_note
-    assert len(fresh_library_by_copy) == 1
+    assert len(first_compile_by_copy) == 1
     ids = first.prepare_prompt([ChatMessage("user", "hello")]).ids
     reference = greedy_reference(first, ids, 4)
     assert teacher_forced(first, ids, reference)[0] == teacher_forced(second, ids, reference)[0]
