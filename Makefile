@@ -73,12 +73,12 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/vulture
 
-# A clean clone has no prebuilt kernel: the tests' first load compiles one (~20 s). It compiles here instead, into the
-# tests' cache and on the second core, while lint (mypy: ~40 s) runs on the first.
+# A clean clone has no prebuilt kernel: the tests' first load would compile one. It compiles here instead, into the
+# tests' cache, beside lint (mypy: ~40 s).
 TEST_CACHE = $${HEARTH_TEST_CACHE:-$(CURDIR)/.cache/test-models}
 # The AVX2 build too (where the CPU runs it), which the tests of an AVX2-only CPU's kernels load.
 LOAD_KERNEL = $(BIN)/python -c "from app.core.fastpath.kernel import load_library; load_library()" >/dev/null 2>&1
-# The two compiles (each in parts, kernel.py's PARTS) run beside lint, all of them sharing the cores.
+# The two compiles (each in parts side by side: app/core/fastpath/compile_parts.py) and lint share the cores.
 WARM_KERNEL = mkdir -p "$(TEST_CACHE)" && export HEARTH_CACHE_DIR="$(TEST_CACHE)" && { $(LOAD_KERNEL) & native=$$!; \
 	HEARTH_KERNEL_TARGET=avx2 $(LOAD_KERNEL); wait $$native; }
 LINT_BESIDE_KERNEL = ($(WARM_KERNEL)) & warm=$$!; $(MAKE) --no-print-directory lint; status=$$?; wait $$warm; exit $$status

@@ -13,24 +13,20 @@ import logging
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from app.core.fastpath import blocks, compile_notice, cpu, integrity
+from app.core.fastpath import blocks, compile_notice, compile_parts, cpu, integrity
 from app.core.fastpath.openmp import SPIN_ENV, prefer_short_spin
 from app.core.fastpath.team import TeamChooser
-from app.core.storage import staging
 from app.core.storage.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -485,96 +481,9 @@ def _suffix() -> str:
     return ".dll" if sys.platform == "win32" else ".dylib" if sys.platform == "darwin" else ".so"
 
 
-# hearth_decode.c's HEARTH_PART objects, biggest first (gcc -O3 on the 2-core Zen 4 guest: x16_rows 14.6 s, gg_rows
-# 8.0 s, amx_rows 5.0 s, everything else 3.7 s; the whole file as one object 36-41 s): compiled side by side, linked.
-PARTS = (2, 1, 3, 0)
-
-
 def _compile(compiler: str, flags: list[str], target: Path) -> str:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    # The parts' objects and the compiler's own temporary files (TMPDIR) go in a folder of this process's, removed
-    # after: a compiler stopped mid-way (its part no longer needed) leaves its temporary files, and a killed process
-    # leaves the folder, which app.core.storage.staging sweeps once the process is gone.
-    with staging.staging_folder(target.parent, "compile") as scratch:
-        try:
-            objects = [scratch / f"part{part}.o" for part in PARTS]
-            compiles = [
-                [compiler, *flags, f"-DHEARTH_PART={part}", "-c", "-o", str(obj), str(SOURCE)]
-                for part, obj in zip(PARTS, objects, strict=True)
-            ]
-            link = [compiler, *flags, "-o", str(partial), *(str(obj) for obj in objects), "-lm"]
-            environment = {**os.environ, "TMPDIR": str(scratch), "TMP": str(scratch), "TEMP": str(scratch)}
-            deadline = time.monotonic() + COMPILE_TIMEOUT_S
-            error = _run_side_by_side(compiles, deadline, environment) or _run_side_by_side(
-                [link], deadline, environment
-            )
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    if error:
-        partial.unlink(missing_ok=True)
-        return error
-    # Hash, sidecar, then an atomic move: another process never loads a half-written or unrecorded library.
-    integrity.publish(partial, target)
-    return ""
-
-
-def _run_side_by_side(commands: list[list[str]], deadline: float, environment: dict[str, str]) -> str:
-    """Run the compiler commands, as many at once as there are cores, in order; "" when all succeed, else why (the
-    first failure's first error line; the others are stopped)."""
-    waiting: list[list[str]] = list(commands)
-    running: list[tuple[subprocess.Popen[bytes], Any]] = []
-    cores = max(1, os.cpu_count() or 1)
-    with ExitStack() as files:
-        try:
-            while waiting or running:
-                while waiting and len(running) < cores:
-                    errors = files.enter_context(tempfile.TemporaryFile())  # not a pipe: warnings never fill one
-                    command = waiting.pop(0)
-                    process = subprocess.Popen(
-                        command, stdout=subprocess.DEVNULL, stderr=errors, env=environment, start_new_session=POSIX
-                    )
-                    running.append((process, errors))
-                for process, errors in list(running):
-                    if process.poll() is None:
-                        continue
-                    running.remove((process, errors))
-                    if process.returncode != 0:
-                        errors.seek(0)
-                        text = errors.read().decode(errors="replace")
-                        first = next((line for line in text.splitlines() if "error" in line), text.strip()[:200])
-                        return f"compiling the fused decode kernel failed: {first.strip()}"
-                if time.monotonic() > deadline:
-                    return f"compiling the fused decode kernel took over {COMPILE_TIMEOUT_S} s"
-                if running:
-                    time.sleep(0.02)
-        except OSError as exc:
-            return f"the C compiler could not run ({exc})"
-        finally:
-            for process, _ in running:
-                _stop(process)
-    return ""
-
-
-POSIX = os.name == "posix"
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Stop a compiler and what it started (gcc's driver runs cc1 and as as children, which outlive a driver stopped
-    alone): its whole process group on POSIX, SIGTERM first (the driver removes its temporary files then)."""
-    for signal_number in (signal.SIGTERM, signal.SIGKILL) if POSIX else (None,):
-        try:
-            if signal_number is None:
-                process.kill()
-            else:
-                os.killpg(process.pid, signal_number)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            process.wait(timeout=5)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+    """The kernel's source compiled into `target` (in parts side by side: compile_parts); "" or why not."""
+    return compile_parts.compile_library(compiler, flags, SOURCE, target, COMPILE_TIMEOUT_S)
 
 
 def _open_with_spin_count(path: Path) -> ctypes.CDLL:

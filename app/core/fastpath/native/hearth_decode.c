@@ -92,13 +92,14 @@
                           * 14: the GGUF matrices in 16-row layouts on Armv8.2 DotProd; hearth_tiled_calls;
                           * 15: the GGUF forward's SiLU through exp256's polynomial, not libm's expf) */
 
-/* One library from several objects compiled side by side (app/core/fastpath/kernel.py, -DHEARTH_PART=k): the three
- * matrix drivers (gg_rows, x16_rows, amx_rows: four fifths of the code, every block type and tile size inlined into
- * each) are each compiled in a part of their own, everything else in part 0, so a first compile takes the time of its
- * biggest part where there are cores for them. The same code either way: the drivers are calls in one object too
- * (never inlined, too big), and the float order is fixed by the source. Without HEARTH_PART (the packaged libraries,
- * the test harnesses): one translation unit, every file-scope name static. (A DLL that marks none of its exports, as
- * mingw-w64 builds this one, exports every global: the drivers and shared state too, harmlessly, on Windows.) */
+/* One library from several objects compiled side by side (app/core/fastpath/compile_parts.py, -DHEARTH_PART=k):
+ * the three matrix drivers (gg_rows, x16_rows, amx_rows: four fifths of the code, every block type and tile size
+ * inlined into each) are each compiled in a part of their own, everything else in part 0, so a first compile takes
+ * the time of its biggest part where there are cores for them. The same code either way: the drivers are calls in one
+ * object too (never inlined, too big), and the float order is fixed by the source. Without HEARTH_PART (the packaged
+ * libraries, the test harnesses): one translation unit, every file-scope name static. (A DLL that marks none of its
+ * exports, as mingw-w64 builds this one, exports every global: the drivers and shared state too, harmlessly, on
+ * Windows.) */
 #ifdef HEARTH_PART
 #define HEARTH_DEFINES(part) (HEARTH_PART == (part)) /* this object holds that part's definitions */
 #define HEARTH_DRIVER __attribute__((visibility("hidden")))
