@@ -1,14 +1,19 @@
-"""The most prompt lookup could gain with its guesses, knowing in advance which are taken: a bound for the planner.
+"""The most prompt lookup could gain with its guesses, knowing in advance which are taken (a bound for the planner),
+and what the planner itself gets, both replayed on the same replies and the same measured costs.
 
     python bench/lookup_oracle.py [--tokens 160]
 
-Each of bench/lookup.py's prompts (and bench/peer.py's story prompt) gets its greedy reply from the default model's
-GGUF. The reply is then replayed token by token: at each token the n-gram index proposes its guesses (as in a real
-reply), and an oracle that knows the reply checks exactly the guesses that will be taken, when a check of that size
-costs less than the steps it saves. Costs come from a check of each size timed in the same run (bench/lookup.py's
-`forward_costs`). Printed per prompt: the oracle's speed-up over plain decode, and the share of proposals whose first
-guess the reply took. bench/lookup.py's measured ratios over these bounds say how much of the reachable gain the
-planner gets.
+Each of bench/lookup.py's prompts, bench/peer.py's story prompt and six more (MORE_PROMPTS: a recipe, an email, a
+function, a local history; questions and rewrites) gets its greedy reply from the default model's GGUF. The reply is
+then replayed token by token: at each token the n-gram index proposes its guesses (as in a real reply), and
+- an oracle that knows the reply checks exactly the guesses that will be taken, when a check of that size costs less
+  than the steps it saves;
+- the planner (`LookupDecoder`, as the engine runs it) decides from what it knows, its clock advanced by the price of
+  each step and check instead of their time: its choices without the machine's noise.
+Costs come from a check of each size timed in the same run (bench/lookup.py's `forward_costs`); the planner starts
+with them measured, as after a process's first replies. Printed per prompt: both speed-ups over plain decode, and
+the share of proposals whose first guess the reply took. bench/lookup.py's measured ratios over these say how much
+of the replayed gain a real reply keeps.
 """
 
 from __future__ import annotations
@@ -25,12 +30,46 @@ import numpy as np  # noqa: E402
 from app.core.chat.chat_format import format_prompt  # noqa: E402
 from app.core.chat.events import ChatMessage  # noqa: E402
 from app.core.engines.lite.gguf_model import open_gguf_model  # noqa: E402
-from app.core.engines.lookup import MAX_DRAFT, NgramIndex  # noqa: E402
+from app.core.engines.lookup import MAX_DRAFT, STEPS_KEPT, LookupDecoder, LookupPlanner, NgramIndex  # noqa: E402
 from app.core.models.gguf_tokenizer import gguf_eos_ids, load_gguf_tokenizer  # noqa: E402
 from app.core.models.model_source import default_model_gguf  # noqa: E402
 from bench import llama_build  # noqa: E402
 from bench.lookup import PROMPTS, forward_costs  # noqa: E402
 from bench.peer import SHORT_QUESTION  # noqa: E402
+
+RECIPE = (
+    "Lemon barley water. Put 100 grams of pearl barley in a sieve and rinse it under cold water until the water runs "
+    "clear. Tip the barley into a large pan with two litres of water and the thinly pared zest of three lemons. Bring "
+    "it to the boil, then turn the heat down and simmer for twenty minutes. Strain the liquid into a jug, stir in the "
+    "juice of the lemons and four tablespoons of honey, and leave it to cool. Keep it in the fridge for up to three "
+    "days and serve it over ice."
+)
+EMAIL = (
+    "hey team, the meeting tomorrow is moved to 3pm because the projector in room 4 is broken again. bring your "
+    "laptops and the quarterly numbers. if you cant come tell me before noon. also someone ate my yoghurt from the "
+    "fridge, not cool."
+)
+FUNCTION = """def parse_line(line):
+    parts = line.strip().split(",")
+    name = parts[0]
+    age = int(parts[1])
+    city = parts[2]
+    return {"name": name, "age": age, "city": city}
+"""
+BRIDGE = (
+    "The old bridge over the river was built in 1850 by the villagers themselves. They carried the stones from the "
+    "quarry on the hill, one cart at a time, and it took them four summers to finish it. The bridge has three arches "
+    "and a small shrine in the middle, where travellers used to leave flowers. In 1990 the council wanted to pull it "
+    "down, but the village school collected ten thousand signatures and the bridge was saved."
+)
+MORE_PROMPTS = {
+    "recipe question": f"{RECIPE}\n\nHow long does the barley simmer, and how long does the drink keep?",
+    "recipe as steps": f"{RECIPE}\n\nRewrite this recipe as a numbered list of steps.",
+    "email made polite": f"Rewrite this email so that it is polite and professional:\n\n{EMAIL}",
+    "type hints": f"Add type hints to this Python function and return the whole function:\n\n{FUNCTION}",
+    "present tense": f"Rewrite this text in the present tense:\n\n{BRIDGE}",
+    "history question": f"{BRIDGE}\n\nWho saved the bridge, and how?",
+}
 
 
 def greedy_reply(path: Path, prompt_ids: list[int], tokens: int, eos: set[int]) -> list[int]:
@@ -72,6 +111,48 @@ def oracle(prompt_ids: list[int], reply: list[int], costs: dict[int, float]) -> 
     return (len(reply) - 1) / spent if spent else 1.0, proposals, first_taken
 
 
+def replayed_planner(prompt_ids: list[int], reply: list[int], costs: dict[int, float]) -> float:
+    """Plain decode time over the planner's, the reply replayed through `LookupDecoder` on a clock that each step and
+    check advances by its price in steps."""
+    planner = LookupPlanner()
+    for _ in range(STEPS_KEPT):
+        planner.record_step(1.0)
+    for rows, cost in costs.items():
+        if rows > 1:
+            planner.record_forward(rows, cost)
+    clock = [0.0]
+    cache = [len(prompt_ids)]
+    position = [0]
+
+    def step(token: int) -> int:
+        clock[0] += 1.0
+        cache[0] += 1
+        return 0
+
+    def forward(tokens: list[int]) -> list[int]:
+        clock[0] += costs[len(tokens)]
+        cache[0] += len(tokens)
+        return [0] * len(tokens)
+
+    def truncate(length: int) -> None:
+        cache[0] = length
+
+    decoder = LookupDecoder(
+        planner,
+        NgramIndex(prompt_ids),
+        step=step,
+        forward=forward,
+        truncate=truncate,
+        length=lambda: cache[0],
+        room=lambda: len(reply) - 2 - position[0],
+        clock=lambda: clock[0],
+    )
+    for position[0], token in enumerate(reply[:-1]):
+        decoder.next_logits(token)  # the logits are not read: the reply's next token is known
+    decoder.finish()
+    return (len(reply) - 1) / clock[0] if clock[0] else 1.0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=160)
@@ -82,13 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {llama_build.machine_line()}")
     print(f"model: {path.name}; greedy, {args.tokens} new tokens at most")
     print("a check of N rows costs, in decode steps: " + " · ".join(f"{n}: {c:.2f}" for n, c in costs.items() if n > 1))
-    print("\n| prompt | reply tokens | oracle / plain decode | first guesses taken |")
-    print("|---|---|---|---|")
-    for name, text in {**PROMPTS, "story (bench/peer.py)": SHORT_QUESTION}.items():
+    print("\n| prompt | reply tokens | oracle / plain decode | planner (replayed) / plain | first guesses taken |")
+    print("|---|---|---|---|---|")
+    for name, text in {**PROMPTS, "story (bench/peer.py)": SHORT_QUESTION, **MORE_PROMPTS}.items():
         prompt_ids = list(format_prompt(tokenizer, [ChatMessage("user", text)], "").ids)
         reply = greedy_reply(path, prompt_ids, args.tokens, eos)
         ratio, proposals, first_taken = oracle(prompt_ids, reply, costs)
-        print(f"| {name} | {len(reply)} | {ratio:.2f}× | {first_taken}/{proposals} |", flush=True)
+        planned = replayed_planner(prompt_ids, reply, costs)
+        print(f"| {name} | {len(reply)} | {ratio:.2f}× | {planned:.2f}× | {first_taken}/{proposals} |", flush=True)
     return 0
 
 

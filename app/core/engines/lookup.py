@@ -13,9 +13,11 @@ probability on one token (accept with probability p(guess)), so the distribution
 
 Cost: a guess the model rejects costs the rows it added to the forward. LookupPlanner measures what a step and a
 forward of each size cost on this machine (they differ between CPUs and with the cores' load) and how this reply's
-guesses fare: how often a check's first guess is taken, and how often a guess after a taken one is (a copied span
-goes on: the default model took 82-86 % of those, against 50-84 % of first guesses, over nine prompts). It proposes
-only as many tokens as pay for themselves, none when none do.
+guesses fare: how often a check's first guess is taken, by the kind of match that proposed it (a context of three
+tokens seen before, always followed by the same token, is a far better guess than two tokens followed by different
+ones), and how often a guess after a taken one is (a copied span goes on: the default model took 82-86 % of those,
+against 50-84 % of first guesses, over nine prompts). It proposes only as many tokens as pay for themselves, none
+when none do.
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 NGRAM_SIZES = (3, 2)  # the longest match is tried first: a longer context predicts the continuation better
 MAX_DRAFT = 8  # the most tokens one forward checks (the forward's rows are that plus the current token)
 # A reply's odds before its own guesses count, as (taken, tried) pseudo-counts: light, so that a few guesses outweigh
-# them. A first guess is taken one time in four (free writing's rate: with one in two a fresh process's first reply
-# checked up to 7 guesses before any was taken, and with one in three it still paid for a check or two before its
-# unchecked guesses had shown anything); a guess after a taken one four times in five.
+# them. A guess after a taken one is taken four times in five. A check's first guess by the kind of match that proposed
+# it (FIRST_PRIORS, below); for a kind not listed one time in four (free writing's rate: with one in two for every
+# match a fresh process's first reply checked up to 7 guesses before any was taken).
 PRIOR_FIRST = (1.0, 4.0)
 PRIOR_FOLLOW = (4.0, 5.0)
 STEPS_KEPT = 15
@@ -48,14 +50,50 @@ STALE_CALLS = 200
 # the higher guess keeps a fresh process from paying for checks before it has measured one.
 PRIOR_ROW_COST = 0.3
 
+# A matched n-gram's history: seen once before, seen several times always followed by the same token, or followed by
+# different tokens.
+ONCE, REPEATED, MIXED = "once", "repeated", "mixed"
+
+
+class MatchKind(NamedTuple):
+    """What proposed a run of guesses: how many tokens of context matched, and that n-gram's history."""
+
+    length: int
+    history: str
+
+
+# How often a check's first guess is taken, by its match's kind, before the reply's own guesses count. Measured on the
+# default model's greedy replies to twelve prompts (bench/lookup.py's and six others: document questions, rewrites, a
+# code edit, free writing; 2026-12-07), at positions where no copy was running: trigram repeated 4/4, once 11/17, mixed
+# 7/9; bigram repeated 6/11, once 35/61, mixed 2/16. Rounded down: a prior that is too hopeful pays for checks.
+FIRST_PRIORS = {
+    MatchKind(3, REPEATED): 0.85,
+    MatchKind(3, ONCE): 0.65,
+    MatchKind(3, MIXED): 0.55,
+    MatchKind(2, REPEATED): 0.5,
+    MatchKind(2, ONCE): 0.45,
+    MatchKind(2, MIXED): 0.15,
+}
+PRIOR_WEIGHT = 4.0  # the tries each kind's prior counts for
+# Each first guess missed in a row (whatever its kind) scales every kind's odds by this: a reply that copies nothing
+# stops checking after two or three misses instead of paying for each kind's own misses in turn.
+MISS_DAMPING = 0.8
+
+
+class _Continuation(NamedTuple):
+    position: int  # where the latest occurrence's next token is
+    seen: int  # occurrences with a token after them
+    mixed: bool  # whether those tokens differed
+
 
 class NgramIndex:
-    """Where each n-gram of a token sequence last occurred with a token after it, kept as tokens are appended."""
+    """Where each n-gram of a token sequence last occurred with a token after it (and whether earlier occurrences were
+    followed by the same token), kept as tokens are appended."""
 
     def __init__(self, tokens: Iterable[int], sizes: tuple[int, ...] = NGRAM_SIZES) -> None:
         self.tokens: list[int] = []
         self.sizes = sizes
-        self._follows: dict[int, dict[tuple[int, ...], int]] = {size: {} for size in sizes}
+        self._follows: dict[int, dict[tuple[int, ...], _Continuation]] = {size: {} for size in sizes}
         for token in tokens:
             self.append(token)
 
@@ -64,21 +102,33 @@ class NgramIndex:
         position = len(self.tokens)
         for size in self.sizes:
             if position >= size:
-                self._follows[size][tuple(self.tokens[position - size : position])] = position
+                follows = self._follows[size]
+                key = tuple(self.tokens[position - size : position])
+                last = follows.get(key)
+                if last is None:
+                    follows[key] = _Continuation(position, 1, False)
+                else:
+                    mixed = last.mixed or self.tokens[last.position] != token
+                    follows[key] = _Continuation(position, last.seen + 1, mixed)
         self.tokens.append(token)
 
-    def propose(self, limit: int) -> list[int]:
+    def match(self, limit: int) -> tuple[list[int], MatchKind | None]:
         """Up to `limit` tokens that followed the latest earlier occurrence of the sequence's last n tokens, for the
-        longest n that has one; [] when none does."""
+        longest n that has one, and the kind of that match; ([], None) when none does."""
         if limit <= 0:
-            return []
+            return [], None
         for size in self.sizes:
             if len(self.tokens) < size:
                 continue
-            start = self._follows[size].get(tuple(self.tokens[-size:]))
-            if start is not None:
-                return self.tokens[start : start + limit]
-        return []
+            found = self._follows[size].get(tuple(self.tokens[-size:]))
+            if found is not None:
+                history = MIXED if found.mixed else REPEATED if found.seen > 1 else ONCE
+                return self.tokens[found.position : found.position + limit], MatchKind(size, history)
+        return [], None
+
+    def propose(self, limit: int) -> list[int]:
+        """match()'s tokens alone."""
+        return self.match(limit)[0]
 
 
 @dataclass
@@ -118,17 +168,44 @@ class Odds:
 
 @dataclass
 class GuessOdds:
-    """One reply's odds that a check's first guess is taken and that a guess after a taken one is, from the priors
-    and the reply's own guesses (each reply has its own: concurrent replies on one engine do not share them)."""
+    """The odds the planner prices a check with: that its first guess is taken, and that a guess after a taken one
+    is."""
 
     first: Odds = field(default_factory=lambda: Odds(*PRIOR_FIRST))
     follow: Odds = field(default_factory=lambda: Odds(*PRIOR_FOLLOW))
 
-    def record(self, proposed: int, accepted: int) -> None:
-        """`proposed` guesses in a row, the first `accepted` of them the tokens the reply went on with (checked in a
-        forward, or only compared with the reply's next tokens: the same odds, learned without paying for a check)."""
+
+@dataclass
+class ReplyOdds:
+    """One reply's odds, from the priors and its own guesses (each reply has its own: concurrent replies on one engine
+    do not share them): a first guess's per kind of match, a guess's after a taken one, and how many first guesses in a
+    row were missed."""
+
+    first: dict[MatchKind | None, Odds] = field(default_factory=dict)
+    follow: Odds = field(default_factory=lambda: Odds(*PRIOR_FOLLOW))
+    missed_in_a_row: int = 0
+
+    def first_odds(self, kind: MatchKind | None) -> Odds:
+        odds = self.first.get(kind)
+        if odds is None:
+            prior = FIRST_PRIORS.get(kind) if kind is not None else None
+            odds = Odds(prior * PRIOR_WEIGHT, PRIOR_WEIGHT) if prior is not None else Odds(*PRIOR_FIRST)
+            self.first[kind] = odds
+        return odds
+
+    def for_kind(self, kind: MatchKind | None) -> GuessOdds:
+        """The odds for guesses proposed by a match of this kind, damped by the first guesses missed in a row."""
+        first = self.first_odds(kind)
+        damping = MISS_DAMPING**self.missed_in_a_row
+        return GuessOdds(Odds(first.taken * damping, first.tried), self.follow)
+
+    def record(self, kind: MatchKind | None, proposed: int, accepted: int) -> None:
+        """`proposed` guesses in a row from a match of `kind`, the first `accepted` of them the tokens the reply went
+        on with (checked in a forward, or only compared with the reply's next tokens: the same odds, learned without
+        paying for a check)."""
         if proposed:
-            self.first.add(1.0 if accepted else 0.0, 1.0)
+            self.first_odds(kind).add(1.0 if accepted else 0.0, 1.0)
+            self.missed_in_a_row = 0 if accepted else self.missed_in_a_row + 1
             if accepted:
                 # guesses 2..accepted were taken after a taken one, and the next, if there was one, was not
                 self.follow.add(accepted - 1, min(accepted, proposed - 1))
@@ -220,41 +297,46 @@ class LookupDecoder:
         truncate: Callable[[int], None],
         length: Callable[[], int],
         room: Callable[[], int],
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.planner, self.index = planner, index
         self._step, self._forward, self._truncate, self._length, self._room = step, forward, truncate, length, room
+        self._clock = clock  # the steps' and checks' times (bench/lookup_oracle.py replays replies on priced ones)
         self.tally = LookupTally()
-        self.odds = GuessOdds()
+        self.odds = ReplyOdds()
         self._rows: Any = None  # the last forward's logits [1 + guesses, vocab] while some guesses are unresolved
         self._guesses: list[int] = []
         self._used = 0  # guesses matched so far
         self._base = 0  # the cache's length before that forward
         self._seconds = 0.0
+        self._kind: MatchKind | None = None  # the last forward's guesses' match
         # Guesses proposed but not checked (the planner chose a plain step): compared with the tokens the reply goes
         # on with, so the planner learns this reply's odds while it checks nothing (else a reply whose first checks
         # missed would never check again).
         self._unchecked: list[int] = []
         self._unchecked_used = 0
+        self._unchecked_kind: MatchKind | None = None
 
     def next_logits(self, token: int) -> Any:
         row = self.take_row(token)
         if row is not None:
             return row
         # room(): tokens the reply may still produce after this one's successor, and positions left in the window
-        room = self._room()
-        count = self.planner.draft_length(room, self.odds)
-        guesses = self.index.propose(count) if count else []
+        candidates, kind = self.index.match(min(self._room(), self.planner.max_draft))
+        count = self.planner.draft_length(len(candidates), self.odds.for_kind(kind)) if candidates else 0
+        guesses = candidates[:count]
         if not guesses and not self._unchecked:
-            self._unchecked, self._unchecked_used = self.index.propose(min(room, self.planner.max_draft)), 0
-        started = time.perf_counter()
+            self._unchecked, self._unchecked_used, self._unchecked_kind = candidates, 0, kind
+        started = self._clock()
         if not guesses:
             logits = self._step(token)
-            self.planner.record_step(time.perf_counter() - started)
+            self.planner.record_step(self._clock() - started)
             return logits
         self._end_unchecked()
+        self._kind = kind
         self._base = self._length()
         rows = self._forward([token, *guesses])
-        self._seconds = time.perf_counter() - started
+        self._seconds = self._clock() - started
         self._rows, self._guesses, self._used = rows, guesses, 0
         return rows[0]
 
@@ -288,7 +370,7 @@ class LookupDecoder:
     def _end_unchecked(self, missed: bool = False) -> None:
         """Count the unchecked guesses as far as the reply has gone: up to a miss, or all taken so far."""
         if self._unchecked and (missed or self._unchecked_used):
-            self.odds.record(self._unchecked_used + missed, self._unchecked_used)
+            self.odds.record(self._unchecked_kind, self._unchecked_used + missed, self._unchecked_used)
         self._unchecked, self._unchecked_used = [], 0
 
     def _drop_unmatched(self) -> None:
@@ -297,6 +379,6 @@ class LookupDecoder:
 
     def _settle(self) -> None:
         self.planner.record_forward(len(self._guesses) + 1, self._seconds)
-        self.odds.record(len(self._guesses), self._used)
+        self.odds.record(self._kind, len(self._guesses), self._used)
         self.tally.runs.append((len(self._guesses), self._used))
         self._rows, self._guesses, self._used = None, [], 0

@@ -15,15 +15,23 @@ from app.core.engines.backend import LoadRequest, ReplyRequest
 from app.core.engines.lite.backend import LiteBackend, open_lite_backend
 from app.core.engines.lite.engine import LiteEngine
 from app.core.engines.lookup import (
+    FIRST_PRIORS,
+    MISS_DAMPING,
+    MIXED,
+    ONCE,
     PRIOR_FIRST,
     PRIOR_ROW_COST,
+    PRIOR_WEIGHT,
+    REPEATED,
     STALE_CALLS,
     STEPS_KEPT,
     GuessOdds,
     LookupDecoder,
     LookupPlanner,
+    MatchKind,
     NgramIndex,
     Odds,
+    ReplyOdds,
 )
 from app.core.stats_text import reply_stats_text
 from tests.helpers.lookup_planners import CheapForwards
@@ -42,6 +50,16 @@ def test_a_longer_match_wins_and_a_shorter_one_is_the_fallback() -> None:
     assert index.propose(1) == [2]  # "8 9" occurred before (then 2); the trigram "2 8 9" did not
     index = NgramIndex([5, 8, 9, 1, 4, 8, 9, 2, 5, 8, 9])
     assert index.propose(1) == [1]  # the trigram "5 8 9" beats the later bigram "8 9" (followed by 2)
+
+
+def test_a_match_says_how_long_it_is_and_how_its_ngram_was_followed_before() -> None:
+    index = NgramIndex([1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 1, 2, 3])
+    assert index.match(2) == ([5, 6], MatchKind(3, MIXED))  # "1 2 3" was followed by 4, then by 5
+    index = NgramIndex([1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3])
+    assert index.match(1) == ([4], MatchKind(3, REPEATED))  # twice, by 4 both times
+    index = NgramIndex([7, 8, 1, 8, 9, 2, 8, 9])
+    assert index.match(3) == ([2, 8, 9], MatchKind(2, ONCE))  # "8 9" once before; "2 8 9" never
+    assert index.match(0) == ([], None) and NgramIndex([1, 2, 3]).match(4) == ([], None)
 
 
 def test_nothing_is_proposed_without_a_repeat_and_appends_extend_the_index() -> None:
@@ -68,25 +86,45 @@ def test_guesses_are_checked_only_when_their_forward_pays_for_itself() -> None:
     assert planner.draft_length(6, GuessOdds(first=Odds(0.02, 1.0))) == 0  # guesses never taken cost their rows
 
 
-def test_a_reply_s_odds_count_its_first_guesses_and_its_runs_from_the_priors() -> None:
-    odds = GuessOdds()
-    assert (odds.first.taken, odds.first.tried) == PRIOR_FIRST and odds.follow.chance == 0.8
+def test_a_reply_s_odds_count_its_first_guesses_per_kind_and_its_runs_from_the_priors() -> None:
+    odds = ReplyOdds()
+    trigram, bigram = MatchKind(3, ONCE), MatchKind(2, MIXED)
+    assert odds.first_odds(trigram).chance == pytest.approx(FIRST_PRIORS[trigram]) and odds.follow.chance == 0.8
+    assert (odds.first_odds(None).taken, odds.first_odds(None).tried) == PRIOR_FIRST  # a kind with no prior
     for _ in range(6):
-        odds.record(4, 0)
-    assert odds.first.chance < 0.15 and odds.follow.chance == 0.8  # no guess taken: nothing about runs
-    odds.record(4, 2)  # the first two taken, the third not
-    assert odds.first.taken == PRIOR_FIRST[0] + 1 and odds.first.tried == PRIOR_FIRST[1] + 7
+        odds.record(bigram, 4, 0)
+    assert odds.first_odds(bigram).chance < 0.1 and odds.follow.chance == 0.8  # no guess taken: nothing about runs
+    assert odds.first_odds(trigram).tried == PRIOR_WEIGHT  # another kind's own count is untouched ...
+    damped = FIRST_PRIORS[trigram] * MISS_DAMPING**6
+    assert odds.for_kind(trigram).first.chance == pytest.approx(damped)  # ... but six misses in a row damp it
+    odds.record(trigram, 4, 2)  # the first two taken, the third not
+    assert odds.missed_in_a_row == 0 and odds.for_kind(trigram).first.chance == odds.first_odds(trigram).chance
+    assert odds.first_odds(trigram).tried == PRIOR_WEIGHT + 1
     assert (odds.follow.taken, odds.follow.tried) == (5.0, 7.0)  # one taken after a taken one, one not
-    odds.record(2, 2)  # both taken: a run the check's end cut short, no miss counted
+    odds.record(trigram, 2, 2)  # both taken: a run the check's end cut short, no miss counted
     assert (odds.follow.taken, odds.follow.tried) == (6.0, 8.0)
+
+
+def test_a_match_that_has_always_been_followed_the_same_way_is_checked_where_a_mixed_one_is_not() -> None:
+    # A row costs 0.35 of a step: one guess pays when it is taken more than ~37 % of the time.
+    planner = LookupPlanner(max_draft=4)
+    planner.record_step(0.010)
+    for rows in range(2, 6):
+        planner.record_forward(rows, 0.010 * (1 + 0.35 * (rows - 1)))
+    odds = ReplyOdds()
+    assert planner.draft_length(4, odds.for_kind(MatchKind(3, REPEATED))) >= 1
+    assert planner.draft_length(4, odds.for_kind(MatchKind(2, MIXED))) == 0
+    assert planner.draft_length(4, odds.for_kind(None)) == 0  # a kind with no measured prior: one in four
 
 
 def test_each_reply_has_odds_of_its_own_and_the_engine_keeps_the_costs() -> None:
     planner = LookupPlanner()
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 1, 5]
     first, second = (toy_reply(prompt, 1, planner)[2] for _ in range(2))
-    first.odds.record(4, 0)
-    assert second.odds != first.odds and first.odds.first.tried == second.odds.first.tried + 1
+    kind = MatchKind(3, ONCE)
+    first.odds.record(kind, 4, 0)
+    assert second.odds != first.odds
+    assert first.odds.first_odds(kind).tried == second.odds.first_odds(kind).tried + 1
     assert second.planner is first.planner
 
 
@@ -245,7 +283,10 @@ def test_guesses_that_are_not_checked_still_teach_the_planner_the_reply_s_odds()
     looked, model, decoder = toy_reply(prompt, 40, planner)
     assert looked == plain and decoder.tally.checks == 0 and model.forwards == []
     # The toy copies its spans: the reply's guesses, compared with the tokens that followed, were mostly right.
-    assert decoder.odds.first.tried > 5 and decoder.odds.first.chance > 0.5  # from the prior's 1 in 4
+    priors = {kind: ReplyOdds().first_odds(kind) for kind in decoder.odds.first}
+    taken = sum(odds.taken - priors[kind].taken for kind, odds in decoder.odds.first.items())
+    tried = sum(odds.tried - priors[kind].tried for kind, odds in decoder.odds.first.items())
+    assert tried > 5 and taken / tried > 0.5  # first guesses (each kind's prior left out)
     assert decoder.odds.follow.tried > 5 and decoder.odds.follow.chance > 0.8
 
 
