@@ -7,6 +7,7 @@ the window keeps what is about the window: menus, the banner, model loading and 
 
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import replace
 from typing import Any
@@ -303,8 +304,6 @@ class MainWindow(QMainWindow):
         self.panels.fit_width(event.size().width())
 
     def open_library(self) -> None:
-        import importlib
-
         try:
             library = importlib.import_module("app.ui.library")  # built by the model library feature
         except ImportError:
@@ -391,6 +390,7 @@ class MainWindow(QMainWindow):
     def _on_load_progress(self, message: str, fraction: float) -> None:
         if self.chat.loading:
             self.model_bar.set_loading(message, fraction)
+        self.memory_panel.load_stage(message)
 
     @Slot(object)
     def _on_model_loaded(self, info: ModelInfo) -> None:

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QTo
 
 from app.core.engines.backend import ContextUsage, MemoryReading
 from app.core.engines.kv_pool import served_split
+from app.core.fastpath.compile_notice import COMPILE_NOTICE
 from app.core.settings import DEFAULT_PARALLEL
 from app.ui.theme import Palette
 
@@ -235,6 +236,8 @@ class MemoryPanel(QWidget):
         self.estimate = False
         self.plan_summary = ""
         self.plan: Any = None  # the last plan shown, redrawn when the served replies asked for change
+        self.plan_pending = True  # the plan label says "Checking…": no verdict or message since the last request
+        self.pending_stage = ""  # what the pending plan waits on, when that is slow (the kernel's first compile)
         self.served_replies = DEFAULT_PARALLEL  # the Server tab's "Replies at once" (app/ui/window_panels.py)
         self.set_context(None)
 
@@ -344,7 +347,7 @@ class MemoryPanel(QWidget):
         if max_context:
             lines.append(f"largest context that fits: {int(max_context):,} tokens")
         lines.append(served_line(plan, self.served_replies))
-        self.plan = plan
+        self.plan, self.plan_pending = plan, False
         self.plan_label.setText("<br>".join(lines))
         self.plan_summary = verdict.get(fits, "")
         self._summary_changed()
@@ -356,17 +359,27 @@ class MemoryPanel(QWidget):
             self.set_plan(self.plan)
 
     def set_plan_message(self, text: str) -> None:
-        self.plan = None
+        self.plan, self.plan_pending = None, False
         self.plan_label.setText(text)
         self.plan_summary = ""
         self._summary_changed()
 
     def set_plan_pending(self, stage: str = "") -> None:
-        """Planning has started; `stage` says what it waits on when that is slow."""
-        self.plan = None
+        """Planning has started; `stage` says what it waits on when that is slow. A stage said while the last
+        request was pending stays: a new request waits on the same compile."""
+        if not stage and self.plan_pending:
+            stage = self.pending_stage
+        self.plan, self.plan_pending, self.pending_stage = None, True, stage
         self.plan_label.setText(f"{PLAN_PENDING} {stage}" if stage else PLAN_PENDING)
         self.plan_summary = "Memory: checking the fit…"
         self._summary_changed()
+
+    def load_stage(self, stage: str) -> None:
+        """A stage of a model load. A pending plan is queued behind that load on the worker, so the kernel's first
+        compile, which the load runs, is what the plan waits on too: said here until the load's next stage."""
+        if self.plan_pending:
+            self.pending_stage = ""
+            self.set_plan_pending(stage if stage == COMPILE_NOTICE else "")
 
     # -- the one-line summary -------------------------------------------------------------------------------
     def summary(self) -> str:

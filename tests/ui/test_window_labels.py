@@ -165,6 +165,37 @@ def test_a_first_kernel_compile_while_planning_is_said_in_the_panel_and_the_mode
     qtbot.waitUntil(lambda: "Fits in memory" in window.memory_panel.plan_label.text(), timeout=10_000)
 
 
+def test_a_first_kernel_compile_while_loading_is_said_in_the_panel_whose_plan_waits_behind_the_load(
+    make_window, qtbot
+) -> None:
+    compiled, gate = threading.Event(), threading.Event()
+    scripted = scripted_factory(ScriptedBackend())
+
+    def compiling_load(request: Any, progress: Any, cancel: Any) -> Any:
+        progress(COMPILE_NOTICE, None)  # what open_backend says when the kernel module is about to compile
+        compiled.set()
+        gate.wait(10)
+        progress("Reading the weights…", 0.5)
+        return scripted(request, progress, cancel)
+
+    window = make_window(load=False, factory=compiling_load)
+    window.load_model(window.model_bar.request())  # before the first paint: the plan is queued behind the load
+    assert compiled.wait(10)
+    qtbot.waitUntil(lambda: COMPILE_NOTICE in window.memory_panel.plan_label.text(), timeout=10_000)
+    qtbot.wait(500)  # the plan is asked for after the first paint and a 300 ms debounce: it keeps the stage
+    assert window.memory_panel.plan_label.text() == f"{PLAN_PENDING} {COMPILE_NOTICE}"
+    assert window.model_bar.status.full_text() == COMPILE_NOTICE
+    gate.set()  # the compile is over: the load's next stage is not the plan's to say
+    qtbot.waitUntil(lambda: "Fits in memory" in window.memory_panel.plan_label.text(), timeout=10_000)
+    panel = MemoryPanel(LIGHT)
+    panel.load_stage(COMPILE_NOTICE)
+    panel.load_stage("Reading the weights…")
+    assert panel.plan_label.text() == PLAN_PENDING
+    panel.set_plan_message("No plan")
+    panel.load_stage(COMPILE_NOTICE)  # no plan is waiting: nothing to say
+    assert panel.plan_label.text() == "No plan"
+
+
 def test_the_sidebar_keeps_its_width_while_a_model_loads_and_after(make_window, qtbot) -> None:
     window = make_window(load=False)
     window.resize(1366, 740)
