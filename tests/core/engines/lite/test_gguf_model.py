@@ -507,6 +507,27 @@ def test_a_lookup_check_runs_on_the_steps_fastest_team_and_gives_each_row_a_step
         model.close()
 
 
+@pytest.mark.parametrize(("prefix", "rows"), [(250, 8), (254, 2), (256, 5), (300, 8), (509, 3)])
+def test_a_few_rows_across_an_attention_chunk_s_end_get_each_a_step_s_bits(prefix: int, rows: int, tmp_path: Path) -> None:
+    """A lookup check or a short turn: a few rows of one sequence before, across and after a chunk's end (256, 512;
+    rows that see a chunk whole are scored together, one that ends inside it alone) get a decode step's bits, as a
+    check and as a prefill of the same tokens."""
+    model = open_gguf_model(tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, v_down=blocks.Q6_K))
+    try:
+        rng = np.random.default_rng(prefix)
+        ids = [int(i) for i in rng.integers(3, 400, size=prefix)]
+        tokens = [int(i) for i in rng.integers(3, 400, size=rows)]
+        checked, prefilled, stepped = model.new_cache(), model.new_cache(), model.new_cache()
+        for cache in (checked, prefilled, stepped):
+            model.prefill(ids, cache)
+        expected = np.stack([model.step(token, stepped) for token in tokens])
+        assert np.array_equal(model.check(tokens, checked), expected)
+        assert np.array_equal(model.prefill(tokens, prefilled), expected[-1])
+        assert checked.ids == prefilled.ids == stepped.ids
+    finally:
+        model.close()
+
+
 @pytest.mark.parametrize("rows", [2, 3, 5])
 def test_a_batched_step_gives_each_sequence_the_bits_of_its_own_step(rows: int, tmp_path: Path) -> None:
     """Sequences at different positions (one past an attention chunk) and with caches of different capacities, run
