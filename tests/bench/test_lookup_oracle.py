@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.lookup_oracle import oracle
+from bench.lookup_oracle import oracle, replayed_planner
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
 
@@ -26,3 +26,13 @@ def test_checks_that_cost_a_step_per_row_gain_nothing_and_nothing_copied_gains_n
     cheap = {rows: 1.0 + 0.1 * (rows - 1) for rows in range(1, 10)}
     ratio, _, first_taken = oracle(PROMPT, [1, 2, 3, 4, 2, 3, 9], cheap)
     assert first_taken == 0 and ratio == 1.0
+
+
+def test_the_replayed_planner_is_priced_by_the_costs_never_the_clock_and_stays_under_the_bound() -> None:
+    reply = [1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 2]  # the prompt's span copied from "1 5 6" on
+    cheap = {rows: 1.0 + 0.1 * (rows - 1) for rows in range(1, 10)}
+    planned = replayed_planner(PROMPT, reply, cheap)
+    assert planned == replayed_planner(PROMPT, reply, cheap)  # no timing noise: the same every time
+    assert 1.2 < planned <= oracle(PROMPT, reply, cheap)[0]  # it checks the span, at most as well as the oracle
+    full = {rows: float(rows) for rows in range(1, 10)}
+    assert replayed_planner(PROMPT, reply, full) == 1.0  # checks that cost a step per row: it never checks
