@@ -508,7 +508,9 @@ def test_a_lookup_check_runs_on_the_steps_fastest_team_and_gives_each_row_a_step
 
 
 @pytest.mark.parametrize(("prefix", "rows"), [(250, 8), (254, 2), (256, 5), (300, 8), (509, 3)])
-def test_a_few_rows_across_an_attention_chunk_s_end_get_each_a_step_s_bits(prefix: int, rows: int, tmp_path: Path) -> None:
+def test_a_few_rows_across_an_attention_chunk_s_end_get_each_a_step_s_bits(
+    prefix: int, rows: int, tmp_path: Path
+) -> None:
     """A lookup check or a short turn: a few rows of one sequence before, across and after a chunk's end (256, 512;
     rows that see a chunk whole are scored together, one that ends inside it alone) get a decode step's bits, as a
     check and as a prefill of the same tokens."""
