@@ -2,11 +2,12 @@
 the guesses proposed and accepted; then the cost of a checking forward at a larger model's shape and the speed-up the
 default model's measured acceptance would give there.
 
-    python bench/lookup.py [--trials 3] [--tokens 160] [--shape FILE.gguf] [--fresh 6]
+    python bench/lookup.py [--trials 3] [--tokens 160] [--shape FILE.gguf] [--fresh 6] [--more]
 
 Part 1 runs each prompt (a document question, two rewrites, a code edit, and a free-writing prompt where little is
-copied) with lookup off and on, alternating which goes first per trial, in one process on the torch-free runtime as
-users run it. Printed per prompt: median decode tok/s of each, the paired ratio, guesses proposed/accepted, and
+copied; with --more six others: questions about and rewrites of a recipe, an email, a function and a short history)
+with lookup off and on, alternating which goes first per trial, in one process on the torch-free runtime as users
+run it. Printed per prompt: median decode tok/s of each, the paired ratio, guesses proposed/accepted, and
 whether the two replies are the same tokens (they must be).
 
 Part 2: a model with random weights has no meaningful acceptance, so at a larger shape (--shape, default the 1B
@@ -75,6 +76,41 @@ PROMPTS: dict[str, str] = {
     "free writing": "Write a short story about a lighthouse keeper and a storm.",
 }
 
+# Six more (`--more`; bench/lookup_oracle.py replays them too): questions about and rewrites of other short texts.
+RECIPE = (
+    "Lemon barley water. Put 100 grams of pearl barley in a sieve and rinse it under cold water until the water runs "
+    "clear. Tip the barley into a large pan with two litres of water and the thinly pared zest of three lemons. Bring "
+    "it to the boil, then turn the heat down and simmer for twenty minutes. Strain the liquid into a jug, stir in the "
+    "juice of the lemons and four tablespoons of honey, and leave it to cool. Keep it in the fridge for up to three "
+    "days and serve it over ice."
+)
+EMAIL = (
+    "hey team, the meeting tomorrow is moved to 3pm because the projector in room 4 is broken again. bring your "
+    "laptops and the quarterly numbers. if you cant come tell me before noon. also someone ate my yoghurt from the "
+    "fridge, not cool."
+)
+FUNCTION = """def parse_line(line):
+    parts = line.strip().split(",")
+    name = parts[0]
+    age = int(parts[1])
+    city = parts[2]
+    return {"name": name, "age": age, "city": city}
+"""
+BRIDGE = (
+    "The old bridge over the river was built in 1850 by the villagers themselves. They carried the stones from the "
+    "quarry on the hill, one cart at a time, and it took them four summers to finish it. The bridge has three arches "
+    "and a small shrine in the middle, where travellers used to leave flowers. In 1990 the council wanted to pull it "
+    "down, but the village school collected ten thousand signatures and the bridge was saved."
+)
+MORE_PROMPTS = {
+    "recipe question": f"{RECIPE}\n\nHow long does the barley simmer, and how long does the drink keep?",
+    "recipe as steps": f"{RECIPE}\n\nRewrite this recipe as a numbered list of steps.",
+    "email made polite": f"Rewrite this email so that it is polite and professional:\n\n{EMAIL}",
+    "type hints": f"Add type hints to this Python function and return the whole function:\n\n{FUNCTION}",
+    "present tense": f"Rewrite this text in the present tense:\n\n{BRIDGE}",
+    "history question": f"{BRIDGE}\n\nWho saved the bridge, and how?",
+}
+
 
 def open_default() -> LiteBackend | None:
     """The default model on the torch-free runtime, as users run it (no response or prompt cache); None, said on
@@ -134,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=160)
     parser.add_argument("--shape", help="a GGUF file whose forward costs price part 2 (default: the 1B Q4_K_M)")
     parser.add_argument("--fresh", type=int, default=6, help="pairs of fresh processes for part 3 (0: skip it)")
+    parser.add_argument("--more", action="store_true", help="part 1 on MORE_PROMPTS too")
     parser.add_argument("--fresh-worker", choices=("on", "off"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.fresh_worker:
@@ -149,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     generated: dict[str, int] = {}
     measured: dict[str, float] = {}
     rows = []
-    for name, prompt in PROMPTS.items():
+    for name, prompt in {**PROMPTS, **(MORE_PROMPTS if args.more else {})}.items():
         speed: dict[bool, list[float]] = {False: [], True: []}
         same = True
         stats: dict[str, object] = {}

@@ -3,8 +3,8 @@ and what the planner itself gets, both replayed on the same replies and the same
 
     python bench/lookup_oracle.py [--tokens 160]
 
-Each of bench/lookup.py's prompts, bench/peer.py's story prompt and six more (MORE_PROMPTS: a recipe, an email, a
-function, a local history; questions and rewrites) gets its greedy reply from the default model's GGUF. The reply is
+Each of bench/lookup.py's prompts, bench/peer.py's story prompt and its six more (MORE_PROMPTS: a recipe, an email,
+a function, a local history; questions and rewrites) gets its greedy reply from the default model's GGUF. The reply is
 then replayed token by token: at each token the n-gram index proposes its guesses (as in a real reply), and
 - an oracle that knows the reply checks exactly the guesses that will be taken, when a check of that size costs less
   than the steps it saves;
@@ -34,42 +34,8 @@ from app.core.engines.lookup import MAX_DRAFT, STEPS_KEPT, LookupDecoder, Lookup
 from app.core.models.gguf_tokenizer import gguf_eos_ids, load_gguf_tokenizer  # noqa: E402
 from app.core.models.model_source import default_model_gguf  # noqa: E402
 from bench import llama_build  # noqa: E402
-from bench.lookup import PROMPTS, forward_costs  # noqa: E402
+from bench.lookup import MORE_PROMPTS, PROMPTS, forward_costs  # noqa: E402
 from bench.peer import SHORT_QUESTION  # noqa: E402
-
-RECIPE = (
-    "Lemon barley water. Put 100 grams of pearl barley in a sieve and rinse it under cold water until the water runs "
-    "clear. Tip the barley into a large pan with two litres of water and the thinly pared zest of three lemons. Bring "
-    "it to the boil, then turn the heat down and simmer for twenty minutes. Strain the liquid into a jug, stir in the "
-    "juice of the lemons and four tablespoons of honey, and leave it to cool. Keep it in the fridge for up to three "
-    "days and serve it over ice."
-)
-EMAIL = (
-    "hey team, the meeting tomorrow is moved to 3pm because the projector in room 4 is broken again. bring your "
-    "laptops and the quarterly numbers. if you cant come tell me before noon. also someone ate my yoghurt from the "
-    "fridge, not cool."
-)
-FUNCTION = """def parse_line(line):
-    parts = line.strip().split(",")
-    name = parts[0]
-    age = int(parts[1])
-    city = parts[2]
-    return {"name": name, "age": age, "city": city}
-"""
-BRIDGE = (
-    "The old bridge over the river was built in 1850 by the villagers themselves. They carried the stones from the "
-    "quarry on the hill, one cart at a time, and it took them four summers to finish it. The bridge has three arches "
-    "and a small shrine in the middle, where travellers used to leave flowers. In 1990 the council wanted to pull it "
-    "down, but the village school collected ten thousand signatures and the bridge was saved."
-)
-MORE_PROMPTS = {
-    "recipe question": f"{RECIPE}\n\nHow long does the barley simmer, and how long does the drink keep?",
-    "recipe as steps": f"{RECIPE}\n\nRewrite this recipe as a numbered list of steps.",
-    "email made polite": f"Rewrite this email so that it is polite and professional:\n\n{EMAIL}",
-    "type hints": f"Add type hints to this Python function and return the whole function:\n\n{FUNCTION}",
-    "present tense": f"Rewrite this text in the present tense:\n\n{BRIDGE}",
-    "history question": f"{BRIDGE}\n\nWho saved the bridge, and how?",
-}
 
 
 def greedy_reply(path: Path, prompt_ids: list[int], tokens: int, eos: set[int]) -> list[int]:
