@@ -367,19 +367,19 @@ class MemoryPanel(QWidget):
     def set_plan_pending(self, stage: str = "") -> None:
         """Planning has started; `stage` says what it waits on when that is slow. A stage said while the last
         request was pending stays: a new request waits on the same compile."""
-        if not stage and self.plan_pending:
-            stage = self.pending_stage
-        self.plan, self.plan_pending, self.pending_stage = None, True, stage
-        self.plan_label.setText(f"{PLAN_PENDING} {stage}" if stage else PLAN_PENDING)
-        self.plan_summary = "Memory: checking the fit…"
-        self._summary_changed()
+        self._show_pending(stage or (self.pending_stage if self.plan_pending else ""))
 
     def load_stage(self, stage: str) -> None:
         """A stage of a model load. A pending plan is queued behind that load on the worker, so the kernel's first
         compile, which the load runs, is what the plan waits on too: said here until the load's next stage."""
         if self.plan_pending:
-            self.pending_stage = ""
-            self.set_plan_pending(stage if stage == COMPILE_NOTICE else "")
+            self._show_pending(stage if stage == COMPILE_NOTICE else "")
+
+    def _show_pending(self, stage: str) -> None:
+        self.plan, self.plan_pending, self.pending_stage = None, True, stage
+        self.plan_label.setText(f"{PLAN_PENDING} {stage}" if stage else PLAN_PENDING)
+        self.plan_summary = "Memory: checking the fit…"
+        self._summary_changed()
 
     # -- the one-line summary -------------------------------------------------------------------------------
     def summary(self) -> str:
