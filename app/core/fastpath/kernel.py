@@ -284,6 +284,11 @@ def held_library_for_tests() -> NativeLibrary | str | None:
         return _library
 
 
+def library_from_file_for_tests(path: Path) -> NativeLibrary | str:
+    """A kernel library the tests built (tests/helpers/x86_builds.py), loaded as the app loads its own."""
+    return _load(path, True, 0.0, "", integrity.sha256_file(path), f"test build {path.name}")
+
+
 def _compiler() -> str | None:
     for candidate in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
         if candidate and (found := shutil.which(candidate)):

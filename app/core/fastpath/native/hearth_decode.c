@@ -3782,6 +3782,72 @@ static inline __attribute__((always_inline)) void attend_values_heads(int heads,
 #endif
 #endif
 
+#if HEARTH_AVX512
+/* exp256's operations on 16 lanes: each lane the same bits as exp256's. */
+static inline __m512 exp512(__m512 x) {
+    const __m512 low = _mm512_set1_ps(EXP_LOW);
+    const __mmask16 normal = _mm512_cmp_ps_mask(x, low, _CMP_NLT_UQ);
+    x = _mm512_max_ps(x, low);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
+    __m512 y = _mm512_set1_ps(EXP_P0);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P1));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P2));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P3));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P4));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(EXP_P5));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(normal, y, _mm512_castsi512_ps(bits));
+}
+#endif
+
+#if HEARTH_AVX512 && defined(__AVX512DQ__)
+/* dot_kv4's scores of four consecutive bf16 K rows for each of `group` heads (scores: SPAN floats a head), two rows
+ * to a 512-bit register, one in each 256-bit half: each row's lanes take the same fused multiply-adds in the same
+ * order and the same pairwise sum (IEEE addition commutes), so dot_kv's bits at twice its width. Returns the first
+ * position it left (fewer than four remain). hd % 8 == 0, hd <= MAX_HEAD_DIM. */
+static int64_t score_fours_wide(const float *q, int group, const uint16_t *kbase, int hd, int64_t t0, int64_t t1,
+                                float scale, float *scores) {
+    const __m512i corners = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m128 vscale = _mm_set1_ps(scale);
+    const int slices = hd / 8;
+    int64_t t = t0;
+    for (; t + 4 <= t1; t += 4) {
+        __m512 rows[2 * MAX_HEAD_DIM / 8]; /* slice s: rows[2s] = positions t, t+1; rows[2s+1] = t+2, t+3 */
+        const uint16_t *k = kbase + (size_t)t * hd;
+        prefetch_lines((const char *)k + KV_PREFETCH_BYTES, 4 * hd * 2);
+        for (int s = 0; s < slices; s++)
+            for (int pair = 0; pair < 2; pair++) {
+                const uint16_t *first = k + (size_t)(2 * pair) * hd + 8 * s;
+                const __m256i both = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)first)),
+                    _mm_loadu_si128((const __m128i *)(first + hd)), 1);
+                rows[2 * s + pair] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(both), 16));
+            }
+        for (int j = 0; j < group; j++) {
+            const float *qj = q + (int64_t)j * hd;
+            __m512 near = _mm512_setzero_ps(), far = _mm512_setzero_ps();
+            for (int s = 0; s < slices; s++) {
+                const __m512 qq = _mm512_broadcast_f32x8(_mm256_loadu_ps(qj + 8 * s));
+                near = _mm512_fmadd_ps(rows[2 * s], qq, near);
+                far = _mm512_fmadd_ps(rows[2 * s + 1], qq, far);
+            }
+            /* hsum256 of each row's 8 lanes: (a_l + a_l+4), then adjacent pairs, then the two pairs' sums */
+            __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(near, far, _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(near, far, _MM_SHUFFLE(3, 1, 3, 1)));
+            x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
+            x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
+            const __m128 four = _mm512_castps512_ps128(_mm512_permutexvar_ps(corners, x));
+            _mm_storeu_ps(scores + (int64_t)j * SPAN + (t - t0), _mm_mul_ps(four, vscale));
+        }
+    }
+    return t;
+}
+#endif
+
 /* The gated MLP's activation in place: g[k] <- silu(g[k]) u[k], written as (g >= 0 ? g : g e) / (1 + e) with
  * e = e^-|g| (never overflows), then times u. 8 lanes at a time on AVX2 (exp256), 4 on NEON (exp_neon), one lane at a
  * time in exp_lane's mirror of them (fmaf is their fused step), so a value's bits do not depend on where in its row it
@@ -3867,6 +3933,10 @@ static void attend_chunk(const float *q, int group, const char *kbase, const cha
     const size_t elem = kv_bf16 ? 2 : 4;
     int64_t t = t0;
 #if HEARTH_AVX2
+#if HEARTH_AVX512 && defined(__AVX512DQ__)
+    if (kv_bf16 && hd <= MAX_HEAD_DIM && hd % 8 == 0)
+        t = score_fours_wide(q, group, (const uint16_t *)kbase, hd, t0, t1, scale, scores);
+#endif
     if (kv_bf16 && hd <= MAX_HEAD_DIM) /* four positions at a time, their K rows widened once for all the heads */
         for (; t + 4 <= t1; t += 4) {
             float rows[4 * MAX_HEAD_DIM];
@@ -3902,7 +3972,17 @@ static void attend_chunk(const float *q, int group, const char *kbase, const cha
 #if HEARTH_AVX2
         const __m256 vtop = _mm256_set1_ps(top);
         __m256 totals = _mm256_setzero_ps(); /* 8 partial sums (position % 8), then hsum256: no chain of 256 adds */
-        for (int64_t u = t0; u < t1; u += 8) { /* the last 8 masked: every weight through exp256 */
+        u = t0;
+#if HEARTH_AVX512 /* 16 weights at a time, added to the 8 sums in position order as below */
+        const __m512 wide_top = _mm512_set1_ps(top);
+        for (; u + 16 <= t1; u += 16) {
+            const __m512 weights = exp512(_mm512_sub_ps(_mm512_loadu_ps(sc + (u - t0)), wide_top));
+            _mm512_storeu_ps(sc + (u - t0), weights);
+            totals = _mm256_add_ps(totals, _mm512_castps512_ps256(weights));
+            totals = _mm256_add_ps(totals, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(weights), 1)));
+        }
+#endif
+        for (; u < t1; u += 8) { /* the last 8 masked: every weight through exp256 */
             const int64_t left = t1 - u;
             const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(left > 8 ? 8 : (int)left),
                                                      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));

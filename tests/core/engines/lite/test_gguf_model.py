@@ -30,7 +30,7 @@ from app.core.engines.lite.backend import LiteBackend, lite_candidate, lite_plan
 from app.core.engines.lite.gguf_model import PRECISE_ALL, PRECISE_INPUTS, GGUFModel, open_gguf_model
 from app.core.engines.lite.gguf_plan import file_type_label, gguf_support, resident_weight_bytes
 from app.core.engines.lite.runtime import LiteUnavailable
-from app.core.fastpath import blocks, prefetch
+from app.core.fastpath import blocks, kernel, prefetch
 from app.core.fastpath.huge_pages import arena_bytes, arena_on_huge_pages
 from app.core.models.gguf_meta import read_gguf_header
 from app.core.models.model_source import default_model_gguf
@@ -61,11 +61,18 @@ def relative_error(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def tiny_tensors(
-    matrix: int, *, embedding: int | None = None, head: int | None = None, v_down: int | None = None, seed: int = 0
+    matrix: int,
+    *,
+    embedding: int | None = None,
+    head: int | None = None,
+    v_down: int | None = None,
+    seed: int = 0,
+    vocab_size: int = 400,
 ) -> tuple[dict[str, tuple[np.ndarray, int]], int]:
     """A 2-layer llama's tensors in GGUF names: matrices of type `matrix` (attn_v/ffn_down `v_down`, as Q4_K_M
-    mixes them), norms F32, the embedding `embedding` (tied unless `head` is given)."""
-    spec = byte_level_bpe(400)
+    mixes them), norms F32, the embedding `embedding` (tied unless `head` is given), byte_level_bpe(vocab_size)'s
+    vocabulary (400: 404 tokens)."""
+    spec = byte_level_bpe(vocab_size)
     vocab, hidden, inter = len(spec.tokens), SHAPE["hidden_size"], SHAPE["intermediate_size"]
     hd = hidden // SHAPE["num_attention_heads"]
     kv = SHAPE["num_key_value_heads"] * hd
@@ -97,9 +104,9 @@ def tiny_tensors(
     return tensors, vocab
 
 
-def tiny_gguf(path: Path, matrix: int, **kinds: Any) -> Path:
-    tensors, _ = tiny_tensors(matrix, **kinds)
-    return write_gguf(path, byte_level_bpe(400), tensors, shape=SHAPE)
+def tiny_gguf(path: Path, matrix: int, vocab_size: int = 400, **kinds: Any) -> Path:
+    tensors, _ = tiny_tensors(matrix, vocab_size=vocab_size, **kinds)
+    return write_gguf(path, byte_level_bpe(vocab_size), tensors, shape=SHAPE)
 
 
 def runtime_logits(model: GGUFModel, ids: list[int], prefilled: int) -> list[np.ndarray]:
@@ -482,6 +489,37 @@ def test_long_prompts_give_the_same_bits_across_attention_chunks(tmp_path: Path)
         assert (model.lib.hearth_tiled_calls() > tiled) == x86_layout
     finally:
         model.close()
+
+
+def test_each_x86_build_this_cpu_runs_gives_the_forward_the_run_s_bits(
+    tmp_path: Path, x86_kernel_builds: dict[str, Path], run_library: kernel.NativeLibrary
+) -> None:
+    """The AVX-512 build scores attention two K rows to a register and takes its softmax weights 16 at a time, AVX2
+    one row and 8, each value's operations in the same order; the products' integer sums are exact in both. A prompt
+    past an attention chunk, decode steps, a lookup check and a batched step give every SIMD build (at -O1) the bits
+    of the run's own library, where every matrix has a multiple of 16 rows (as real models' do: a 384-token
+    vocabulary here) and so takes the 16-row layout; the row layout's float sums run per build."""
+    path = tiny_gguf(tmp_path / "tiny.gguf", blocks.Q4_K, vocab_size=380, v_down=blocks.Q6_K)
+    ids = [int(i) for i in np.random.default_rng(5).integers(3, 380, size=300)]
+
+    def logits_of(library: kernel.NativeLibrary) -> list[np.ndarray]:
+        model = GGUFModel(path, library, None, PRECISE_INPUTS)
+        try:
+            cache, other = model.new_cache(), model.new_cache()
+            found = [model.prefill(ids, cache), model.prefill(ids[:40], other)]
+            found += [model.step(token, cache) for token in (5, 6)]
+            found += list(model.check([7, 8, 9, 10], cache))
+            return found + list(model.step_rows([11, 12], [cache, other]))
+        finally:
+            model.close()
+
+    expected = logits_of(run_library)
+    builds = {name: built for name, built in x86_kernel_builds.items() if name != "scalar"}  # no SIMD: not run
+    assert "avx2" in builds
+    for name, built in builds.items():
+        library = kernel.library_from_file_for_tests(built)
+        assert not isinstance(library, str), library
+        assert [logits.tobytes() for logits in logits_of(library)] == [logits.tobytes() for logits in expected], name
 
 
 def test_a_lookup_check_runs_on_the_steps_fastest_team_and_gives_each_row_a_step_s_bits(tmp_path: Path) -> None:
