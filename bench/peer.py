@@ -12,7 +12,9 @@ its own load path (on the CPU: the torch-free runtime on the file's own blocks, 
 `--model` folder (Hugging Face layout) is what Hearth loads; for llama.cpp it is converted once with
 llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist, bench/llama_build.py) and quantized to Q4_1
 with `llama_model_quantize`, cached under .cache/peer-models/. Both get the same token ids (Hearth's tokenizer and chat
-template) and greedy decoding. Printed: the machine (CPU model, SIMD flags), the file's format and block types, the
+template) and greedy decoding; decode is plain on both sides (Hearth's prompt lookup off: bench/lookup.py measures
+it), timed after the short prompt and again after the long one (decode at a long context, where attention reads
+the whole KV cache each token). Printed: the machine (CPU model, SIMD flags), the file's format and block types, the
 llama.cpp build that ran (version, CMAKE_ARGS, ggml's compiled CPU features); medians, per-trial paired ratios (Hearth
 / llama.cpp) with the file's format beside each, each engine's fraction of the bandwidth roofline (tok/s x bytes it
 reads per token / bandwidth) and of the file's roofline (tok/s x the file's own bytes per token: its matrices' blocks
@@ -36,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -99,14 +102,19 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
     fix_threads = getattr(engine, "fix_threads", None) or getattr(getattr(engine, "model", None), "fix_threads", None)
     if fix_threads is not None and not spec.get("adaptive"):  # llama.cpp's thread count, not the adaptive team
         fix_threads(int(spec["threads"]))  # type: ignore[call-overload]
+    set_lookup = getattr(engine, "set_lookup", None)
+    if set_lookup is not None:  # plain decode against plain decode: llama.cpp's has no lookup
+        set_lookup(False)
     result: dict[str, object] = {
         "decode_path": engine.decode_path,
         "note": engine.decode_path_note,
+        "lookup": getattr(engine, "lookup_state", "none"),
     }
     # Warm-up (first-call initialisation of the kernels), not measured; llama.cpp gets the same.
     warm = SamplingParams(temperature=0.0, max_new_tokens=2)
     list(engine.generate_from_ids([1, 2, 3], warm, kv=engine.new_kv()))
-    for name, ids, tokens in (("short", spec["short_ids"], spec["tokens"]), ("long", spec["long_ids"], 1)):
+    runs = (("short", spec["short_ids"], spec["tokens"]), ("long", spec["long_ids"], spec["long_decode"]))
+    for name, ids, tokens in runs:
         params = SamplingParams(temperature=0.0, max_new_tokens=int(tokens))  # type: ignore[call-overload]
         cpu_first = 0.0
         events = engine.generate_from_ids(list(ids), params, kv=engine.new_kv(), use_response_cache=False)  # type: ignore[call-overload]
@@ -117,7 +125,10 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
                 stats = event.stats
                 cpu_decode = _cpu_seconds() - cpu_first
         result[f"{name}_prefill_s"] = stats.prefill_s
-        if name == "short":
+        result[f"{name}_generated"] = stats.generated_tokens
+        if name == "long":
+            result["long_decode_tok_s"] = stats.decode_tokens_per_s
+        else:
             result["decode_tok_s"] = stats.decode_tokens_per_s
             result["generated"] = stats.generated_tokens
             result["decode_cpu_tok_s"] = (stats.generated_tokens - 1) / max(cpu_decode, 1e-9)
@@ -195,24 +206,31 @@ def worker_llama(spec: dict[str, object]) -> dict[str, object]:
         llm.eval(list(ids))  # type: ignore[call-overload]
         result[f"{name}_prefill_s"] = time.perf_counter() - started
     llm.reset()
-    count = 0
-    tokens = int(spec["tokens"])  # type: ignore[call-overload]
-    first_at = 0.0
-    cpu_first = 0.0
-    for _ in llm.generate(list(spec["short_ids"]), temp=0.0, top_k=1, reset=True):  # type: ignore[call-overload]
-        count += 1
-        if count == 1:
-            first_at, cpu_first = time.perf_counter(), _cpu_seconds()
-        if count >= tokens:
-            break
-    elapsed = time.perf_counter() - first_at
-    result["decode_tok_s"] = (count - 1) / elapsed
-    result["decode_cpu_tok_s"] = (count - 1) / max(_cpu_seconds() - cpu_first, 1e-9)
-    result["generated"] = count
+    rate, cpu_rate, count = _llama_decode(llm, list(spec["short_ids"]), int(spec["tokens"]), stop_at_end=False)  # type: ignore[call-overload]
+    result["decode_tok_s"], result["decode_cpu_tok_s"], result["generated"] = rate, cpu_rate, count
+    llm.reset()
+    # After the long prompt: as many tokens as Hearth's reply had at most (it ends at the end-of-turn token)
+    rate, _, count = _llama_decode(llm, list(spec["long_ids"]), int(spec["long_decode"]), stop_at_end=True)  # type: ignore[call-overload]
+    result["long_decode_tok_s"], result["long_generated"] = rate, count
     result["bytes_per_token"] = int(spec["gguf_bytes_per_token"])  # type: ignore[call-overload]
     result.update(_memory())
     result["floor_rss"] = floor
     return result
+
+
+def _llama_decode(llm: Any, ids: list[int], tokens: int, stop_at_end: bool) -> tuple[float, float, int]:
+    """Greedy decode after `ids` (prefilled by the call, untimed): tok/s over the tokens after the first, by the wall
+    clock and by CPU time, and how many came."""
+    count = 0
+    first_at = cpu_first = 0.0
+    for token in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+        count += 1
+        if count == 1:
+            first_at, cpu_first = time.perf_counter(), _cpu_seconds()
+        if count >= tokens or (stop_at_end and token == llm.token_eos()):
+            break
+    elapsed = time.perf_counter() - first_at
+    return (count - 1) / max(elapsed, 1e-9), (count - 1) / max(_cpu_seconds() - cpu_first, 1e-9), count
 
 
 def worker_bandwidth(spec: dict[str, object]) -> dict[str, object]:
@@ -310,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--long-tokens", type=int, default=1471)
+    parser.add_argument(
+        "--long-decode", type=int, default=64, help="tokens decoded after the long prompt (decode at a long context)"
+    )
     parser.add_argument("--quant", default="auto", help="Hearth's weights (default auto: q4 on the CPU)")
     parser.add_argument(
         "--model", help="a GGUF file, or a Hugging Face folder (converted for llama.cpp); default: the embedded model"
@@ -333,13 +354,14 @@ def main(argv: list[str] | None = None) -> int:
     short, long, model_path, folder = prompts(args.long_tokens, args.model)
     gguf = peer_gguf(model_path, folder, args.peer_python, args.threads)
     file_info = gguf_files.describe(gguf)
-    context = -(-max(len(long), len(short) + args.tokens) // 256) * 256
+    context = -(-max(len(long) + args.long_decode, len(short) + args.tokens) // 256) * 256
     spec: dict[str, object] = {
         "model": args.model,
         "context": context,
         "short_ids": short,
         "long_ids": long,
         "tokens": args.tokens,
+        "long_decode": args.long_decode,
         "threads": args.threads,
         "quant": args.quant,
         "runtime": args.runtime,
@@ -351,7 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: Hearth {model_path}; llama.cpp {gguf}")
     print("\n".join(gguf_files.histogram_lines(file_info)))
     print(f"llama.cpp build: {worker_process.llama_build_line(args.peer_python)}")
-    print(f"prompts: {len(short)} and {len(long)} tokens; {args.tokens} new tokens; {args.threads} threads")
+    print(
+        f"prompts: {len(short)} and {len(long)} tokens; {args.tokens} new tokens after the short one, up to "
+        f"{args.long_decode} after the long one; {args.threads} threads; plain decode (Hearth's prompt lookup off)"
+    )
     if args.runtime != "torch":
         prepared = run_worker(sys.executable, "prepare", spec, args.peer_python)
         if prepared["packed"]:
@@ -366,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"trial {trial + 1}: decode hearth {h['decode_tok_s']:.1f} / llama.cpp {p['decode_tok_s']:.1f} tok/s, "
             f"long prefill {h['long_prefill_s']:.2f} / {p['long_prefill_s']:.2f} s, "
+            f"decode after it {h['long_decode_tok_s']:.1f} / {p['long_decode_tok_s']:.1f} tok/s "
+            f"({h['long_generated']} / {p['long_generated']} tokens), "
             f"peak RSS {_gib(h['peak_rss'])} / {_gib(p['peak_rss'])}",
             flush=True,
         )
@@ -403,7 +430,7 @@ def report(
     bandwidth = _median([float(r["bandwidth_bytes_s"]) for r in runs["bandwidth"]])  # type: ignore[arg-type]
     hearth, peer = runs["hearth"], runs["llama"]
     print(f"\nread bandwidth (1 GiB summed, median of the trials' best): {bandwidth / 1e9:.1f} GB/s")
-    print(hearth[0]["decode_path"], "-", hearth[0]["note"])
+    print(hearth[0]["decode_path"], "-", hearth[0]["note"], f"- prompt lookup {hearth[0].get('lookup', '?')}")
     print("torch imported in Hearth's process:", "yes" if hearth[0].get("torch_imported", True) else "no")
     print(
         f"bytes read per decode token: the file's blocks {file_bytes / 2**20:.1f} MiB; Hearth "
@@ -412,19 +439,20 @@ def report(
     )
     header = f"{'engine':<12}{'decode tok/s':>14}{'(cpu-time)':>12}{'prefill ' + str(short_len):>14}"
     print(
-        header + f"{'prefill ' + str(long_len):>16}{'roofline':>10}{'of file':>9}{'peak RSS':>12}{'RSS after':>12}"
-        f"{'floor':>10}{'peak - floor':>14}"
+        header + f"{'prefill ' + str(long_len):>16}{'decode after':>14}{'roofline':>10}{'of file':>9}{'peak RSS':>12}"
+        f"{'RSS after':>12}{'floor':>10}{'peak - floor':>14}"
     )
     for name, rows in (("hearth", hearth), ("llama.cpp", peer)):
         decode = _median([float(r["decode_tok_s"]) for r in rows])  # type: ignore[arg-type]
         cpu = _median([float(r["decode_cpu_tok_s"]) for r in rows])  # type: ignore[arg-type]
         short = _median([float(r["short_prefill_s"]) for r in rows])  # type: ignore[arg-type]
         long = _median([float(r["long_prefill_s"]) for r in rows])  # type: ignore[arg-type]
+        after_long = _median([float(r["long_decode_tok_s"]) for r in rows])  # type: ignore[arg-type]
         roof = decode * float(rows[0]["bytes_per_token"]) / bandwidth  # type: ignore[arg-type]
         peak = _median([float(r["peak_rss"]) for r in rows])  # type: ignore[arg-type]
         after = _median([float(r["rss"]) for r in rows])  # type: ignore[arg-type]
         floor = _median([float(r["floor_rss"]) for r in rows])  # type: ignore[arg-type]
-        line = f"{name:<12}{decode:>14.1f}{cpu:>12.1f}{short:>13.2f}s{long:>15.2f}s{roof:>10.0%}"
+        line = f"{name:<12}{decode:>14.1f}{cpu:>12.1f}{short:>13.2f}s{long:>15.2f}s{after_long:>14.1f}{roof:>10.0%}"
         line += f"{decode * file_bytes / bandwidth:>9.0%}"
         print(f"{line}{_gib(peak):>12}{_gib(after):>12}{_gib(floor):>10}{_gib(peak - floor):>14}")
     for key, name, higher_is_better in (
@@ -432,6 +460,7 @@ def report(
         ("decode_cpu_tok_s", "decode (cpu-time)", True),
         ("short_prefill_s", "short prefill speed", False),
         ("long_prefill_s", "long prefill speed", False),
+        ("long_decode_tok_s", f"decode after the {long_len}-token prompt", True),
         ("peak_rss", "peak RSS (memory; below 1 is less)", True),
         ("above_floor", "peak RSS above the runtime floor (the model's memory; below 1 is less)", True),
     ):
