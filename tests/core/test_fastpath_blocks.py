@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from app.core.fastpath import blocks, cpu, kernel
+from app.core.fastpath import blocks, cpu, kernel, prefetch
 from tests.helpers.gguf_files import random_blocks
 from tests.helpers.x86_builds import KERNEL_DIR
 
@@ -322,3 +322,16 @@ def test_the_forward_s_activation_is_silu_with_the_same_bits_in_every_build_and_
     assert "scalar" in results  # every x86-64 CPU runs it; the SIMD builds where this CPU has their instructions
     first = next(iter(results.values()))
     assert all(first.tobytes() == other.tobytes() for other in results.values()), list(results)
+
+
+def test_forwards_of_a_few_rows_always_prefetch_and_one_row_or_a_prompt_take_the_setting(lib: Any) -> None:
+    """Which 16-row products prefetch (a hint: the same bits either way, tested with the layouts and the forward):
+    one input (a decode step) and a prompt's many follow the setting a load measured on steps; 2 to
+    prefetch.FEW_ROWS inputs (a batch's step, a lookup check) always do, whatever it is."""
+    try:
+        for setting in (0, 1):
+            lib.hearth_x16_prefetch(setting)
+            counts = (1, 2, prefetch.FEW_ROWS, prefetch.FEW_ROWS + 1, 256)
+            assert [lib.hearth_x16_prefetch_for(n) for n in counts] == [setting, 1, 1, setting, setting]
+    finally:
+        lib.hearth_x16_prefetch(1)  # the library's setting outlives the test: back to its default

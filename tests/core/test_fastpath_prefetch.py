@@ -59,7 +59,10 @@ def test_off_is_kept_where_its_steps_measure_faster_and_the_note_says_by_how_muc
     kernel = FakeKernel(on_s=0.036, off_s=0.032)
     choice = choose(kernel)
     assert not choice.on and kernel.setting == 0
-    assert choice.describe() == "software prefetch off (decode steps 1.12x faster without it here)"
+    assert (
+        choice.describe()
+        == "software prefetch off (decode steps 1.12x faster without it here; on for forwards of 2 to 8 rows)"
+    )
     # a warm-up step, then each setting as many times as fit the budget, alternating which goes first
     pairs = pairs_for(0.036)
     assert pairs == 4
@@ -99,7 +102,7 @@ def test_a_small_model_leaves_the_setting_as_it_is_and_says_so() -> None:
     kernel.setting = 0  # as a larger model loaded earlier in the process left it
     choice = untimed_choice(kernel.set_prefetch, MEASURED_BYTES - 1, environ={})
     assert choice is not None and not choice.on and kernel.setting == 0 and kernel.steps == []
-    assert choice.describe() == "software prefetch off (not measured under 256 MiB)"
+    assert choice.describe() == "software prefetch off (not measured under 256 MiB; on for forwards of 2 to 8 rows)"
     # the environment still fixes it
     choice = untimed_choice(kernel.set_prefetch, 1, environ={PREFETCH_ENV: "on"})
     assert choice is not None and choice.on and kernel.setting == 1
@@ -116,7 +119,8 @@ def test_a_measured_choice_is_saved_read_back_with_its_date_and_measured_again_a
     read = saved_choice(store, key, NOW + 60)
     assert read == PrefetchChoice(False, 0.0291, 0.0265, measured_at=NOW)
     assert read.describe() == (
-        "software prefetch off (decode steps 1.10x faster without it here, measured 2026-12-06 23:33 UTC)"
+        "software prefetch off (decode steps 1.10x faster without it here, measured 2026-12-06 23:33 UTC;"
+        " on for forwards of 2 to 8 rows)"
     )
     assert saved_choice(store, key, NOW + SAVED_FOR_S + 1) is None  # too old: measured again
     assert saved_choice(store, key, NOW - 60) is None  # from the future (a clock set back): measured again

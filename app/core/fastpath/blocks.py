@@ -104,6 +104,8 @@ def declare(lib: Any) -> str:
     lib.hearth_avx_vnni.argtypes = []
     lib.hearth_x16_prefetch.restype = flag  # software prefetch in the 16-row products: 1 on, 0 off, -1 asks
     lib.hearth_x16_prefetch.argtypes = [flag]
+    lib.hearth_x16_prefetch_for.restype = flag  # whether a product of N inputs prefetches now (tests)
+    lib.hearth_x16_prefetch_for.argtypes = [flag]
     lib.hearth_gg_x16_bytes.restype = size
     lib.hearth_gg_x16_bytes.argtypes = [flag, size, size]
     lib.hearth_gg_repack_x16.restype = flag

@@ -290,6 +290,16 @@ HEARTH_API int hearth_x16_prefetch(int want) { /* want: 0 off, 1 on, -1 only ask
     return __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED);
 }
 
+#define X16_PREFETCH_FEW_ROWS 8 /* up to this many inputs (a batch's step, a lookup check) always prefetch */
+/* Whether a 16-row product of `count` inputs prefetches. One input (a decode step) and a prompt's many take the
+ * setting a load measured on steps; 2 to X16_PREFETCH_FEW_ROWS always do: on the Zen 4 guest's 1B files, whose steps
+ * measured faster without it, forwards of 2 and 4 rows ran 1.04-1.14x and 1.24-1.33x faster with it (each input's
+ * products take longer per block than one's, so the hardware's stream alone falls behind), prompts the same. */
+static inline int x16_prefetch_for(int count) {
+    return (count > 1 && count <= X16_PREFETCH_FEW_ROWS) || __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED);
+}
+HEARTH_API int hearth_x16_prefetch_for(int count) { return x16_prefetch_for(count); } /* (tests) */
+
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 8192 /* 2048-12288 measured; 8192 best on the 2-core Zen 3 (bench/engine_speed.py) */
 #endif
@@ -2530,9 +2540,9 @@ static inline __attribute__((always_inline)) __m512i x16_q6_values(__m512i ql0, 
 /* The 16 rows of one group of a 16-row layout (`blocks` blocks of its type) against `count` inputs:
  * result[k] lane r = row r . input k. Always inlined with constant type, count and precise. */
 static inline __attribute__((always_inline)) void x16_group(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
-                                                            const gvec *x, int count, int precise, int tiled, __m512 *result) {
+                                                            const gvec *x, int count, int precise, int tiled, int prefetch,
+                                                            __m512 *result) {
     __m512 acc[X16_TILE], off[X16_TILE];
-    const int prefetch = __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED);
     for (int k = 0; k < count; k++) acc[k] = off[k] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; b++) {
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
@@ -2694,10 +2704,10 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
 
 /* One group's 16 rows against `count` inputs, into out[k][row]. */
 static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
-                                                                const gvec *x, int count, int precise, int tiled,
+                                                                const gvec *x, int count, int precise, int tiled, int prefetch,
                                                                 float out[X16_TILE][X16_ROWS]) {
     __m512 res[X16_TILE];
-    x16_group(type, grp, blocks, block_bytes, x, count, precise, tiled, res);
+    x16_group(type, grp, blocks, block_bytes, x, count, precise, tiled, prefetch, res);
     for (int k = 0; k < count; k++) _mm512_storeu_ps(out[k], res[k]);
 }
 #elif HEARTH_AVX2
@@ -2735,9 +2745,8 @@ static inline __m256i x16_close(__m256i total, __m256i run) { return _mm256_add_
 
 static inline __attribute__((always_inline)) void x16_half(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                            int half, const gvec *x, int count, int precise, int tiled,
-                                                           __m256 *result) {
+                                                           int prefetch, __m256 *result) {
     __m256 acc[GG_TILE], off[GG_TILE];
-    const int prefetch = __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED);
     for (int k = 0; k < count; k++) acc[k] = off[k] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(15), bits45 = _mm256_set1_epi8(0x30);
     for (int b = 0; b < blocks; b++) {
@@ -2978,11 +2987,11 @@ static inline void h8_small_step(int type, const uint8_t *v, const uint8_t *qh, 
 
 static inline __attribute__((always_inline)) void x16_half(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                            int half, const gvec *x, int count, int precise, int tiled,
-                                                           f32x8h *result) {
+                                                           int prefetch_wanted, f32x8h *result) {
     (void)tiled; /* the inputs' own buffers: sdot takes 4 steps of one input from one load */
     f32x8h acc[GG_TILE], off[GG_TILE];
     const f32x8h zero = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
-    const int prefetch = half == 0 && __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED); /* as AVX2's: half 1 finds it */
+    const int prefetch = half == 0 && prefetch_wanted; /* as AVX2's: half 1 finds it */
     for (int k = 0; k < count; k++) acc[k] = off[k] = zero;
     const uint8x16_t low4 = vdupq_n_u8(15);
     for (int b = 0; b < blocks; b++) {
@@ -3119,11 +3128,11 @@ static inline void x16_eight_store(float *out, f32x8h v) { vst1q_f32(out, v.lo),
 /* One group's 16 rows against `count` inputs, into out[k][row]: its two halves of 8 in turn (AVX-512 takes all 16
  * at once, above). */
 static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
-                                                                const gvec *x, int count, int precise, int tiled,
+                                                                const gvec *x, int count, int precise, int tiled, int prefetch,
                                                                 float out[X16_TILE][X16_ROWS]) {
     x16_eight res[GG_TILE];
     for (int half = 0; half < 2; half++) {
-        x16_half(type, grp, blocks, block_bytes, half, x, count, precise, tiled, res);
+        x16_half(type, grp, blocks, block_bytes, half, x, count, precise, tiled, prefetch, res);
         for (int k = 0; k < count; k++) x16_eight_store(out[k] + 8 * half, res[k]);
     }
 }
@@ -3402,6 +3411,7 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
     const int g0 = r0 / X16_ROWS, g1 = r1 / X16_ROWS;
     float out[X16_TILE][X16_ROWS];
     int any_tiled = 0;
+    const int prefetch = x16_prefetch_for(count);
     for (int gb = g0; gb < g1; gb += block_groups) {
         const int ge = g1 - gb < block_groups ? g1 : gb + block_groups;
         for (int k0 = 0; k0 < count;) {
@@ -3415,20 +3425,20 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
                 const uint8_t *grp = w + (int64_t)g * group_bytes;
                 if (X16_TILE > GG_TILE && x16_wide_tile(type) && tile == X16_TILE) {
                     if (tiled)
-                        x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, 1, out);
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, 1, prefetch, out);
                     else
-                        x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, 0, out);
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, 0, prefetch, out);
                 } else if (tile == 4) {
                     if (tiled)
-                        x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, 1, out);
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, 1, prefetch, out);
                     else
-                        x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, 0, out);
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, 0, prefetch, out);
                 } else if (tile == 3)
-                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 3, precise, 0, out);
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 3, precise, 0, prefetch, out);
                 else if (tile == 2)
-                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 2, precise, 0, out);
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 2, precise, 0, prefetch, out);
                 else
-                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 1, precise, 0, out);
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 1, precise, 0, prefetch, out);
                 for (int k = 0; k < tile; k++)
                     x16_store(out[k], y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS,
                               bias ? bias + (int64_t)g * X16_ROWS : NULL, accumulate);

@@ -793,8 +793,9 @@ def test_the_prefetch_is_measured_named_and_never_changes_a_bit(
     model = open_gguf_model(path, threads=2)
     try:
         assert model.prefetch is not None and model.prefetch.on_s is None  # not measured: left as it was
-        assert (
-            f"software prefetch {'on' if model.prefetch.on else 'off'} (not measured under 256 MiB)" in model.describe()
+        few = "" if model.prefetch.on else "; on for forwards of 2 to 8 rows"
+        assert f"software prefetch {'on' if model.prefetch.on else 'off'} (not measured under 256 MiB{few})" in (
+            model.describe()
         )
     finally:
         model.close()
@@ -802,7 +803,7 @@ def test_the_prefetch_is_measured_named_and_never_changes_a_bit(
     model = open_gguf_model(path, threads=2)
     try:
         assert model.lib.hearth_x16_prefetch(-1) == 0
-        assert "software prefetch off (HEARTH_PREFETCH)" in model.describe()
+        assert "software prefetch off (HEARTH_PREFETCH; on for forwards of 2 to 8 rows)" in model.describe()
     finally:
         model.lib.hearth_x16_prefetch(1)  # the library's setting outlives the model: back to its default
         model.close()
