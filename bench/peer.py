@@ -125,9 +125,8 @@ def worker_hearth(spec: dict[str, object]) -> dict[str, object]:
                 stats = event.stats
                 cpu_decode = _cpu_seconds() - cpu_first
         result[f"{name}_prefill_s"] = stats.prefill_s
-        result[f"{name}_generated"] = stats.generated_tokens
         if name == "long":
-            result["long_decode_tok_s"] = stats.decode_tokens_per_s
+            result["long_decode_tok_s"], result["long_generated"] = stats.decode_tokens_per_s, stats.generated_tokens
         else:
             result["decode_tok_s"] = stats.decode_tokens_per_s
             result["generated"] = stats.generated_tokens

@@ -17,7 +17,7 @@ off fixes it without measuring (benchmarks). A prefetch is a hint: on or off, ev
 
 The setting governs one-row decode steps and prompts. A forward of 2 to FEW_ROWS rows (a batch's step, a lookup
 check) always prefetches: on the Zen 4 guest's 1B Q4_K_M and Q6_K files, whose steps measured faster without it,
-those forwards ran 1.06-1.09x (2 rows) and 1.23-1.40x (4 to 8) faster with it, the same bits.
+those forwards ran 1.04-1.14x (2 rows) and 1.23-1.40x (4 to 8) faster with it, the same bits.
 
 Saved: the measurement takes ~0.3 s of a 1B model's ~2 s warm start, so a choice is kept in the cache
 (`prefetch.json`) for the same CPU, kernel library, model file and thread count, and measured again after SAVED_FOR_S

@@ -293,7 +293,7 @@ HEARTH_API int hearth_x16_prefetch(int want) { /* want: 0 off, 1 on, -1 only ask
 #define X16_PREFETCH_FEW_ROWS 8 /* up to this many inputs (a batch's step, a lookup check) always prefetch */
 /* Whether a 16-row product of `count` inputs prefetches. One input (a decode step) and a prompt's many take the
  * setting a load measured on steps; 2 to X16_PREFETCH_FEW_ROWS always do: on the Zen 4 guest's 1B files, whose steps
- * measured faster without it, forwards of 2 rows ran 1.06-1.13x and of 4 to 8 rows 1.23-1.40x faster with it (each
+ * measured faster without it, forwards of 2 rows ran 1.04-1.14x and of 4 to 8 rows 1.23-1.40x faster with it (each
  * input's products take longer per block than one's, so the hardware's stream alone falls behind), prompts the same. */
 static inline int x16_prefetch_for(int count) {
     return (count > 1 && count <= X16_PREFETCH_FEW_ROWS) || __atomic_load_n(&x16_prefetch, __ATOMIC_RELAXED);
