@@ -215,6 +215,45 @@ def test_the_16_row_layout_computes_what_the_file_s_rows_do(kind: int, precise: 
     assert all(np.array_equal(first, other) for other in results.values()), list(results)
 
 
+@pytest.mark.parametrize("precise", [False, True], ids=["int8", "15-bit"])
+@pytest.mark.parametrize("kind", [blocks.Q4_K, blocks.Q5_K, blocks.Q6_K], ids=blocks.type_name)
+def test_a_long_prompt_s_values_unpacked_ahead_give_each_row_the_bits_it_has_alone(
+    kind: int, precise: bool, builds: dict[str, Any]
+) -> None:
+    """A prompt of four tiles of inputs or more: the K-quants' values are unpacked into bytes once per block of rows and
+    every tile reads them from there (x16_unpack_group): on the AVX-512 build Q5_K's, and Q6_K's under 15-bit inputs
+    (Q4_K and Q6_K's 8-bit products unpack as they go), on the AVX2 and AVX-VNNI builds all three. Either way each
+    input's row is the bits it has alone, in a shorter prompt and in every build. 43 inputs: five tiles of 8 (AVX2:
+    ten of 4) on the unpacked values, then 3 on the file's blocks; 4,096 rows of 512 values: several blocks of groups,
+    one buffer reused for each."""
+    rows, cols, n = 4096, 512, 43
+    data = weights_of(kind, rows, cols).reshape(-1)
+    x = np.random.default_rng(12).standard_normal((n, cols)).astype(np.float32)
+    x[:, 7] *= 30
+    unpacks_on = {4: kind == blocks.Q5_K or (kind == blocks.Q6_K and precise), 3: True}  # by hearth_q4_kernel
+    results: dict[str, np.ndarray] = {}
+    for name, library in builds.items():
+        layout = blocks.repack_x16(library, kind, data, rows, cols, threads=2)
+        if layout is None:
+            continue
+        code, packed = layout
+        before = library.hearth_unpacked_calls()
+        together = blocks.matmul(library, code, packed, rows, x, threads=2, precise=precise)
+        unpacked = library.hearth_unpacked_calls() - before
+        on_tiles = library.hearth_amx(-1) == 1  # AMX takes whole tiles of 16 inputs, unpacking in its own way
+        assert (unpacked > 0) == (unpacks_on.get(library.hearth_q4_kernel(), False) and not on_tiles), (name, unpacked)
+        for k in (0, 9, 31, 40, 42):
+            alone = blocks.matmul(library, code, packed, rows, x[k : k + 1], threads=1, precise=precise)
+            assert np.array_equal(alone[0], together[k]), f"{name}, input {k}"
+        fewer = blocks.matmul(library, code, packed, rows, x[8:24], threads=1, precise=precise)  # AVX-512: as it goes
+        assert np.array_equal(fewer, together[8:24]), name
+        results[name] = together
+    if not results:
+        pytest.skip("no build with the 16-row layout runs on this CPU")
+    first = next(iter(results.values()))
+    assert all(np.array_equal(first, other) for other in results.values()), list(results)
+
+
 def test_the_run_s_library_gives_the_bits_of_the_o1_build_of_its_kernel(lib: Any, builds: dict[str, Any]) -> None:
     """The builds these tests and tests/core/test_native_arm.py compare take -O1 for their compile time; the library
     a user runs is -O3 (compiled here at -march=native, or prebuilt). The optimiser never changes a bit (the float

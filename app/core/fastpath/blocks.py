@@ -98,6 +98,8 @@ def declare(lib: Any) -> str:
     lib.hearth_amx_calls.argtypes = []
     lib.hearth_tiled_calls.restype = size  # how many runs of a 16-row layout read their inputs from tiles (tests)
     lib.hearth_tiled_calls.argtypes = []
+    lib.hearth_unpacked_calls.restype = size  # how many runs of a 16-row layout took values unpacked ahead (tests)
+    lib.hearth_unpacked_calls.argtypes = []
     lib.hearth_silu_times.restype = None  # the forward's gated activation in place: g <- silu(g) u (tests)
     lib.hearth_silu_times.argtypes = [pointer, pointer, size]
     lib.hearth_avx_vnni.restype = flag  # 1: the AVX2 loops' dot products on AVX-VNNI

@@ -166,6 +166,8 @@ HEARTH_STATE(int64_t, amx_calls, 0);
 HEARTH_API int64_t hearth_amx_calls(void) { return __atomic_load_n(&amx_calls, __ATOMIC_RELAXED); }
 HEARTH_STATE(int64_t, tiled_calls, 0); /* runs of 16-row groups that read their inputs from tiles (gtile_put) */
 HEARTH_API int64_t hearth_tiled_calls(void) { return __atomic_load_n(&tiled_calls, __ATOMIC_RELAXED); }
+HEARTH_STATE(int64_t, unpacked_calls, 0); /* runs of K-quant 16-row groups on values unpacked ahead (x16_unpack_group) */
+HEARTH_API int64_t hearth_unpacked_calls(void) { return __atomic_load_n(&unpacked_calls, __ATOMIC_RELAXED); }
 HEARTH_API int hearth_amx(int want) {
 #if HEARTH_AMX_BUILT
     if (want >= 0) {
@@ -2304,6 +2306,22 @@ static inline int x16_five(int type) { return type == GG_Q5_0_X16 || type == GG_
 static inline int x16_qs(int type) { return 32 * (1 + x16_with_min(type)) + 64 * x16_five(type); } /* its offset */
 static inline int x16_values(int type) { return type == GG_Q8_0_X16 || x16_small(type) ? 32 : QK; } /* per block */
 
+/* A long prompt's Q5_K and Q6_K values unpacked once (x16_unpack_group) for every tile of its inputs: unpacking 5
+ * or 6 bits into bytes takes 3-5 vector operations per 64 values, which a tile of 8 inputs then spends only 8 (15-bit:
+ * 16) vpdpbusd on, and a prompt meets each weight block once per tile. The same bytes in the same order, and so the
+ * same bits. Measured one library against the other (1B files' matrices, 256 inputs, Zen 4, 2026-12-07): Q5_K 8-bit
+ * 1.10-1.25x, 15-bit 1.09-1.11x; Q6_K 15-bit 1.04-1.10x, but 8-bit 0.98-1.00x (its loop keeps the unpacking in
+ * registers it has to spare) and Q4_K 1.00-1.05x (nibbles take one or two operations): those two stay as they were. */
+#define X16_UNPACK_INPUTS (4 * X16_TILE) /* four tiles and more (two measured 0.84-1.08x) */
+#define X16_UNPACKED_BLOCK 4096 /* a 256-value block's 16 rows as bytes: its 64 steps' vectors in the loops' order */
+static inline int x16_unpacks(int type, int precise) {
+#if HEARTH_AVX512
+    return type == GG_Q5_K_X16 || (type == GG_Q6_K_X16 && precise);
+#else
+    return (void)precise, type == GG_Q4_K_X16 || type == GG_Q5_K_X16 || type == GG_Q6_K_X16;
+#endif
+}
+
 /* OF(t, p) with a 16-row layout's type and `precise` as constants (any type not listed runs as Q6_K's): the drivers'
  * code is compiled once per pair. */
 #define X16_EACH(OF)                                                                                                   \
@@ -2537,11 +2555,34 @@ static inline __attribute__((always_inline)) __m512i x16_q6_values(__m512i ql0, 
     return _mm512_or_si512(low, high);
 }
 
+/* Step vector `index` of an unpacked block: Q4_K/Q5_K 8 * j8 + i (sub-block j8, step i), Q6_K 4 * (8 * h + i) + t. */
+static inline __m512i x16_unpacked(const uint8_t *vals, int b, int index) {
+    return _mm512_load_si512((const void *)(vals + (int64_t)b * X16_UNPACKED_BLOCK + 64 * index));
+}
+static inline __attribute__((always_inline)) void x16_unpack_group(int type, const uint8_t *grp, int blocks,
+                                                                   int64_t block_bytes, uint8_t *vals) {
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = grp + (int64_t)b * block_bytes;
+        uint8_t *out = vals + (int64_t)b * X16_UNPACKED_BLOCK;
+        if (type == GG_Q6_K_X16)
+            for (int step = 0; step < 16; step++) {
+                const uint8_t *v = blk + 288 + 192 * step;
+                const __m512i ql0 = _mm512_loadu_si512((const void *)v), ql1 = _mm512_loadu_si512((const void *)(v + 64));
+                const __m512i qh = _mm512_loadu_si512((const void *)(v + 128));
+                for (int t = 0; t < 4; t++) _mm512_store_si512((void *)(out + 64 * (4 * step + t)), x16_q6_values(ql0, ql1, qh, t));
+            }
+        else
+            for (int j8 = 0; j8 < 8; j8++)
+                for (int i = 0; i < 8; i++) _mm512_store_si512((void *)(out + 64 * (8 * j8 + i)), x16_k_values(type, blk, j8, i));
+    }
+}
+
 /* The 16 rows of one group of a 16-row layout (`blocks` blocks of its type) against `count` inputs:
- * result[k] lane r = row r . input k. Always inlined with constant type, count and precise. */
+ * result[k] lane r = row r . input k; a K-quant's values from `vals` where x16_unpack_group unpacked them (else NULL).
+ * Always inlined with constant type, count and precise. */
 static inline __attribute__((always_inline)) void x16_group(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                             const gvec *x, int count, int precise, int tiled, int prefetch,
-                                                            __m512 *result) {
+                                                            const uint8_t *vals, __m512 *result) {
     __m512 acc[X16_TILE], off[X16_TILE];
     for (int k = 0; k < count; k++) acc[k] = off[k] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; b++) {
@@ -2600,7 +2641,7 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                 for (int k = 0; k < count; k++) ia[k] = la[k] = _mm512_setzero_si512();
                 for (int i = 0; i < 8; i++) {
                     if (prefetch && j8 % 2 == 0) x16_prefetch_step(blk, block_bytes, 4 * j8 + i, 32);
-                    const __m512i w = x16_k_values(type, blk, j8, i);
+                    const __m512i w = vals ? x16_unpacked(vals, b, 8 * j8 + i) : x16_k_values(type, blk, j8, i);
                     for (int k = 0; k < count; k++) {
                         ia[k] = dpbusd_bcast(ia[k], w, XQL(q, k, j, i));
                         if (precise) la[k] = dpbusd_bcast(la[k], w, XQL(l, k, j, i));
@@ -2671,7 +2712,7 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
                             const __m512i qh = _mm512_loadu_si512((const void *)(v + 128));
                             for (int tt = 0; tt < together; tt++) {
                                 const int t = t0 + tt, j = b * 8 + 4 * h + t;
-                                const __m512i w = x16_q6_values(ql0, ql1, qh, t);
+                                const __m512i w = vals ? x16_unpacked(vals, b, 4 * (8 * h + i) + t) : x16_q6_values(ql0, ql1, qh, t);
                                 for (int k = 0; k < count; k++) {
                                     ia[k][tt] = dpbusd_bcast(ia[k][tt], w, XQL(q, k, j, i));
                                     if (precise)
@@ -2705,9 +2746,9 @@ static inline __attribute__((always_inline)) void x16_group(int type, const uint
 /* One group's 16 rows against `count` inputs, into out[k][row]. */
 static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                                 const gvec *x, int count, int precise, int tiled, int prefetch,
-                                                                float out[X16_TILE][X16_ROWS]) {
+                                                                float out[X16_TILE][X16_ROWS], const uint8_t *vals) {
     __m512 res[X16_TILE];
-    x16_group(type, grp, blocks, block_bytes, x, count, precise, tiled, prefetch, res);
+    x16_group(type, grp, blocks, block_bytes, x, count, precise, tiled, prefetch, vals, res);
     for (int k = 0; k < count; k++) _mm512_storeu_ps(out[k], res[k]);
 }
 #elif HEARTH_AVX2
@@ -2743,12 +2784,63 @@ static inline __m256i x16_open(__m256i total) { return (void)total, _mm256_setze
 static inline __m256i x16_close(__m256i total, __m256i run) { return _mm256_add_epi32(total, widen16(run)); }
 #endif
 
+/* Half `half` of step i of a Q4_K/Q5_K block's sub-block j8 (the AVX-512 loop's x16_k_values, 32 bytes at a time). */
+static inline __attribute__((always_inline)) __m256i x16_k_values256(int type, const uint8_t *blk, int j8, int i, int half) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 320 + 32 * half + 64 * (8 * (j8 >> 1) + i)));
+    __m256i w = _mm256_and_si256(j8 & 1 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(15));
+    if (type == GG_Q5_K_X16) { /* bit j8 of the step's qh bytes, moved to bit 4 */
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 2368 + 64 * i + 32 * half));
+        w = _mm256_or_si256(w, _mm256_and_si256(j8 <= 4 ? _mm256_slli_epi16(qh, 4 - j8) : _mm256_srli_epi16(qh, j8 - 4),
+                                                _mm256_set1_epi8(16)));
+    }
+    return w;
+}
+
+/* Chunk t (of 4) of a Q6_K step's half from its two vectors of low bits and one of high bits. */
+static inline __attribute__((always_inline)) __m256i x16_q6_values256(__m256i ql0, __m256i ql1, __m256i qh, int t) {
+    const __m256i ql = t & 1 ? ql1 : ql0;
+    const __m256i low = _mm256_and_si256(t >= 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(15));
+    const __m256i high = _mm256_and_si256(t == 0 ? _mm256_slli_epi16(qh, 4)
+                                          : t == 1 ? _mm256_slli_epi16(qh, 2)
+                                          : t == 2 ? qh
+                                                   : _mm256_srli_epi16(qh, 2),
+                                          _mm256_set1_epi8(0x30));
+    return _mm256_or_si256(low, high);
+}
+
+/* As the AVX-512 build's x16_unpack_group: the same bytes in the same places, each 64-byte vector as two halves. */
+static inline __attribute__((always_inline)) void x16_unpack_group(int type, const uint8_t *grp, int blocks,
+                                                                   int64_t block_bytes, uint8_t *vals) {
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = grp + (int64_t)b * block_bytes;
+        uint8_t *out = vals + (int64_t)b * X16_UNPACKED_BLOCK;
+        for (int half = 0; half < 2; half++)
+            if (type == GG_Q6_K_X16)
+                for (int step = 0; step < 16; step++) {
+                    const uint8_t *v = blk + 288 + 32 * half + 192 * step;
+                    const __m256i ql0 = _mm256_loadu_si256((const __m256i *)v), ql1 = _mm256_loadu_si256((const __m256i *)(v + 64));
+                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(v + 128));
+                    for (int t = 0; t < 4; t++)
+                        _mm256_store_si256((__m256i *)(out + 64 * (4 * step + t) + 32 * half), x16_q6_values256(ql0, ql1, qh, t));
+                }
+            else
+                for (int j8 = 0; j8 < 8; j8++)
+                    for (int i = 0; i < 8; i++)
+                        _mm256_store_si256((__m256i *)(out + 64 * (8 * j8 + i) + 32 * half), x16_k_values256(type, blk, j8, i, half));
+    }
+}
+
+/* Half `half` of step vector `index` of an unpacked block (x16_unpacked's places). */
+static inline __m256i x16_unpacked256(const uint8_t *vals, int b, int index, int half) {
+    return _mm256_load_si256((const __m256i *)(vals + (int64_t)b * X16_UNPACKED_BLOCK + 64 * index + 32 * half));
+}
+
 static inline __attribute__((always_inline)) void x16_half(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                            int half, const gvec *x, int count, int precise, int tiled,
-                                                           int prefetch, __m256 *result) {
+                                                           int prefetch, const uint8_t *vals, __m256 *result) {
     __m256 acc[GG_TILE], off[GG_TILE];
     for (int k = 0; k < count; k++) acc[k] = off[k] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(15), bits45 = _mm256_set1_epi8(0x30);
+    const __m256i low4 = _mm256_set1_epi8(15);
     for (int b = 0; b < blocks; b++) {
         const uint8_t *blk = grp + (int64_t)b * block_bytes;
         /* as the AVX-512 loop; half 1 finds it cached */
@@ -2813,20 +2905,13 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
             }
         } else if (type != GG_Q6_K_X16) {
             const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * half)));
-            const uint8_t *qs = blk + 320 + 32 * half;
             for (int j8 = 0; j8 < 8; j8++) { /* chunk j8 of the block: pair j8 / 2, its low or high nibbles */
                 const int c = j8 >> 1, high = j8 & 1, j = b * 8 + j8;
                 __m256i s16[GG_TILE], l16[GG_TILE];
                 for (int k = 0; k < count; k++) s16[k] = l16[k] = _mm256_setzero_si256();
                 for (int i = 0; i < 8; i++) {
                     if (!high && prefetch) x16_prefetch_step(blk, block_bytes, 8 * c + i, 32);
-                    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 64 * (8 * c + i)));
-                    __m256i w = _mm256_and_si256(high ? _mm256_srli_epi16(raw, 4) : raw, low4);
-                    if (type == GG_Q5_K_X16) { /* bit j8 of the step's qh bytes, moved to bit 4 */
-                        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 2368 + 64 * i + 32 * half));
-                        w = _mm256_or_si256(w, _mm256_and_si256(j8 <= 4 ? _mm256_slli_epi16(qh, 4 - j8) : _mm256_srli_epi16(qh, j8 - 4),
-                                                                _mm256_set1_epi8(16)));
-                    }
+                    const __m256i w = vals ? x16_unpacked256(vals, b, 8 * j8 + i, half) : x16_k_values256(type, blk, j8, i, half);
                     for (int k = 0; k < count; k++) {
                         s16[k] = x16_add(s16[k], w, bcast4_256(XQL(q, k, j, i)));
                         if (precise)
@@ -2869,14 +2954,8 @@ static inline __attribute__((always_inline)) void x16_half(int type, const uint8
                                 const __m256i qh = _mm256_loadu_si256((const __m256i *)(v + 128));
                                 for (int tt = 0; tt < together; tt++) {
                                     const int t = t0 + tt, j = b * 8 + 4 * h + t;
-                                    const __m256i ql = t & 1 ? ql1 : ql0;
-                                    const __m256i low = _mm256_and_si256(t >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low4);
-                                    const __m256i hi2 = _mm256_and_si256(t == 0 ? _mm256_slli_epi16(qh, 4)
-                                                                         : t == 1 ? _mm256_slli_epi16(qh, 2)
-                                                                         : t == 2 ? qh
-                                                                                  : _mm256_srli_epi16(qh, 2),
-                                                                         bits45);
-                                    const __m256i w = _mm256_or_si256(low, hi2);
+                                    const __m256i w = vals ? x16_unpacked256(vals, b, 4 * (8 * h + step) + t, half)
+                                                           : x16_q6_values256(ql0, ql1, qh, t);
                                     for (int k = 0; k < count; k++) {
                                         s16[k][tt] = x16_add(s16[k][tt], w, bcast4_256(XQL(q, k, j, step)));
                                         if (precise)
@@ -2987,8 +3066,8 @@ static inline void h8_small_step(int type, const uint8_t *v, const uint8_t *qh, 
 
 static inline __attribute__((always_inline)) void x16_half(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                            int half, const gvec *x, int count, int precise, int tiled,
-                                                           int prefetch_wanted, f32x8h *result) {
-    (void)tiled; /* the inputs' own buffers: sdot takes 4 steps of one input from one load */
+                                                           int prefetch_wanted, const uint8_t *vals, f32x8h *result) {
+    (void)tiled, (void)vals; /* the inputs' own buffers: sdot takes 4 steps of one input from one load; nothing unpacked */
     f32x8h acc[GG_TILE], off[GG_TILE];
     const f32x8h zero = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
     const int prefetch = half == 0 && prefetch_wanted; /* as AVX2's: half 1 finds it */
@@ -3129,10 +3208,10 @@ static inline void x16_eight_store(float *out, f32x8h v) { vst1q_f32(out, v.lo),
  * at once, above). */
 static inline __attribute__((always_inline)) void x16_group_out(int type, const uint8_t *grp, int blocks, int64_t block_bytes,
                                                                 const gvec *x, int count, int precise, int tiled, int prefetch,
-                                                                float out[X16_TILE][X16_ROWS]) {
+                                                                float out[X16_TILE][X16_ROWS], const uint8_t *vals) {
     x16_eight res[GG_TILE];
     for (int half = 0; half < 2; half++) {
-        x16_half(type, grp, blocks, block_bytes, half, x, count, precise, tiled, prefetch, res);
+        x16_half(type, grp, blocks, block_bytes, half, x, count, precise, tiled, prefetch, vals, res);
         for (int k = 0; k < count; k++) x16_eight_store(out[k] + 8 * half, res[k]);
     }
 }
@@ -3412,8 +3491,17 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
     float out[X16_TILE][X16_ROWS];
     int any_tiled = 0;
     const int prefetch = x16_prefetch_for(count);
+#if HEARTH_AVX2
+    uint8_t *vals = NULL; /* a long prompt's K-quant values, unpacked once per block of groups */
+    const int64_t unpacked_group = (int64_t)blocks * X16_UNPACKED_BLOCK;
+    if (x16_unpacks(type, precise) && count >= X16_UNPACK_INPUTS) vals = _mm_malloc((size_t)(block_groups * unpacked_group), 64); /* Windows lacks aligned_alloc */
+#endif
     for (int gb = g0; gb < g1; gb += block_groups) {
         const int ge = g1 - gb < block_groups ? g1 : gb + block_groups;
+#if HEARTH_AVX2
+        if (vals)
+            for (int g = gb; g < ge; g++) x16_unpack_group(type, w + (int64_t)g * group_bytes, blocks, block_bytes, vals + (g - gb) * unpacked_group);
+#endif
         for (int k0 = 0; k0 < count;) {
             const int tile = count - k0 >= X16_TILE && x16_wide_tile(type) ? X16_TILE : count - k0 >= GG_TILE ? GG_TILE : count - k0;
             /* the inputs' tile where they fill slots of one side by side (gtile_put) */
@@ -3423,22 +3511,32 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
             any_tiled |= tiled;
             for (int g = gb; g < ge; g++) {
                 const uint8_t *grp = w + (int64_t)g * group_bytes;
+#if HEARTH_AVX2
+                if (x16_unpacks(type, precise) && vals && tile == X16_TILE) { /* unpacked: no weight read to prefetch */
+                    const uint8_t *group_vals = vals + (g - gb) * unpacked_group;
+                    if (!group_vals) __builtin_unreachable(); /* the inlined group's loops take the unpacked branch only */
+                    if (tiled)
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, 1, 0, out, group_vals);
+                    else
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, 0, 0, out, group_vals);
+                } else
+#endif
                 if (X16_TILE > GG_TILE && x16_wide_tile(type) && tile == X16_TILE) {
                     if (tiled)
-                        x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, 1, prefetch, out);
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, 1, prefetch, out, NULL);
                     else
-                        x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, 0, prefetch, out);
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, X16_TILE, precise, 0, prefetch, out, NULL);
                 } else if (tile == 4) {
                     if (tiled)
-                        x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, 1, prefetch, out);
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, 1, prefetch, out, NULL);
                     else
-                        x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, 0, prefetch, out);
+                        x16_group_out(type, grp, blocks, block_bytes, x + k0, 4, precise, 0, prefetch, out, NULL);
                 } else if (tile == 3)
-                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 3, precise, 0, prefetch, out);
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 3, precise, 0, prefetch, out, NULL);
                 else if (tile == 2)
-                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 2, precise, 0, prefetch, out);
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 2, precise, 0, prefetch, out, NULL);
                 else
-                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 1, precise, 0, prefetch, out);
+                    x16_group_out(type, grp, blocks, block_bytes, x + k0, 1, precise, 0, prefetch, out, NULL);
                 for (int k = 0; k < tile; k++)
                     x16_store(out[k], y + (int64_t)(k0 + k) * ystride + (int64_t)g * X16_ROWS,
                               bias ? bias + (int64_t)g * X16_ROWS : NULL, accumulate);
@@ -3447,7 +3545,32 @@ static inline __attribute__((always_inline)) void x16_rows_of(int type, int prec
         }
     }
     if (any_tiled) __atomic_fetch_add(&tiled_calls, 1, __ATOMIC_RELAXED);
+#if HEARTH_AVX2
+    if (vals) __atomic_fetch_add(&unpacked_calls, 1, __ATOMIC_RELAXED), _mm_free(vals);
+#endif
 }
+#endif
+
+#if (HEARTH_AVX2 || HEARTH_DOTPROD) && HEARTH_DEFINES(2)
+/* Each type and input width in a function of its own: inlined side by side into one switch, a change to one type's
+ * loops changed how the compiler laid out another's (Q6_K 8-bit 0.61-0.86x as fast after Q5_K's gained a path). */
+#define X16_ROWS_FOR(tag, t, p)                                                                                        \
+    static __attribute__((noinline)) void x16_rows_##tag##_##p(const uint8_t *w, int64_t row_bytes, int cols, int r0,  \
+                                                               int r1, const gvec *x, int count, float *y,             \
+                                                               int64_t ystride, const float *bias, int accumulate) {   \
+        x16_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate);                         \
+    }
+#define X16_ROWS_BOTH(tag, t) X16_ROWS_FOR(tag, t, 0) X16_ROWS_FOR(tag, t, 1)
+X16_ROWS_BOTH(q4_0, GG_Q4_0_X16)
+X16_ROWS_BOTH(q4_1, GG_Q4_1_X16)
+X16_ROWS_BOTH(q5_0, GG_Q5_0_X16)
+X16_ROWS_BOTH(q5_1, GG_Q5_1_X16)
+X16_ROWS_BOTH(q8_0, GG_Q8_0_X16)
+X16_ROWS_BOTH(q4_k, GG_Q4_K_X16)
+X16_ROWS_BOTH(q5_k, GG_Q5_K_X16)
+X16_ROWS_BOTH(q6_k, GG_Q6_K_X16)
+#undef X16_ROWS_BOTH
+#undef X16_ROWS_FOR
 #endif
 
 /* Rows [r0, r1) (multiples of 16) of a 16-row layout; nothing in a build without one (hearth_gg_x16_bytes says -1
@@ -3473,8 +3596,17 @@ HEARTH_DRIVER void x16_rows(int type, int precise, const uint8_t *w, int64_t row
     }
 #endif
 #if HEARTH_AVX2 || HEARTH_DOTPROD
-#define X16_OF(t, p) x16_rows_of(t, p, w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate)
-    X16_EACH(X16_OF)
+#define X16_OF(tag) (precise ? x16_rows_##tag##_1 : x16_rows_##tag##_0)(w, row_bytes, cols, r0, r1, x, count, y, ystride, bias, accumulate)
+    switch (type) {
+    case GG_Q4_0_X16: X16_OF(q4_0); break;
+    case GG_Q4_1_X16: X16_OF(q4_1); break;
+    case GG_Q5_0_X16: X16_OF(q5_0); break;
+    case GG_Q5_1_X16: X16_OF(q5_1); break;
+    case GG_Q8_0_X16: X16_OF(q8_0); break;
+    case GG_Q4_K_X16: X16_OF(q4_k); break;
+    case GG_Q5_K_X16: X16_OF(q5_k); break;
+    default: X16_OF(q6_k); break;
+    }
 #undef X16_OF
 #else
     (void)type, (void)precise, (void)w, (void)row_bytes, (void)cols, (void)r0, (void)r1, (void)x, (void)count, (void)y;
