@@ -2309,14 +2309,17 @@ static inline int x16_values(int type) { return type == GG_Q8_0_X16 || x16_small
 /* A long prompt's Q5_K and Q6_K values unpacked once (x16_unpack_group) for every tile of its inputs: unpacking 5
  * or 6 bits into bytes takes 3-5 vector operations per 64 values, which a tile of 8 inputs then spends only 8 (15-bit:
  * 16) vpdpbusd on, and a prompt meets each weight block once per tile. The same bytes in the same order, and so the
- * same bits. Measured one library against the other (1B files' matrices, 256 inputs, Zen 4, 2026-12-07): Q5_K 8-bit
- * 1.10-1.25x, 15-bit 1.09-1.11x; Q6_K 15-bit 1.04-1.10x, but 8-bit 0.98-1.00x (its loop keeps the unpacking in
- * registers it has to spare) and Q4_K 1.00-1.05x (nibbles take one or two operations): those two stay as they were. */
+ * same bits. Measured one library against the other (1B files' matrices, 256 inputs, Zen 4, 2026-12-07): AVX-512
+ * Q5_K 8-bit 1.10-1.25x, 15-bit 1.09-1.11x; Q6_K 15-bit 1.04-1.10x, but 8-bit 0.98-1.00x and Q4_K 1.00-1.05x
+ * (nibbles take one or two operations): those two stay as they were. AVX2 (4 inputs a tile): Q5_K 1.17-1.56x, Q6_K
+ * 1.18-1.52x, Q4_K 1.06-1.16x. */
 #define X16_UNPACK_INPUTS (4 * X16_TILE) /* four tiles and more (two measured 0.84-1.08x) */
 #define X16_UNPACKED_BLOCK 4096 /* a 256-value block's 16 rows as bytes: its 64 steps' vectors in the loops' order */
 static inline int x16_unpacks(int type, int precise) {
 #if HEARTH_AVX512
     return type == GG_Q5_K_X16 || (type == GG_Q6_K_X16 && precise);
+#elif HEARTH_AVXVNNI /* an earlier try measured Q6_K slower there (80 against 92 GMAC/s); this CPU can't run it */
+    return (void)type, (void)precise, 0;
 #else
     return (void)precise, type == GG_Q4_K_X16 || type == GG_Q5_K_X16 || type == GG_Q6_K_X16;
 #endif
