@@ -2306,10 +2306,10 @@ static inline int x16_five(int type) { return type == GG_Q5_0_X16 || type == GG_
 static inline int x16_qs(int type) { return 32 * (1 + x16_with_min(type)) + 64 * x16_five(type); } /* its offset */
 static inline int x16_values(int type) { return type == GG_Q8_0_X16 || x16_small(type) ? 32 : QK; } /* per block */
 
-/* A long prompt's Q5_K and Q6_K values unpacked once (x16_unpack_group) for every tile of its inputs: unpacking 5
- * or 6 bits into bytes takes 3-5 vector operations per 64 values, which a tile of 8 inputs then spends only 8 (15-bit:
- * 16) vpdpbusd on, and a prompt meets each weight block once per tile. The same bytes in the same order, and so the
- * same bits. Measured one library against the other (1B files' matrices, 256 inputs, Zen 4, 2026-12-07): AVX-512
+/* A long prompt's K-quant values unpacked once (x16_unpack_group) for every tile of its inputs, where x16_unpacks
+ * says so: unpacking 4-6 bits into bytes takes 2-5 vector operations per 64 values, which a tile of 8 inputs (AVX2:
+ * 4) then spends only 8 (15-bit: 16) vpdpbusd on, and a prompt meets each weight block once per tile. The same bytes
+ * in the same order, and so the same bits. Measured one library against the other (1B files' matrices, 256 inputs, Zen 4, 2026-12-07): AVX-512
  * Q5_K 8-bit 1.10-1.25x, 15-bit 1.09-1.11x; Q6_K 15-bit 1.04-1.10x, but 8-bit 0.98-1.00x and Q4_K 1.00-1.05x
  * (nibbles take one or two operations): those two stay as they were. AVX2 (4 inputs a tile): Q5_K 1.17-1.56x, Q6_K
  * 1.18-1.52x, Q4_K 1.06-1.16x. */
