@@ -29,7 +29,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-NGRAM_SIZES = (3, 2)  # the longest match is tried first: a longer context predicts the continuation better
+# The longest match is tried first: a longer context predicts the continuation better. A single token's match is the
+# last resort: weak evidence (its first guess taken 22-49 % of the time, by its history), but where no longer one
+# matched it still found spans a reply went on to copy (2026-12-08: a replay of twelve replies, below).
+NGRAM_SIZES = (3, 2, 1)
 MAX_DRAFT = 8  # the most tokens one forward checks (the forward's rows are that plus the current token)
 # A reply's odds before its own guesses count, as (taken, tried) pseudo-counts: light, so that a few guesses outweigh
 # them. A guess after a taken one is taken four times in five. A check's first guess by the kind of match that proposed
@@ -65,7 +68,8 @@ class MatchKind(NamedTuple):
 # How often a check's first guess is taken, by its match's kind, before the reply's own guesses count. Measured on the
 # default model's greedy replies to twelve prompts (bench/lookup.py's and six others: document questions, rewrites, a
 # code edit, free writing; 2026-12-07), at positions where no copy was running: trigram repeated 4/4, once 11/17, mixed
-# 7/9; bigram repeated 6/11, once 35/61, mixed 2/16. Rounded down: a prior that is too hopeful pays for checks.
+# 7/9; bigram repeated 6/11, once 35/61, mixed 2/16; a single token (2026-12-08, where it was the longest match)
+# repeated 8/22, once 40/82, mixed 40/181. Rounded down: a prior that is too hopeful pays for checks.
 FIRST_PRIORS = {
     MatchKind(3, REPEATED): 0.85,
     MatchKind(3, ONCE): 0.65,
@@ -73,6 +77,9 @@ FIRST_PRIORS = {
     MatchKind(2, REPEATED): 0.5,
     MatchKind(2, ONCE): 0.45,
     MatchKind(2, MIXED): 0.15,
+    MatchKind(1, REPEATED): 0.3,
+    MatchKind(1, ONCE): 0.45,
+    MatchKind(1, MIXED): 0.2,
 }
 PRIOR_WEIGHT = 4.0  # the tries each kind's prior counts for
 # Each first guess missed in a row (whatever its kind) scales every kind's odds by this: a reply that copies nothing
@@ -205,7 +212,12 @@ class ReplyOdds:
         paying for a check)."""
         if proposed:
             self.first_odds(kind).add(1.0 if accepted else 0.0, 1.0)
-            self.missed_in_a_row = 0 if accepted else self.missed_in_a_row + 1
+            # A single token's match missing says little about whether the reply copies: it learns its own odds but
+            # does not damp the others (counted, it cost the document question's trigram checks 4 % in the replay).
+            if accepted:
+                self.missed_in_a_row = 0
+            elif kind is None or kind.length > 1:
+                self.missed_in_a_row += 1
             if accepted:
                 # guesses 2..accepted were taken after a taken one, and the next, if there was one, was not
                 self.follow.add(accepted - 1, min(accepted, proposed - 1))

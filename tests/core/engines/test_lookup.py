@@ -64,11 +64,25 @@ def test_a_match_says_how_long_it_is_and_how_its_ngram_was_followed_before() -> 
 
 def test_nothing_is_proposed_without_a_repeat_and_appends_extend_the_index() -> None:
     index = NgramIndex([1, 2, 3, 4])
-    assert index.propose(4) == []
+    assert index.propose(4) == []  # "4" never occurred with a token after it
     index.append(1)
-    assert index.propose(4) == []  # one token matches no n-gram of two or more
+    assert index.match(4) == ([2, 3, 4, 1], MatchKind(1, ONCE))  # the last resort: one token's earlier occurrence
     index.append(2)
-    assert index.propose(4) == [3, 4, 1, 2]
+    assert index.match(4) == ([3, 4, 1, 2], MatchKind(2, ONCE))  # two tokens now: the longer match wins
+    assert NgramIndex([1, 2, 3, 4], sizes=(3, 2)).propose(4) == []  # without single tokens, nothing
+
+
+def test_a_single_token_s_missed_guess_teaches_its_own_odds_without_damping_the_others() -> None:
+    odds = ReplyOdds()
+    single, trigram = MatchKind(1, MIXED), MatchKind(3, ONCE)
+    assert odds.first_odds(single).chance == pytest.approx(FIRST_PRIORS[single])
+    for _ in range(5):
+        odds.record(single, 3, 0)
+    assert odds.first_odds(single).chance < FIRST_PRIORS[single] / 2 and odds.missed_in_a_row == 0
+    assert odds.for_kind(trigram).first.chance == pytest.approx(FIRST_PRIORS[trigram])  # undamped
+    odds.record(MatchKind(2, ONCE), 3, 0)  # a longer match's miss does damp
+    assert odds.missed_in_a_row == 1
+    assert odds.for_kind(trigram).first.chance == pytest.approx(FIRST_PRIORS[trigram] * MISS_DAMPING)
 
 
 # -- the planner -------------------------------------------------------------------------------------------------------
@@ -282,11 +296,18 @@ def test_guesses_that_are_not_checked_still_teach_the_planner_the_reply_s_odds()
     planner = NeverChecks(max_draft=4)
     looked, model, decoder = toy_reply(prompt, 40, planner)
     assert looked == plain and decoder.tally.checks == 0 and model.forwards == []
-    # The toy copies its spans: the reply's guesses, compared with the tokens that followed, were mostly right.
+    # The toy copies its spans: the reply's guesses from matches of two tokens or more, compared with the tokens that
+    # followed, were mostly right; single tokens' guesses were tried too and mostly missed (their odds learn it).
     priors = {kind: ReplyOdds().first_odds(kind) for kind in decoder.odds.first}
-    taken = sum(odds.taken - priors[kind].taken for kind, odds in decoder.odds.first.items())
-    tried = sum(odds.tried - priors[kind].tried for kind, odds in decoder.odds.first.items())
+    seen = {
+        kind: (odds.taken - priors[kind].taken, odds.tried - priors[kind].tried)
+        for kind, odds in decoder.odds.first.items()
+        if kind is not None
+    }
+    taken, tried = (sum(pair[i] for kind, pair in seen.items() if kind.length > 1) for i in (0, 1))
     assert tried > 5 and taken / tried > 0.5  # first guesses (each kind's prior left out)
+    single_taken, single_tried = (sum(pair[i] for kind, pair in seen.items() if kind.length == 1) for i in (0, 1))
+    assert single_tried > 5 and single_taken / single_tried < 0.5
     assert decoder.odds.follow.tried > 5 and decoder.odds.follow.chance > 0.8
 
 
