@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 # The longest match is tried first: a longer context predicts the continuation better. A single token's match is the
 # last resort: weak evidence (its first guess taken 22-49 % of the time, by its history), but where no longer one
-# matched it still found spans a reply went on to copy (2026-12-08: a replay of twelve replies, below).
+# matched it still found spans a reply went on to copy (2026-12-08; measured in docs/speed.md).
 NGRAM_SIZES = (3, 2, 1)
 MAX_DRAFT = 8  # the most tokens one forward checks (the forward's rows are that plus the current token)
 # A reply's odds before its own guesses count, as (taken, tried) pseudo-counts: light, so that a few guesses outweigh
@@ -82,8 +82,8 @@ FIRST_PRIORS = {
     MatchKind(1, MIXED): 0.2,
 }
 PRIOR_WEIGHT = 4.0  # the tries each kind's prior counts for
-# Each first guess missed in a row (whatever its kind) scales every kind's odds by this: a reply that copies nothing
-# stops checking after two or three misses instead of paying for each kind's own misses in turn.
+# Each first guess missed in a row (from a match of two tokens or more) scales every kind's odds by this: a reply that
+# copies nothing stops checking after two or three misses instead of paying for each kind's own misses in turn.
 MISS_DAMPING = 0.8
 
 
